@@ -1,0 +1,105 @@
+"""RegistryClient: the agent's only way to the registry. One attempt per call (connection
+retries aside); retry policy belongs to the caller. httpx errors become ClientErrors."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from agent.errors import RegistryUnavailable, ReportRejected
+from agent.wire import PlacementAnswer, RunReceipt, RunReport
+
+__all__ = ["RegistryClient"]
+
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+class RegistryClient:
+    """
+    with RegistryClient("http://127.0.0.1:8787", token="fbn_...") as client:
+        receipt = client.submit_run(report)
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=timeout,
+            transport=transport or httpx.HTTPTransport(retries=2),
+        )
+
+    def submit_run(self, report: RunReport) -> RunReceipt:
+        response = self._request(
+            "POST",
+            "/v1/runs",
+            content=report.model_dump_json(),
+            headers={"Content-Type": "application/json"},
+        )
+        return RunReceipt.model_validate_json(response.content)
+
+    def placement(
+        self,
+        *,
+        model: str,
+        min_tps_per_user: float,
+        prompt_tokens: int | None = None,
+        max_age_days: float | None = None,
+    ) -> PlacementAnswer:
+        params: dict[str, Any] = {"model": model, "min_tps_per_user": min_tps_per_user}
+        if prompt_tokens is not None:
+            params["prompt_tokens"] = prompt_tokens
+        if max_age_days is not None:
+            params["max_age_days"] = max_age_days
+        response = self._request("GET", "/v1/placement", params=params)
+        return PlacementAnswer.model_validate_json(response.content)
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise RegistryUnavailable(
+                f"registry at {self._http.base_url} unreachable: {exc}"
+            ) from exc
+        if response.status_code >= 500:
+            raise RegistryUnavailable(
+                f"registry answered {response.status_code}: {response.text[:500]}"
+            )
+        if response.status_code >= 400:
+            raise ReportRejected(response.status_code, _detail(response))
+        return response
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        return response.text[:2000]
+    if isinstance(detail, list):  # FastAPI's validation errors: name each field
+        return "; ".join(
+            f"{'.'.join(str(p) for p in item.get('loc', []))}: {item.get('msg')}" for item in detail
+        )
+    return str(detail)

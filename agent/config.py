@@ -1,0 +1,19 @@
+"""The agent's settings, from FLEETBENCH_* variables (command-line options override them)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["DEFAULT_REGISTRY_URL", "AgentSettings"]
+
+DEFAULT_REGISTRY_URL = "http://127.0.0.1:8787"
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FLEETBENCH_", env_ignore_empty=True, extra="ignore"
+    )
+
+    registry_url: str = Field(default=DEFAULT_REGISTRY_URL, description="the registry's base URL")
+    token: SecretStr | None = Field(default=None, description="this node's registry token")

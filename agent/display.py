@@ -1,0 +1,61 @@
+"""Tables for people: a run's curve as the batching article shows it, and placement answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.table import Table
+
+from agent.wire import PlacementAnswer, Point
+
+__all__ = ["curve_table", "placement_table"]
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def curve_table(points: Sequence[Point], *, title: str) -> Table:
+    """B, total decode t/s, per-user t/s, ms per token for each user, prefill t/s."""
+    table = Table(title=title, title_justify="left")
+    for header in ("PP", "TG", "B", "total decode t/s", "per user t/s", "ms/token/user"):
+        table.add_column(header, justify="right")
+    table.add_column("prefill t/s", justify="right")
+    for p in points:
+        per_user = p.s_tg / p.b if p.s_tg is not None else None
+        ms_per_token = 1000 / per_user if per_user else None
+        table.add_row(
+            str(p.pp),
+            str(p.tg),
+            str(p.b),
+            _fmt(p.s_tg),
+            _fmt(per_user),
+            _fmt(ms_per_token, 0),
+            _fmt(p.s_pp),
+        )
+    return table
+
+
+def placement_table(answer: PlacementAnswer) -> Table:
+    table = Table(
+        title=f"{answer.model}: at least {answer.min_tps_per_user:g} tokens/s per user",
+        title_justify="left",
+        caption=answer.reason,
+        caption_justify="left",
+    )
+    table.add_column("node")
+    for header in ("B", "per user t/s", "total t/s", "prefill t/s", "PP/TG", "build"):
+        table.add_column(header, justify="right")
+    table.add_column("measured")
+    for c in answer.candidates:
+        table.add_row(
+            c.node,
+            str(c.concurrency),
+            _fmt(c.per_user_tps),
+            _fmt(c.total_tps),
+            _fmt(c.prefill_tps),
+            f"{c.prompt_tokens}/{c.gen_tokens}",
+            "-" if c.llama_cpp_build is None else str(c.llama_cpp_build),
+            c.measured_at.strftime("%Y-%m-%d"),
+        )
+    return table

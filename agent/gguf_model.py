@@ -1,0 +1,126 @@
+"""Describe a GGUF model file: its sha256 and the architecture numbers KV-cache maths needs.
+
+Reads metadata with the `gguf` package (imported lazily: it pulls in numpy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from agent.wire import ModelInfo
+
+__all__ = ["ModelFileError", "describe_gguf", "sha256_of"]
+
+# Where a GGUF has no `<arch>.attention.sliding_window_pattern`, llama.cpp assumes a pattern
+# per architecture (every n-th layer attends globally); these are its defaults for the
+# common sliding-window families (src/models/<arch>.cpp, load_swa_pattern).
+_DEFAULT_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "gpt-oss": 2}
+
+_HASH_CHUNK = 1 << 20
+
+
+class ModelFileError(ValueError):
+    """The model file is missing, unreadable or not a GGUF file."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def describe_gguf(path: Path, *, name: str | None = None) -> ModelInfo:
+    """ModelInfo for a GGUF file; `name` defaults to the file name without `.gguf`."""
+    from gguf import GGUFReader, LlamaFileType
+
+    try:
+        reader = GGUFReader(path)
+    except FileNotFoundError as exc:
+        raise ModelFileError(f"model file not found: {path}") from exc
+    except (OSError, ValueError) as exc:
+        raise ModelFileError(f"{path} is not a readable GGUF file: {exc}") from exc
+
+    meta = _Metadata(reader)
+    arch = meta.scalar("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelFileError(f"{path} has no general.architecture: not a model GGUF")
+
+    def key(suffix: str) -> Any:
+        return meta.scalar(f"{arch}.{suffix}")
+
+    n_layer = key("block_count")
+    n_embd = key("embedding_length")
+    n_head = key("attention.head_count")
+    n_head_kv = key("attention.head_count_kv")
+    if n_head_kv is None:
+        n_head_kv = n_head  # llama.cpp: no KV head count means no grouped-query attention
+    head_dim = n_embd // n_head if n_embd and n_head else None
+    file_type = meta.scalar("general.file_type")
+    quantization = None
+    if isinstance(file_type, int):
+        try:
+            quantization = LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+        except ValueError:
+            quantization = None
+
+    sliding_window = key("attention.sliding_window")
+    return ModelInfo(
+        name=name or path.name.removesuffix(".gguf"),
+        sha256=sha256_of(path),
+        quantization=quantization,
+        n_params=sum(int(t.n_elements) for t in reader.tensors),
+        file_size=path.stat().st_size,
+        n_layer=n_layer,
+        n_head_kv=n_head_kv,
+        head_dim_k=key("attention.key_length") or head_dim,
+        head_dim_v=key("attention.value_length") or head_dim,
+        n_ctx_train=key("context_length"),
+        sliding_window=sliding_window,
+        n_swa_layers=_count_swa_layers(meta, arch, n_layer) if sliding_window else None,
+    )
+
+
+def _count_swa_layers(meta: _Metadata, arch: str, n_layer: int | None) -> int | None:
+    """Layers that use the sliding window, as llama.cpp's set_swa_pattern decides them."""
+    pattern = meta.value(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        return sum(bool(is_swa) for is_swa in pattern)
+    if pattern is None:
+        pattern = _DEFAULT_SWA_PATTERN.get(arch)
+    if not isinstance(pattern, int) or n_layer is None:
+        return None
+    if pattern == 0:
+        return n_layer
+    return sum(1 for il in range(n_layer) if il % pattern < pattern - 1)
+
+
+class _Metadata:
+    def __init__(self, reader: Any) -> None:
+        self._fields = reader.fields
+
+    def value(self, key: str) -> Any:
+        field = self._fields.get(key)
+        if field is None:
+            return None
+        contents = field.contents()
+        if isinstance(contents, list):
+            return [_plain(v) for v in contents]
+        return _plain(contents)
+
+    def scalar(self, key: str) -> Any:
+        value = self.value(key)
+        if isinstance(value, list):
+            # Per-layer arrays (e.g. head_count_kv on some hybrids): the largest bounds memory.
+            numbers = [v for v in value if isinstance(v, int | float)]
+            return max(numbers) if numbers else None
+        return value
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return value

@@ -1,0 +1,240 @@
+"""The report a node sends the registry for one sweep run: fleetbench's wire format.
+
+Defined once, here, and used by both sides: the agent builds a `RunReport`, the registry
+validates the same class on `POST /v1/runs`. The agent package stays light (pydantic
+only), so the registry imports this module and never the reverse.
+
+Versioning: `schema_version` is a literal. A change that old registries could misread
+gets a new version; the registry answers 422 for a version it does not know.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Literal
+from uuid import UUID
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "EngineBuild",
+    "FailedPoint",
+    "HardwareFingerprint",
+    "ModelInfo",
+    "PlacementAnswer",
+    "PlacementCandidate",
+    "Point",
+    "RunReceipt",
+    "RunReport",
+    "RunSettings",
+    "RunStatus",
+    "s_tg_disagreement",
+]
+
+SCHEMA_VERSION = 1
+
+# S_TG and B·TG/T_TG may differ by rounding, never by more than this share.
+S_TG_TOLERANCE = 0.01
+
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _lower_hex(value: str) -> str:
+    return value.lower()
+
+
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$"), AfterValidator(_lower_hex)]
+
+RunStatus = Literal["ok", "partial", "failed"]
+"""ok: every planned point was measured; partial: some points failed (see `failures`);
+failed: the run as a whole failed (see `error`)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Point(_Strict):
+    """One row of the llama-batched-bench table: B sequences, PP prompt and TG generated
+    tokens each. Times in seconds, speeds in tokens per second. Per-user decode speed is
+    `s_tg / b`."""
+
+    pp: NonNegativeInt = Field(description="prompt tokens per sequence (PP)")
+    tg: NonNegativeInt = Field(description="generated tokens per sequence (TG)")
+    b: int = Field(ge=1, description="concurrent sequences (B)")
+    n_kv: NonNegativeInt | None = Field(default=None, description="KV cells used (N_KV)")
+    t_pp: NonNegativeFloat | None = Field(default=None, description="prefill time, s")
+    s_pp: NonNegativeFloat | None = Field(default=None, description="prefill speed, t/s")
+    t_tg: NonNegativeFloat | None = Field(default=None, description="decode time, s")
+    s_tg: NonNegativeFloat | None = Field(default=None, description="total decode speed, t/s")
+    t: NonNegativeFloat | None = Field(default=None, description="total time, s")
+    s: NonNegativeFloat | None = Field(default=None, description="total speed, t/s")
+    repeats: int = Field(default=1, ge=1, description="times the point was measured")
+    s_pp_stdev: NonNegativeFloat | None = Field(
+        default=None, description="spread of S_PP over repeats (sample standard deviation)"
+    )
+    s_tg_stdev: NonNegativeFloat | None = Field(
+        default=None, description="spread of S_TG over repeats (sample standard deviation)"
+    )
+
+    @model_validator(mode="after")
+    def _s_tg_agrees_with_t_tg(self) -> Point:
+        disagreement = s_tg_disagreement(self)
+        if disagreement is not None and disagreement > S_TG_TOLERANCE:
+            raise ValueError(
+                f"s_tg={self.s_tg} disagrees with b*tg/t_tg={self.b * self.tg / self.t_tg}"  # type: ignore[operator]
+                f" by {disagreement:.1%} (more than {S_TG_TOLERANCE:.0%})"
+            )
+        return self
+
+
+def s_tg_disagreement(point: Point) -> float | None:
+    """Relative difference between the reported S_TG and B·TG/T_TG, when both are known."""
+    if point.s_tg is None or point.t_tg is None or point.t_tg == 0:
+        return None
+    expected = point.b * point.tg / point.t_tg
+    if expected == 0:
+        return 0.0 if point.s_tg == 0 else math.inf
+    return abs(point.s_tg - expected) / expected
+
+
+class FailedPoint(_Strict):
+    """A point of the planned grid that produced no measurement, and why
+    (out of memory, `failed to find a memory slot`, skipped because it would not fit)."""
+
+    pp: NonNegativeInt
+    tg: NonNegativeInt
+    b: int = Field(ge=1)
+    reason: str = Field(min_length=1, max_length=4000)
+
+
+class EngineBuild(_Strict):
+    """What ran the sweep. `build_number`/`commit` identify the llama.cpp build when known."""
+
+    engine: Name = "llama.cpp"
+    build_number: int | None = Field(default=None, ge=0)
+    commit: str | None = Field(default=None, max_length=64)
+    backend: str | None = Field(
+        default=None, max_length=64, description="CPU, CUDA, Metal, ROCm, Vulkan, ..."
+    )
+    binding: str | None = Field(
+        default=None, max_length=100, description="e.g. llama-batched-bench, llama-cpp-python"
+    )
+    binding_version: str | None = Field(default=None, max_length=100)
+
+
+class ModelInfo(_Strict):
+    """The model measured. `name` is the display name; `sha256` of the GGUF file when known.
+    Architecture numbers are those the KV-cache size follows from."""
+
+    name: Name
+    sha256: Sha256 | None = None
+    quantization: str | None = Field(default=None, max_length=64)
+    n_params: NonNegativeInt | None = None
+    file_size: NonNegativeInt | None = Field(default=None, description="bytes")
+    n_layer: NonNegativeInt | None = None
+    n_head_kv: NonNegativeInt | None = None
+    head_dim_k: NonNegativeInt | None = None
+    head_dim_v: NonNegativeInt | None = None
+    n_ctx_train: NonNegativeInt | None = None
+    sliding_window: NonNegativeInt | None = Field(
+        default=None, description="sliding-window size of the SWA layers, in tokens"
+    )
+    n_swa_layers: NonNegativeInt | None = Field(
+        default=None, description="layers that attend within the sliding window only"
+    )
+
+
+class RunSettings(_Strict):
+    """The settings that shape the results (llama-batched-bench's flags)."""
+
+    n_ctx: NonNegativeInt | None = None
+    n_batch: NonNegativeInt | None = None
+    n_ubatch: NonNegativeInt | None = None
+    flash_attn: Literal["on", "off", "auto"] | None = None
+    kv_unified: bool | None = None
+    pp_shared: bool | None = None
+    tg_separate: bool | None = None
+    n_gpu_layers: int | None = None
+    n_threads: NonNegativeInt | None = None
+    n_threads_batch: NonNegativeInt | None = None
+    cache_type_k: str | None = Field(default=None, max_length=16)
+    cache_type_v: str | None = Field(default=None, max_length=16)
+
+
+class HardwareFingerprint(_Strict):
+    """What defines the machine: `hash` is stable across reboots; `data` is the full probe
+    output it was computed from."""
+
+    hash: str = Field(min_length=8, max_length=128)
+    data: dict[str, object] = Field(default_factory=dict)
+
+
+class RunReport(_Strict):
+    """One sweep run of one model on one node, with every measured and failed point."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
+    node: Name
+    started_at: datetime
+    finished_at: datetime | None = None
+    status: RunStatus = "ok"
+    error: str | None = Field(default=None, max_length=20000)
+    source: str = Field(default="sweep", max_length=32, description="sweep or import")
+    engine: EngineBuild = Field(default_factory=EngineBuild)
+    model: ModelInfo
+    settings: RunSettings = Field(default_factory=RunSettings)
+    hardware: HardwareFingerprint | None = None
+    points: list[Point] = Field(default_factory=list, max_length=100_000)
+    failures: list[FailedPoint] = Field(default_factory=list, max_length=100_000)
+
+    @model_validator(mode="after")
+    def _status_matches_contents(self) -> RunReport:
+        if self.status == "ok" and self.failures:
+            raise ValueError("status 'ok' with failed points: use 'partial'")
+        if self.status != "failed" and not self.points:
+            raise ValueError(f"status {self.status!r} with no points: use 'failed'")
+        if self.status == "failed" and not self.error:
+            raise ValueError("status 'failed' needs an error")
+        if self.finished_at is not None and self.finished_at < self.started_at:
+            raise ValueError("finished_at is before started_at")
+        return self
+
+
+class RunReceipt(BaseModel):
+    """The registry's answer to a stored report (201 created, 200 for a retry)."""
+
+    run_id: UUID
+    outcome: Literal["created", "already stored"]
+    points: int
+    failures: int
+
+
+class PlacementCandidate(BaseModel):
+    """A node and the largest concurrency at which it meets the per-user speed asked for."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    node: str
+    concurrency: int
+    per_user_tps: float = Field(description="S_TG / B at that concurrency")
+    total_tps: float = Field(description="S_TG: total decode tokens/s across all users")
+    prefill_tps: float | None = Field(description="S_PP at that point")
+    prompt_tokens: int = Field(description="PP of the point")
+    gen_tokens: int = Field(description="TG of the point")
+    llama_cpp_build: int | None
+    measured_at: datetime
+    run_id: UUID
+
+
+class PlacementAnswer(BaseModel):
+    """Which node and concurrency meets `min_tps_per_user` for `model`."""
+
+    model: str
+    min_tps_per_user: float
+    candidates: list[PlacementCandidate]
+    reason: str

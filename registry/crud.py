@@ -1,0 +1,381 @@
+"""Keyword-only functions over the registry's tables. Routes and the CLI call these; they
+flush but never commit (the caller owns the transaction)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, selectinload
+
+from agent import wire
+from registry.models import (
+    EngineBuild,
+    FailedPoint,
+    HardwareFingerprint,
+    Model,
+    Node,
+    NodeToken,
+    Run,
+    RunPoint,
+)
+from registry.questions.placement import MeasuredPoint
+
+__all__ = [
+    "RunConflict",
+    "create_node_token",
+    "find_models",
+    "get_node",
+    "get_run",
+    "ingest_report",
+    "list_models",
+    "list_nodes",
+    "list_runs",
+    "model_name_key",
+    "node_for_token",
+    "placement_points",
+]
+
+_Row = TypeVar("_Row")
+
+TOKEN_PREFIX = "fbn_"
+
+
+class RunConflict(Exception):
+    """A run with this id exists and its report differs from the one sent now."""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def model_name_key(name: str) -> str:
+    """How model names compare: case-insensitive, with or without `.gguf`."""
+    return name.strip().lower().removesuffix(".gguf")
+
+
+# --- nodes and tokens ------------------------------------------------------------------
+
+
+def _node_by_name(session: Session, name: str) -> Node | None:
+    return session.scalars(select(Node).where(Node.name == name)).one_or_none()
+
+
+def create_node_token(session: Session, *, node_name: str, labels: dict[str, str]) -> str:
+    """A new token for the node (created if needed); returns the token, stored only hashed."""
+    node = _node_by_name(session, node_name)
+    if node is None:
+        node = Node(name=node_name, labels=labels, created_at=_now())
+        session.add(node)
+    elif labels:
+        node.labels = {**node.labels, **labels}
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    session.add(NodeToken(node=node, token_sha256=_sha256(token), created_at=_now()))
+    session.flush()
+    return token
+
+
+def node_for_token(session: Session, token: str) -> Node | None:
+    statement = (
+        select(Node)
+        .join(NodeToken, NodeToken.node_id == Node.id)
+        .where(NodeToken.token_sha256 == _sha256(token))
+    )
+    return session.scalars(statement).one_or_none()
+
+
+def list_nodes(session: Session) -> Sequence[tuple[Node, datetime | None, int]]:
+    """Each node with its latest run's start and its number of runs."""
+    statement = (
+        select(Node, func.max(Run.started_at), func.count(Run.id))
+        .outerjoin(Run, Run.node_id == Node.id)
+        .group_by(Node.id)
+        .order_by(Node.name)
+    )
+    return [(node, last, count) for node, last, count in session.execute(statement)]
+
+
+def get_node(session: Session, name: str) -> tuple[Node, list[HardwareFingerprint]] | None:
+    node = _node_by_name(session, name)
+    if node is None:
+        return None
+    fingerprints = session.scalars(
+        select(HardwareFingerprint)
+        .where(HardwareFingerprint.node_id == node.id)
+        .order_by(HardwareFingerprint.last_seen.desc())
+    ).all()
+    return node, list(fingerprints)
+
+
+# --- ingest ----------------------------------------------------------------------------
+
+
+def report_sha256(report: wire.RunReport) -> str:
+    return _sha256(report.model_dump_json())
+
+
+def ingest_report(session: Session, *, report: wire.RunReport, node: Node) -> tuple[Run, bool]:
+    """Store the report as a run of `node`. Returns (run, created); a report already stored
+    with the same body returns (that run, False). Raises RunConflict for the same run id
+    with a different body."""
+    digest = report_sha256(report)
+    existing = session.get(Run, report.run_id)
+    if existing is not None:
+        if existing.report_sha256 != digest:
+            raise RunConflict(f"run {report.run_id} exists with a different report")
+        return existing, False
+
+    settings = report.settings.model_dump()
+    run = Run(
+        id=report.run_id,
+        node=node,
+        fingerprint=_fingerprint(session, node=node, report=report),
+        build=_build(session, report.engine),
+        model=_model(session, report.model),
+        source=report.source,
+        status=report.status,
+        error=report.error,
+        started_at=report.started_at,
+        finished_at=report.finished_at,
+        received_at=_now(),
+        report_sha256=digest,
+        **settings,
+    )
+    run.points = [RunPoint(**p.model_dump()) for p in report.points]
+    run.failures = [FailedPoint(**f.model_dump()) for f in report.failures]
+    session.add(run)
+    try:
+        with session.begin_nested():
+            session.flush()
+    except IntegrityError:
+        # The same run id arrived concurrently and was stored first: answer as a retry.
+        session.expunge(run)
+        stored = session.get(Run, report.run_id)
+        if stored is None:
+            raise
+        if stored.report_sha256 != digest:
+            raise RunConflict(f"run {report.run_id} exists with a different report") from None
+        return stored, False
+    return run, True
+
+
+def _get_or_create(session: Session, statement: Any, create: Callable[[], _Row]) -> _Row:
+    """The row `statement` finds, or a new one; a concurrent insert of the same row is
+    caught in a savepoint and the winner's row returned."""
+    row: _Row | None = session.scalars(statement).one_or_none()
+    if row is not None:
+        return row
+    row = create()
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        row = session.scalars(statement).one()
+    return row
+
+
+def _identity(fields: dict[str, Any]) -> str:
+    return _sha256(json.dumps(fields, sort_keys=True))
+
+
+def _build(session: Session, engine: wire.EngineBuild) -> EngineBuild:
+    fields = engine.model_dump()
+    identity = _identity(fields)
+    return _get_or_create(
+        session,
+        select(EngineBuild).where(EngineBuild.identity == identity),
+        lambda: EngineBuild(identity=identity, **fields),
+    )
+
+
+_MODEL_FACTS = (
+    "quantization",
+    "n_params",
+    "file_size",
+    "n_layer",
+    "n_head_kv",
+    "head_dim_k",
+    "head_dim_v",
+    "n_ctx_train",
+    "sliding_window",
+    "n_swa_layers",
+)
+
+
+def _model(session: Session, info: wire.ModelInfo) -> Model:
+    key = model_name_key(info.name)
+    identity = f"sha256:{info.sha256}" if info.sha256 else f"name:{key}"
+    model = _get_or_create(
+        session,
+        select(Model).where(Model.identity == identity),
+        lambda: Model(identity=identity, name=info.name, name_key=key, sha256=info.sha256),
+    )
+    # Facts a later report knows and an earlier one did not are filled in, never overwritten.
+    for fact in _MODEL_FACTS:
+        if getattr(model, fact) is None and getattr(info, fact) is not None:
+            setattr(model, fact, getattr(info, fact))
+    return model
+
+
+def _fingerprint(
+    session: Session, *, node: Node, report: wire.RunReport
+) -> HardwareFingerprint | None:
+    if report.hardware is None:
+        return None
+    seen = report.started_at
+    hardware = report.hardware
+    fingerprint = _get_or_create(
+        session,
+        select(HardwareFingerprint).where(
+            HardwareFingerprint.node_id == node.id, HardwareFingerprint.hash == hardware.hash
+        ),
+        lambda: HardwareFingerprint(
+            node_id=node.id, hash=hardware.hash, data=hardware.data, first_seen=seen, last_seen=seen
+        ),
+    )
+    fingerprint.first_seen = min(_aware(fingerprint.first_seen), seen)
+    fingerprint.last_seen = max(_aware(fingerprint.last_seen), seen)
+    return fingerprint
+
+
+def _aware(moment: datetime) -> datetime:
+    # SQLite hands back naive datetimes; everything stored is UTC.
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+# --- reads -----------------------------------------------------------------------------
+
+
+def list_models(session: Session) -> Sequence[tuple[Model, int, datetime | None]]:
+    statement = (
+        select(Model, func.count(Run.id), func.max(Run.started_at))
+        .outerjoin(Run, Run.model_id == Model.id)
+        .group_by(Model.id)
+        .order_by(Model.name_key, Model.id)
+    )
+    return [(model, count, last) for model, count, last in session.execute(statement)]
+
+
+def find_models(session: Session, model: str) -> Sequence[Model]:
+    """Models matching a display name (case-insensitive, with or without `.gguf`) or a sha256."""
+    conditions: list[ColumnElement[bool]] = [Model.name_key == model_name_key(model)]
+    if len(model) == 64:
+        conditions.append(Model.sha256 == model.lower())
+    return session.scalars(select(Model).where(or_(*conditions))).all()
+
+
+def list_runs(
+    session: Session,
+    *,
+    node: str | None,
+    model: str | None,
+    since: datetime | None,
+    limit: int,
+    offset: int,
+) -> tuple[Sequence[Run], int]:
+    """Runs newest first, filtered, with the total count before pagination."""
+    conditions: list[ColumnElement[bool]] = []
+    if node is not None:
+        conditions.append(Run.node.has(Node.name == node))
+    if model is not None:
+        conditions.append(Run.model_id.in_([m.id for m in find_models(session, model)]))
+    if since is not None:
+        conditions.append(Run.started_at >= since)
+    count = session.scalar(select(func.count(Run.id)).where(*conditions)) or 0
+    runs = session.scalars(
+        select(Run)
+        .where(*conditions)
+        .options(selectinload(Run.node), selectinload(Run.model), selectinload(Run.build))
+        .order_by(Run.started_at.desc(), Run.id)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return runs, count
+
+
+def get_run(session: Session, run_id: uuid.UUID) -> Run | None:
+    return session.scalars(
+        select(Run)
+        .where(Run.id == run_id)
+        .options(
+            selectinload(Run.node),
+            selectinload(Run.model),
+            selectinload(Run.build),
+            selectinload(Run.fingerprint),
+            selectinload(Run.points),
+            selectinload(Run.failures),
+        )
+    ).one_or_none()
+
+
+def placement_points(
+    session: Session, *, model_ids: Sequence[int], since: datetime | None
+) -> list[MeasuredPoint]:
+    """The measured points of each node's latest successful run of any of `model_ids`."""
+    run_filter: list[ColumnElement[bool]] = [
+        Run.model_id.in_(model_ids),
+        Run.status != "failed",
+    ]
+    if since is not None:
+        run_filter.append(Run.started_at >= since)
+    latest = (
+        select(
+            Run.id,
+            Run.node_id,
+            Run.build_id,
+            Run.started_at,
+            func.row_number()
+            .over(
+                partition_by=Run.node_id,
+                order_by=(Run.started_at.desc(), Run.received_at.desc()),
+            )
+            .label("recency"),
+        )
+        .where(*run_filter)
+        .subquery()
+    )
+    statement = (
+        select(
+            Node.name,
+            latest.c.id,
+            latest.c.started_at,
+            EngineBuild.build_number,
+            RunPoint.pp,
+            RunPoint.tg,
+            RunPoint.b,
+            RunPoint.s_pp,
+            RunPoint.s_tg,
+        )
+        .select_from(latest)
+        .join(RunPoint, RunPoint.run_id == latest.c.id)
+        .join(Node, Node.id == latest.c.node_id)
+        .join(EngineBuild, EngineBuild.id == latest.c.build_id)
+        .where(latest.c.recency == 1, RunPoint.s_tg.is_not(None))
+    )
+    return [
+        MeasuredPoint(
+            node=name,
+            run_id=run_id,
+            measured_at=_aware(started_at),
+            llama_cpp_build=build_number,
+            pp=pp,
+            tg=tg,
+            b=b,
+            s_pp=s_pp,
+            s_tg=s_tg,
+        )
+        for name, run_id, started_at, build_number, pp, tg, b, s_pp, s_tg in session.execute(
+            statement
+        )
+    ]

@@ -1,0 +1,83 @@
+"""Engine, sessions and the schema's migration state. The only module that opens the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+import migrations
+
+__all__ = [
+    "SchemaOutOfDate",
+    "alembic_config",
+    "create_db_engine",
+    "ensure_schema_current",
+    "schema_revisions",
+    "session_factory",
+    "upgrade_schema",
+]
+
+_MIGRATIONS_DIR = Path(migrations.__file__).parent
+
+
+class SchemaOutOfDate(RuntimeError):
+    """The database is not at the migrations' head revision."""
+
+
+def create_db_engine(url: str, **kwargs: Any) -> Engine:
+    sa_url = make_url(url)
+    if sa_url.get_backend_name() == "sqlite":
+        if sa_url.database and sa_url.database != ":memory:":
+            Path(sa_url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(sa_url, connect_args={"timeout": 30}, **kwargs)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(sa_url, pool_pre_ping=True, **kwargs)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # Foreign keys are off by default in SQLite; WAL lets readers run beside the writer.
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.close()
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS_DIR))
+    config.attributes["engine"] = engine
+    return config
+
+
+def schema_revisions(engine: Engine) -> tuple[str | None, str | None]:
+    """(current revision of the database, head revision of the migrations)."""
+    head = ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
+    with engine.connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+    return current, head
+
+
+def upgrade_schema(engine: Engine) -> None:
+    command.upgrade(alembic_config(engine), "head")
+
+
+def ensure_schema_current(engine: Engine, *, fix_command: str) -> None:
+    current, head = schema_revisions(engine)
+    if current != head:
+        raise SchemaOutOfDate(
+            f"database schema is at revision {current or 'none (empty database)'}, "
+            f"the registry needs {head}: run `{fix_command}`"
+        )

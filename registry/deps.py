@@ -1,0 +1,61 @@
+"""FastAPI dependencies: the database session, the settings and node authentication."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from registry import crud
+from registry.config import RegistrySettings
+from registry.models import Node
+
+__all__ = ["NodeAuth", "ReadAccess", "SessionDep", "SettingsDep"]
+
+_bearer = HTTPBearer(
+    auto_error=False, description="a node token from `fleetbench-registry token create`"
+)
+
+
+def _session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessions() as session:
+        yield session
+
+
+def _settings(request: Request) -> RegistrySettings:
+    settings: RegistrySettings = request.app.state.settings
+    return settings
+
+
+SessionDep = Annotated[Session, Depends(_session)]
+SettingsDep = Annotated[RegistrySettings, Depends(_settings)]
+_Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _authenticated_node(session: SessionDep, credentials: _Credentials) -> Node:
+    if credentials is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            detail="a node token is required: Authorization: Bearer <token>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    node = crud.node_for_token(session, credentials.credentials)
+    if node is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            detail="unknown token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return node
+
+
+def _read_access(settings: SettingsDep, session: SessionDep, credentials: _Credentials) -> None:
+    if settings.read_token_required:
+        _authenticated_node(session, credentials)
+
+
+NodeAuth = Annotated[Node, Depends(_authenticated_node)]
+ReadAccess = Depends(_read_access)

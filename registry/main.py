@@ -1,0 +1,42 @@
+"""The registry's FastAPI application."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI
+
+from agent.wire import SCHEMA_VERSION
+from registry.body_limit import BodySizeLimit
+from registry.config import RegistrySettings
+from registry.db import create_db_engine, session_factory
+from registry.routes import models, nodes, placement, runs
+
+__all__ = ["create_app"]
+
+DESCRIPTION = f"""
+The fleet's batching curves (llama-batched-bench points) and the question they answer:
+**which node and concurrency meets X tokens/s per user for model Y?**
+
+Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema version
+{SCHEMA_VERSION}) using a token from `fleetbench-registry token create --node NAME`.
+"""
+
+
+def create_app(settings: RegistrySettings | None = None) -> FastAPI:
+    settings = settings or RegistrySettings()
+    app = FastAPI(title="fleetbench registry", version="0.1.0", description=DESCRIPTION)
+    app.state.settings = settings
+    app.state.engine = create_db_engine(settings.sqlalchemy_url)
+    app.state.sessions = session_factory(app.state.engine)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_report_bytes)
+
+    api = APIRouter(prefix="/v1")
+    for module in (runs, nodes, models, placement):
+        api.include_router(module.router)
+    app.include_router(api)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    return app

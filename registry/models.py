@@ -1,0 +1,206 @@
+"""The registry's tables (SQLAlchemy 2). The schema is created and changed only by the
+Alembic migrations in migrations/, which are generated from this metadata."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+__all__ = [
+    "Base",
+    "EngineBuild",
+    "FailedPoint",
+    "HardwareFingerprint",
+    "Model",
+    "Node",
+    "NodeToken",
+    "Run",
+    "RunPoint",
+]
+
+# SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit key.
+_BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(column_0_label)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: DateTime(timezone=True),
+        dict[str, Any]: JSON,
+        float: Double(),
+    }
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime]
+
+
+class NodeToken(Base):
+    """A node's bearer token, stored as its SHA-256: tokens are 256-bit random strings, so a
+    fast hash is enough (nothing to brute-force) and lookups stay one index probe."""
+
+    __tablename__ = "node_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+
+    node: Mapped[Node] = relationship()
+
+
+class HardwareFingerprint(Base):
+    """One hardware identity a node has had; a new GPU or driver gives a new row."""
+
+    __tablename__ = "hardware_fingerprints"
+    __table_args__ = (UniqueConstraint("node_id", "hash"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    hash: Mapped[str] = mapped_column(String(128))
+    data: Mapped[dict[str, Any]]
+    first_seen: Mapped[datetime]
+    last_seen: Mapped[datetime]
+
+
+class EngineBuild(Base):
+    """An engine build; `identity` is a digest of all its fields, so equal builds share a row
+    even where fields are NULL (which a plain unique constraint would not deduplicate)."""
+
+    __tablename__ = "engine_builds"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    identity: Mapped[str] = mapped_column(String(64), unique=True)
+    engine: Mapped[str] = mapped_column(String(200))
+    build_number: Mapped[int | None]
+    commit: Mapped[str | None] = mapped_column(String(64))
+    backend: Mapped[str | None] = mapped_column(String(64))
+    binding: Mapped[str | None] = mapped_column(String(100))
+    binding_version: Mapped[str | None] = mapped_column(String(100))
+
+
+class Model(Base):
+    """A model as reports name it. `identity` is `sha256:<hex>` when the file's digest is
+    known, else `name:<name_key>`; `name_key` is the display name lowercased without `.gguf`."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    identity: Mapped[str] = mapped_column(String(300), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
+    name_key: Mapped[str] = mapped_column(String(200), index=True)
+    sha256: Mapped[str | None] = mapped_column(String(64), index=True)
+    quantization: Mapped[str | None] = mapped_column(String(64))
+    n_params: Mapped[int | None] = mapped_column(BigInteger)
+    file_size: Mapped[int | None] = mapped_column(BigInteger)
+    n_layer: Mapped[int | None]
+    n_head_kv: Mapped[int | None]
+    head_dim_k: Mapped[int | None]
+    head_dim_v: Mapped[int | None]
+    n_ctx_train: Mapped[int | None]
+    sliding_window: Mapped[int | None]
+    n_swa_layers: Mapped[int | None]
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_model_node_started", "model_id", "node_id", "started_at"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    fingerprint_id: Mapped[int | None] = mapped_column(ForeignKey("hardware_fingerprints.id"))
+    build_id: Mapped[int] = mapped_column(ForeignKey("engine_builds.id"))
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    source: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(index=True)
+    finished_at: Mapped[datetime | None]
+    received_at: Mapped[datetime]
+    # SHA-256 of the validated report: a retry with the same body matches it exactly.
+    report_sha256: Mapped[str] = mapped_column(String(64))
+
+    n_ctx: Mapped[int | None]
+    n_batch: Mapped[int | None]
+    n_ubatch: Mapped[int | None]
+    flash_attn: Mapped[str | None] = mapped_column(String(8))
+    kv_unified: Mapped[bool | None]
+    pp_shared: Mapped[bool | None]
+    tg_separate: Mapped[bool | None]
+    n_gpu_layers: Mapped[int | None]
+    n_threads: Mapped[int | None]
+    n_threads_batch: Mapped[int | None]
+    cache_type_k: Mapped[str | None] = mapped_column(String(16))
+    cache_type_v: Mapped[str | None] = mapped_column(String(16))
+
+    node: Mapped[Node] = relationship()
+    build: Mapped[EngineBuild] = relationship()
+    model: Mapped[Model] = relationship()
+    fingerprint: Mapped[HardwareFingerprint | None] = relationship()
+    points: Mapped[list[RunPoint]] = relationship(
+        order_by="RunPoint.id", cascade="all, delete-orphan", passive_deletes=True
+    )
+    failures: Mapped[list[FailedPoint]] = relationship(
+        order_by="FailedPoint.id", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class RunPoint(Base):
+    """One measured row of the batched-bench table."""
+
+    __tablename__ = "run_points"
+
+    id: Mapped[int] = mapped_column(_BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    pp: Mapped[int]
+    tg: Mapped[int]
+    b: Mapped[int]
+    n_kv: Mapped[int | None]
+    t_pp: Mapped[float | None]
+    s_pp: Mapped[float | None]
+    t_tg: Mapped[float | None]
+    s_tg: Mapped[float | None]
+    t: Mapped[float | None]
+    s: Mapped[float | None]
+    repeats: Mapped[int]
+    s_pp_stdev: Mapped[float | None]
+    s_tg_stdev: Mapped[float | None]
+
+
+class FailedPoint(Base):
+    __tablename__ = "failed_points"
+
+    id: Mapped[int] = mapped_column(_BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    pp: Mapped[int]
+    tg: Mapped[int]
+    b: Mapped[int]
+    reason: Mapped[str] = mapped_column(Text)

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from agent import wire
+from registry import crud
+from registry.deps import ReadAccess, SessionDep
+from registry.schemas import ModelPublic, ModelsPublic
+
+router = APIRouter(prefix="/models", tags=["models"], dependencies=[ReadAccess])
+
+
+@router.get("", response_model=ModelsPublic)
+def read_models(session: SessionDep) -> ModelsPublic:
+    """Every model reported, with its architecture numbers and run count."""
+    models = [
+        ModelPublic(
+            **wire.ModelInfo.model_validate(model, from_attributes=True).model_dump(),
+            runs=runs,
+            last_run_at=last_run_at,
+        )
+        for model, runs, last_run_at in crud.list_models(session)
+    ]
+    return ModelsPublic(data=models, count=len(models))

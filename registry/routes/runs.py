@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Response, status
+
+from agent.wire import RunReceipt, RunReport
+from registry import crud
+from registry.deps import NodeAuth, ReadAccess, SessionDep
+from registry.schemas import RunDetail, RunsPublic, run_public
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+
+@router.post(
+    "",
+    response_model=RunReceipt,
+    status_code=status.HTTP_201_CREATED,
+    responses={
+        200: {"model": RunReceipt, "description": "already stored (a retry)"},
+        403: {"description": "the token belongs to another node"},
+        409: {"description": "this run id was stored with a different report"},
+        413: {"description": "body over the size limit"},
+    },
+)
+def ingest_run(
+    report: RunReport, node: NodeAuth, session: SessionDep, response: Response
+) -> RunReceipt:
+    """Store one sweep run; retrying with the same run id and body is always safe."""
+    if report.node != node.name:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail=f"this token belongs to node {node.name!r}, the report is for {report.node!r}",
+        )
+    try:
+        run, created = crud.ingest_report(session, report=report, node=node)
+    except crud.RunConflict as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    session.commit()
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return RunReceipt(
+        run_id=run.id,
+        outcome="created" if created else "already stored",
+        points=len(report.points),
+        failures=len(report.failures),
+    )
+
+
+@router.get("", response_model=RunsPublic, dependencies=[ReadAccess])
+def read_runs(
+    session: SessionDep,
+    node: str | None = None,
+    model: Annotated[str | None, Query(description="display name or sha256")] = None,
+    since: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> RunsPublic:
+    """Runs newest first, filtered by node, model and start time, paginated."""
+    runs, count = crud.list_runs(
+        session, node=node, model=model, since=since, limit=limit, offset=offset
+    )
+    return RunsPublic(data=[run_public(r) for r in runs], count=count)
+
+
+@router.get("/{run_id}", response_model=RunDetail, dependencies=[ReadAccess])
+def read_run(run_id: uuid.UUID, session: SessionDep) -> RunDetail:
+    """One run with its measured and failed points."""
+    run = crud.get_run(session, run_id)
+    if run is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail="run not found")
+    detail: RunDetail = run_public(run, RunDetail)
+    return detail
