@@ -30,7 +30,7 @@ RegistryOption = Annotated[
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -126,3 +126,7 @@ def placement(
         out.print_json(answer.model_dump_json())
     else:
         out.print(placement_table(answer))
+
+
+if __name__ == "__main__":
+    app()

@@ -25,7 +25,7 @@ token_app = typer.Typer(help="Node tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 
 # Messages go to stderr: `token create` prints only the token on stdout.
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _describe(settings: RegistrySettings) -> str:
@@ -102,3 +102,7 @@ def token_create(
         session.commit()
     typer.echo(token)
     err.print(f"token created for node {node.strip()!r}; it is shown only once")
+
+
+if __name__ == "__main__":
+    app()

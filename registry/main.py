@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import APIRouter, FastAPI
+from fastapi.exceptions import RequestValidationError
 
 from agent.wire import SCHEMA_VERSION
 from registry.body_limit import BodySizeLimit
 from registry.config import RegistrySettings
 from registry.db import create_db_engine, session_factory
 from registry.routes import models, nodes, placement, runs
+from registry.validation_errors import validation_error_handler
 
 __all__ = ["create_app"]
 
@@ -23,10 +28,19 @@ Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema version
 
 def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     settings = settings or RegistrySettings()
-    app = FastAPI(title="fleetbench registry", version="0.1.0", description=DESCRIPTION)
+    engine = create_db_engine(settings.sqlalchemy_url)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="fleetbench registry", version="0.1.0", description=DESCRIPTION, lifespan=lifespan
+    )
     app.state.settings = settings
-    app.state.engine = create_db_engine(settings.sqlalchemy_url)
-    app.state.sessions = session_factory(app.state.engine)
+    app.state.sessions = session_factory(engine)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_report_bytes)
 
     api = APIRouter(prefix="/v1")

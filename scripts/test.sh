@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, then every test on SQLite and on PostgreSQL (127.0.0.1:5432,
+# started if it is down) in a throwaway database dropped afterwards. Extra arguments go to
+# pytest. PostgreSQL being unreachable is a failure, never a skip.
+set -euo pipefail
+source "$(dirname "$0")/bootstrap.sh"
+
+PG_ADMIN_URL="${FLEETBENCH_TEST_POSTGRES_ADMIN_URL:-postgresql://postgres@127.0.0.1:5432/postgres}"
+pg_up() { python -c "import psycopg; psycopg.connect('$PG_ADMIN_URL', connect_timeout=3).close()" 2>/dev/null; }
+if ! pg_up; then
+    echo "PostgreSQL is not answering on 127.0.0.1:5432; starting it" >&2
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start || true
+    for _ in $(seq 30); do pg_up && break; sleep 1; done
+    pg_up || { echo "PostgreSQL could not be reached at $PG_ADMIN_URL" >&2; exit 1; }
+fi
+
+DB="fleetbench_test_$$"
+pg_admin() {
+    python -c "import psycopg, sys; c = psycopg.connect('$PG_ADMIN_URL', autocommit=True); c.execute(sys.argv[1]); c.close()" "$1"
+}
+pg_admin "CREATE DATABASE $DB"
+trap 'pg_admin "DROP DATABASE IF EXISTS $DB WITH (FORCE)"' EXIT
+export FLEETBENCH_TEST_POSTGRES_URL="postgresql+psycopg://postgres@127.0.0.1:5432/$DB"
+
+ruff check .
+ruff format --check .
+python -m pytest "$@"

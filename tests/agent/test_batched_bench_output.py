@@ -1,0 +1,136 @@
+"""Reading llama-batched-bench output: tables, settings, builds, JSONL, noise."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.batched_bench_output import NoTableFound, parse_batched_bench_output
+from tests.conftest import FIXTURES
+
+
+def _read(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_full_table_with_settings_and_build() -> None:
+    [run] = parse_batched_bench_output(_read("batched-bench-10col.log"))
+    assert run.format == "table"
+    assert (run.engine.build_number, run.engine.commit) == (6527, "e7a5130a")
+    s = run.settings
+    assert (s.n_ctx, s.n_batch, s.n_ubatch) == (2048, 2048, 512)
+    assert (s.flash_attn, s.pp_shared, s.tg_separate) == ("auto", False, False)
+    assert (s.n_gpu_layers, s.n_threads, s.n_threads_batch) == (-1, 2, 2)
+    assert [p.b for p in run.points] == [1, 2, 4, 8]
+    last = run.points[-1]
+    assert (last.pp, last.tg, last.n_kv) == (128, 32, 1280)
+    assert (last.t_pp, last.s_pp, last.t_tg, last.s_tg) == (0.751, 1363.52, 0.598, 428.09)
+    assert (last.t, last.s) == (1.349, 948.85)
+
+
+def test_old_main_prefix_shared_prompt_and_cuda_backend() -> None:
+    [run] = parse_batched_bench_output(_read("batched-bench-old-main.log"))
+    assert (run.engine.build_number, run.engine.commit) == (4589, "1d1e6a90")
+    assert run.engine.backend == "CUDA"
+    assert run.settings.flash_attn == "on"
+    assert run.settings.pp_shared is True
+    assert run.settings.tg_separate is None  # old builds did not print it
+    assert [p.n_kv for p in run.points] == [640, 2560, 10240]
+
+
+def test_six_column_report_fills_only_what_follows_exactly() -> None:
+    text = _read("report-two-builds.md")
+    before, after = parse_batched_bench_output(text)
+    assert (before.engine.build_number, before.engine.commit) == (6400, "4a9b2c1")
+    assert (after.engine.build_number, after.engine.commit) == (6527, "e7a5130a")
+    assert before.columns == ["pp", "tg", "b", "n_kv", "s_pp", "s_tg"]
+    b1, b8, _ = before.points
+    # T_TG = B*TG/S_TG always follows
+    assert b8.t_tg == pytest.approx(8 * 128 / 610.02)
+    # B=1: shared or not, the prompt work is the same, so T_PP, T and S follow too
+    assert b1.t_pp == pytest.approx(512 / 9821.40)
+    assert b1.t == pytest.approx(512 / 9821.40 + 128 / 120.51)
+    assert b1.s == pytest.approx(640 / b1.t)
+    # B=8 with N_KV = B*(PP+TG): separate prompts, or a shared one in a split cache; the
+    # prompt's token count is unknown, so T_PP is left empty rather than guessed
+    assert (b8.t_pp, b8.t, b8.s) == (None, None, None)
+
+
+def test_noise_inside_a_table_is_skipped() -> None:
+    _, after = parse_batched_bench_output(_read("report-two-builds.md"))
+    assert [p.b for p in after.points] == [1, 8, 32]
+    assert after.points[1].s_tg == 571.96
+
+
+def test_unified_shared_prompt_is_recognised_from_n_kv() -> None:
+    text = """
+| PP | TG | B | N_KV | S_PP t/s | S_TG t/s |
+|----|----|---|------|----------|----------|
+| 512 | 128 | 4 | 1024 | 1000.00 | 200.00 |
+"""
+    [run] = parse_batched_bench_output(text)
+    [point] = run.points
+    # N_KV = PP + B*TG only with a shared prompt: prefill processed 512 tokens, not 2048
+    assert point.t_pp == pytest.approx(512 / 1000)
+    assert point.s == pytest.approx((512 + 4 * 128) / (0.512 + 4 * 128 / 200))
+
+
+def test_jsonl_records() -> None:
+    [run] = parse_batched_bench_output(_read("batched-bench.jsonl"))
+    assert run.format == "jsonl"
+    assert (run.engine.build_number, run.engine.commit, run.engine.backend) == (
+        7200,
+        "abc1234",
+        "CUDA",
+    )
+    assert (run.settings.n_ctx, run.settings.flash_attn, run.settings.n_gpu_layers) == (
+        4096,
+        "off",
+        99,
+    )
+    assert [(p.b, p.n_kv) for p in run.points] == [(1, 320), (2, 640), (4, 1280)]
+    assert run.points[2].s_tg == pytest.approx(4 * 64 / 0.350)
+
+
+def test_newer_version_line() -> None:
+    text = "version: 0.0.7200 (build 7200, commit 1a2b3c4d)\n" + _read("batched-bench.jsonl")
+    [run] = parse_batched_bench_output(text)
+    assert (run.engine.build_number, run.engine.commit) == (7200, "abc1234")
+    [run] = parse_batched_bench_output(text.replace("version: 7200 (abc1234)", ""))
+    assert (run.engine.build_number, run.engine.commit) == (7200, "1a2b3c4d")
+
+
+def test_rounded_short_times_are_mended_from_the_speed() -> None:
+    # T_TG printed as 0.012 s for 1*1/S_TG = 0.01163 s: 3.2% apart by rounding alone
+    text = """
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|    16 |      1 |    1 |     17 |    0.010 |  1600.00 |    0.012 |    86.00 |    0.022 |   772.73 |
+"""
+    [run] = parse_batched_bench_output(text)
+    assert run.points[0].t_tg == pytest.approx(1 / 86.0)
+
+
+def test_inf_is_treated_as_unknown() -> None:
+    text = """
+| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+|----|----|---|------|--------|----------|--------|----------|-----|-------|
+| 0 | 16 | 1 | 16 | 0.000 | nan | 0.200 | 80.00 | 0.200 | 80.00 |
+"""
+    [run] = parse_batched_bench_output(text)
+    assert run.points[0].s_pp is None
+    assert run.points[0].s_tg == 80.0
+
+
+def test_article_text_with_prose_run_into_the_last_row() -> None:
+    text = """| PP | TG | B | N_KV | S_PP t/s | S_TG t/s |
+|-----|-----|----|-------|----------|----------|
+| 512 | 128 | 16 | 10240 | 284.82 | 163.18 |
+| 512 | 128 | 32 | 20480 | 286.06 | 193.55 |S_TG is total decode throughput."""
+    [run] = parse_batched_bench_output(text)
+    assert [p.s_tg for p in run.points] == [163.18, 193.55]
+
+
+@pytest.mark.parametrize("text", [_read("no-table.txt"), "", "| PP | TG | B |\n|--|--|--|"])
+def test_no_table_is_a_clear_error(text: str) -> None:
+    with pytest.raises(NoTableFound, match="no llama-batched-bench table found"):
+        parse_batched_bench_output(text)

@@ -1,0 +1,202 @@
+"""Shared fixtures. Every database test runs twice, on SQLite and on PostgreSQL, each time
+in a fresh database: a new SQLite file, or a new schema in the PostgreSQL database named by
+FLEETBENCH_TEST_POSTGRES_URL (scripts/test.sh creates a throwaway one). PostgreSQL being
+unreachable fails the tests; it never skips them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from agent import wire
+from registry import crud
+from registry.config import RegistrySettings
+from registry.db import create_db_engine, session_factory, upgrade_schema
+from registry.main import create_app
+
+POSTGRES_URL = os.environ.get(
+    "FLEETBENCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def _migrated_sqlite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Migrate once; each test gets a copy of the file."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "registry.db"
+    engine = create_db_engine(f"sqlite:///{path}")
+    upgrade_schema(engine)
+    engine.dispose()
+    return path
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of a fresh database with no schema at all."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'registry.db'}"
+        return
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_db_engine(POSTGRES_URL)
+    with admin.begin() as connection:
+        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as connection:
+            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def database_url(empty_database_url: str, _migrated_sqlite_file: Path) -> str:
+    """The URL of a fresh database migrated to head."""
+    sqlite_path = make_url(empty_database_url).database
+    if empty_database_url.startswith("sqlite") and sqlite_path:
+        shutil.copy(_migrated_sqlite_file, sqlite_path)  # faster than migrating each time
+        return empty_database_url
+    engine = create_db_engine(empty_database_url)
+    upgrade_schema(engine)
+    engine.dispose()
+    return empty_database_url
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = create_db_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    with session_factory(engine)() as session:
+        yield session
+
+
+class LiveRegistry:
+    """A registry served by uvicorn on a loopback port, and what tests need around it."""
+
+    def __init__(self, url: str, engine: Engine) -> None:
+        self.url = url
+        self.engine = engine
+
+    def token(self, node: str, **labels: str) -> str:
+        with session_factory(self.engine)() as session:
+            token = crud.create_node_token(session, node_name=node, labels=labels)
+            session.commit()
+        return token
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def count(self, table: str) -> int:
+        with self.engine.connect() as connection:
+            return int(connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_in_thread(settings: RegistrySettings) -> tuple[str, uvicorn.Server, threading.Thread]:
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("registry did not start")
+        time.sleep(0.02)
+    return f"http://127.0.0.1:{port}", server, thread
+
+
+@pytest.fixture
+def registry_settings(database_url: str) -> RegistrySettings:
+    return RegistrySettings(database_url=database_url)
+
+
+@pytest.fixture
+def live_registry(registry_settings: RegistrySettings, engine: Engine) -> Iterator[LiveRegistry]:
+    url, server, thread = serve_in_thread(registry_settings)
+    try:
+        yield LiveRegistry(url, engine)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+ARTICLE_TABLE = [  # Apple M4 Pro, Mistral-Nemo-Instruct-2407-Q4_K_M, llama.cpp build 11429
+    # (B, S_PP, S_TG) at PP=512, TG=128
+    (1, 282.07, 28.30),
+    (2, 275.77, 42.14),
+    (4, 281.35, 69.64),
+    (8, 285.83, 133.65),
+    (16, 284.82, 163.18),
+    (32, 286.06, 193.55),
+]
+ARTICLE_MODEL = "Mistral-Nemo-Instruct-2407-Q4_K_M"
+
+
+def make_report(
+    *,
+    node: str = "m4pro",
+    model: str = ARTICLE_MODEL,
+    table: list[tuple[int, float, float]] | None = None,
+    pp: int = 512,
+    tg: int = 128,
+    started_at: datetime | None = None,
+    build_number: int | None = 11429,
+    **overrides: Any,
+) -> wire.RunReport:
+    """A valid report with the article's curve unless told otherwise."""
+    points = [
+        wire.Point(pp=pp, tg=tg, b=b, n_kv=b * (pp + tg), s_pp=s_pp, s_tg=s_tg)
+        for b, s_pp, s_tg in (table or ARTICLE_TABLE)
+    ]
+    fields: dict[str, Any] = {
+        "run_id": uuid.uuid4(),
+        "node": node,
+        "started_at": started_at or datetime(2026, 10, 16, 12, 0, tzinfo=UTC),
+        "engine": wire.EngineBuild(build_number=build_number, backend="Metal"),
+        "model": wire.ModelInfo(name=model),
+        "points": points,
+    }
+    fields.update(overrides)
+    return wire.RunReport(**fields)
+
+
+JSON = {"content-type": "application/json"}
+
+
+def post_report(client: httpx.Client, report: wire.RunReport | dict[str, Any]) -> httpx.Response:
+    body = report.model_dump_json() if isinstance(report, wire.RunReport) else _json(report)
+    return client.post("/v1/runs", content=body, headers=JSON)
+
+
+def _json(data: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(data, default=str)

@@ -1,0 +1,141 @@
+"""GET /v1/placement over a real server and database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from agent import wire
+from tests.conftest import ARTICLE_MODEL, ARTICLE_TABLE, LiveRegistry, make_report, post_report
+
+SHA = "c0ffee" + "0" * 58
+
+
+def _ask(registry: LiveRegistry, **params: object) -> tuple[int, dict[str, object]]:
+    with registry.client() as client:
+        response = client.get("/v1/placement", params=params)  # type: ignore[arg-type]
+    return response.status_code, response.json()
+
+
+def test_article_table_answers_m4pro_at_8(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    with live_registry.client(token) as client:
+        assert post_report(client, make_report()).status_code == 201
+    status, answer = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=15)
+    assert status == 200
+    assert answer["model"] == ARTICLE_MODEL
+    assert answer["min_tps_per_user"] == 15
+    [candidate] = answer["candidates"]  # type: ignore[misc]
+    assert candidate["node"] == "m4pro"
+    assert candidate["concurrency"] == 8
+    assert candidate["per_user_tps"] == pytest.approx(16.71, abs=0.01)
+    assert candidate["total_tps"] == 133.65
+    assert candidate["prefill_tps"] == 285.83
+    assert candidate["llama_cpp_build"] == 11429
+    assert candidate["measured_at"] == "2026-10-16T12:00:00Z"
+
+
+@pytest.mark.parametrize(
+    "spelling", [ARTICLE_MODEL.lower(), f"{ARTICLE_MODEL}.gguf", f"{ARTICLE_MODEL.upper()}.GGUF"]
+)
+def test_model_matches_case_insensitive_with_or_without_gguf(
+    live_registry: LiveRegistry, spelling: str
+) -> None:
+    token = live_registry.token("m4pro")
+    with live_registry.client(token) as client:
+        assert post_report(client, make_report()).status_code == 201
+    status, answer = _ask(live_registry, model=spelling, min_tps_per_user=15)
+    assert status == 200
+    assert [c["concurrency"] for c in answer["candidates"]] == [8]  # type: ignore[union-attr]
+
+
+def test_model_matches_by_sha256(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    report = make_report().model_copy(update={"model": wire.ModelInfo(name="nemo", sha256=SHA)})
+    with live_registry.client(token) as client:
+        assert post_report(client, report).status_code == 201
+    status, answer = _ask(live_registry, model=SHA.upper(), min_tps_per_user=15)
+    assert status == 200
+    assert [c["node"] for c in answer["candidates"]] == ["m4pro"]  # type: ignore[union-attr]
+
+
+def test_unknown_model_is_404(live_registry: LiveRegistry) -> None:
+    status, answer = _ask(live_registry, model="no-such-model", min_tps_per_user=1)
+    assert status == 404
+    assert "no-such-model" in answer["detail"]  # type: ignore[operator]
+
+
+def test_uses_each_nodes_latest_successful_run(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    older = datetime(2026, 10, 1, tzinfo=UTC)
+    newer = datetime(2026, 11, 1, tzinfo=UTC)
+    slower = [(b, s_pp, s_tg * 0.5) for b, s_pp, s_tg in ARTICLE_TABLE]
+    failed = make_report(
+        started_at=newer + timedelta(days=1), status="failed", points=[], error="out of memory"
+    )
+    with live_registry.client(token) as client:
+        assert post_report(client, make_report(started_at=older)).status_code == 201
+        assert post_report(client, make_report(started_at=newer, table=slower)).status_code == 201
+        assert post_report(client, failed).status_code == 201
+    _status, answer = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=10)
+    # the newer, slower run: 14.15 per user at B=1, 10.53 at B=2 -> 2; the older one gave 16
+    [candidate] = answer["candidates"]  # type: ignore[misc]
+    assert (candidate["concurrency"], candidate["measured_at"][:10]) == (2, "2026-11-01")
+
+
+def test_several_nodes_sorted_by_total(live_registry: LiveRegistry) -> None:
+    fast = [(1, 900.0, 60.0), (8, 900.0, 320.0), (16, 900.0, 400.0)]
+    for node, table in (("m4pro", ARTICLE_TABLE), ("h100-01", fast)):
+        token = live_registry.token(node)
+        with live_registry.client(token) as client:
+            assert post_report(client, make_report(node=node, table=table)).status_code == 201
+    _, answer = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=15)
+    assert [(c["node"], c["concurrency"]) for c in answer["candidates"]] == [  # type: ignore[union-attr]
+        ("h100-01", 16),
+        ("m4pro", 8),
+    ]
+
+
+def test_none_qualifies_is_200_with_reason(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    with live_registry.client(token) as client:
+        assert post_report(client, make_report()).status_code == 201
+    status, answer = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=40)
+    assert status == 200
+    assert answer["candidates"] == []
+    assert "best available is m4pro at concurrency 1 with 28.30" in answer["reason"]  # type: ignore[operator]
+
+
+def test_prompt_tokens_and_max_age(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    recent = datetime.now(UTC) - timedelta(days=2)
+    with live_registry.client(token) as client:
+        long_prompts = make_report(pp=4096, started_at=recent)
+        assert post_report(client, long_prompts).status_code == 201
+    _, fits = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=15, prompt_tokens=2048)
+    _, too_long = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=15, prompt_tokens=8192)
+    _, fresh = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=15, max_age_days=7)
+    _, stale = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=15, max_age_days=1)
+    assert [c["prompt_tokens"] for c in fits["candidates"]] == [4096]  # type: ignore[union-attr]
+    assert too_long["candidates"] == []
+    assert "longest measured is 4096" in too_long["reason"]  # type: ignore[operator]
+    assert len(fresh["candidates"]) == 1  # type: ignore[arg-type]
+    assert stale["candidates"] == []
+    assert "in the last 1 days" in stale["reason"]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"model": ARTICLE_MODEL},
+        {"model": ARTICLE_MODEL, "min_tps_per_user": -1},
+        {"model": ARTICLE_MODEL, "min_tps_per_user": "fast"},
+        {"model": ARTICLE_MODEL, "min_tps_per_user": 5, "prompt_tokens": -3},
+    ],
+)
+def test_bad_placement_queries_are_422(
+    live_registry: LiveRegistry, params: dict[str, object]
+) -> None:
+    status, _ = _ask(live_registry, **params)
+    assert status == 422

@@ -1,0 +1,117 @@
+"""Migrations and the registry's command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from alembic import command
+from sqlalchemy import Engine, inspect
+
+from registry.db import alembic_config, create_db_engine, schema_revisions
+
+REGISTRY = [sys.executable, "-m", "registry.cli"]
+
+
+def _run(
+    args: list[str], env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        REGISTRY + args, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_migrations_match_the_models(engine: Engine) -> None:
+    # `alembic check`: autogenerate finds nothing to add, drop or alter
+    command.check(alembic_config(engine))
+    current, head = schema_revisions(engine)
+    assert current == head is not None
+    tables = set(inspect(engine).get_table_names())
+    assert {
+        "nodes",
+        "node_tokens",
+        "hardware_fingerprints",
+        "engine_builds",
+        "models",
+        "runs",
+        "run_points",
+        "failed_points",
+    } <= tables
+
+
+def test_serve_refuses_an_out_of_date_schema_then_migrate_fixes_it(
+    empty_database_url: str,
+) -> None:
+    env = {"FLEETBENCH_DATABASE_URL": empty_database_url}
+    refused = _run(["serve", "--port", "1"], env)
+    assert refused.returncode == 1
+    assert "run `fleetbench-registry migrate`" in refused.stderr
+    assert "empty database" in refused.stderr
+
+    migrated = _run(["migrate"], env)
+    assert migrated.returncode == 0, migrated.stderr
+    assert "upgraded from empty to" in migrated.stderr
+    again = _run(["migrate"], env)
+    assert "already at" in again.stderr
+    engine = create_db_engine(empty_database_url)
+    try:
+        current, head = schema_revisions(engine)
+    finally:
+        engine.dispose()
+    assert current == head
+
+
+def test_token_create_prints_only_the_token(database_url: str) -> None:
+    result = _run(
+        ["token", "create", "--node", "m4pro", "--label", "site=lab"],
+        {"FLEETBENCH_DATABASE_URL": database_url},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("fbn_") and len(lines[0]) > 40
+    bad = _run(
+        ["token", "create", "--node", "x", "--label", "nolabel"],
+        {"FLEETBENCH_DATABASE_URL": database_url},
+    )
+    assert bad.returncode == 2
+    assert "KEY=VALUE" in bad.stderr
+
+
+def test_default_sqlite_is_created_upgraded_and_served(tmp_path: Path) -> None:
+    env = {"XDG_DATA_HOME": str(tmp_path), "FLEETBENCH_DATABASE_URL": ""}
+    token = _run(["token", "create", "--node", "m4pro"], env)
+    database = tmp_path / "fleetbench" / "registry.db"
+    assert token.returncode == 0, token.stderr
+    assert f"SQLite file {database}" in token.stderr
+    assert database.exists()
+
+    port = 18787 + os.getpid() % 1000
+    server = subprocess.Popen(
+        [*REGISTRY, "serve", "--port", str(port)],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and server.poll() is None, "did not start"
+                time.sleep(0.2)
+        assert health.json() == {"status": "ok"}
+        docs = httpx.get(f"http://127.0.0.1:{port}/openapi.json").json()
+        assert "RunReport" in docs["components"]["schemas"]
+        assert "/v1/placement" in docs["paths"]
+    finally:
+        server.terminate()
+        output, _ = server.communicate(timeout=30)
+    assert f"registry database: SQLite file {database}" in output

@@ -1,0 +1,218 @@
+"""`fleetbench-agent import` and `placement` as a user runs them, against a live registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.agent.tiny_gguf import write_tiny_gguf
+from tests.conftest import ARTICLE_MODEL, FIXTURES, LiveRegistry
+
+ROOT = Path(__file__).parent.parent
+ARTICLE_EXAMPLE = ROOT / "examples" / "m4pro-mistral-nemo-q4km.md"
+AGENT = [sys.executable, "-m", "agent.cli"]
+
+
+def agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_")}
+    return subprocess.run(
+        AGENT + list(args),
+        env={**clean, **env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_import_article_table_then_placement(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    imported = agent(
+        "import",
+        str(ARTICLE_EXAMPLE),
+        "--node",
+        "m4pro",
+        "--model",
+        ARTICLE_MODEL,
+        "--registry",
+        live_registry.url,
+        "--token",
+        token,
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.startswith("created: run ")
+    assert "133.65" in imported.stderr and "16.71" in imported.stderr  # the curve shown
+
+    again = agent(
+        "import",
+        str(ARTICLE_EXAMPLE),
+        "--node",
+        "m4pro",
+        "--model",
+        ARTICLE_MODEL,
+        FLEETBENCH_REGISTRY_URL=live_registry.url,
+        FLEETBENCH_TOKEN=token,
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("already stored: run ")
+    assert live_registry.count("runs") == 1
+
+    answer = agent(
+        "placement",
+        "--model",
+        ARTICLE_MODEL,
+        "--min-tps-per-user",
+        "15",
+        "--json",
+        "--registry",
+        live_registry.url,
+    )
+    assert answer.returncode == 0, answer.stderr
+    [candidate] = json.loads(answer.stdout)["candidates"]
+    assert (candidate["node"], candidate["concurrency"], candidate["total_tps"]) == (
+        "m4pro",
+        8,
+        133.65,
+    )
+    assert candidate["llama_cpp_build"] == 11429
+    table = agent(
+        "placement",
+        "--model",
+        ARTICLE_MODEL,
+        "--min-tps-per-user",
+        "15",
+        "--registry",
+        live_registry.url,
+    )
+    assert "m4pro" in table.stdout and "133.65" in table.stdout
+
+
+def test_import_several_tables_and_a_model_file(
+    live_registry: LiveRegistry, tmp_path: Path
+) -> None:
+    token = live_registry.token("rtx4090")
+    model_file = write_tiny_gguf(tmp_path / "llama-3.1-8b-Q4_K_M.gguf")
+    result = agent(
+        "import",
+        str(FIXTURES / "report-two-builds.md"),
+        "--node",
+        "rtx4090",
+        "--model",
+        "Llama-3.1-8B-Q4_K_M",
+        "--model-file",
+        str(model_file),
+        "--registry",
+        live_registry.url,
+        "--token",
+        token,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("created: run ") == 2
+    with live_registry.client() as client:
+        runs = client.get("/v1/runs", params={"node": "rtx4090"}).json()["data"]
+        [model] = client.get("/v1/models").json()["data"]
+    assert sorted(r["engine"]["build_number"] for r in runs) == [6400, 6527]
+    assert model["name"] == "Llama-3.1-8B-Q4_K_M"
+    assert model["n_layer"] == 18 and model["quantization"] == "Q4_K_M"
+    assert len(model["sha256"]) == 64
+
+
+def test_import_without_a_table_reports_nothing(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    result = agent(
+        "import",
+        str(FIXTURES / "no-table.txt"),
+        "--node",
+        "m4pro",
+        "--model",
+        "x",
+        "--registry",
+        live_registry.url,
+        "--token",
+        token,
+    )
+    assert result.returncode == 1
+    assert "no-table.txt: no llama-batched-bench table found" in result.stderr
+    assert live_registry.count("runs") == 0
+
+
+def test_import_errors_are_clear(live_registry: LiveRegistry, tmp_path: Path) -> None:
+    no_token = agent(
+        "import",
+        str(ARTICLE_EXAMPLE),
+        "--node",
+        "m4pro",
+        "--model",
+        "x",
+        "--registry",
+        live_registry.url,
+    )
+    assert no_token.returncode == 2
+    assert "no registry token" in no_token.stderr
+
+    missing = agent(
+        "import",
+        str(tmp_path / "absent.log"),
+        "--node",
+        "m4pro",
+        "--model",
+        "x",
+        "--token",
+        "t",
+    )
+    assert missing.returncode == 1
+    assert "absent.log" in missing.stderr
+
+    token = live_registry.token("m4pro")
+    wrong_node = agent(
+        "import",
+        str(ARTICLE_EXAMPLE),
+        "--node",
+        "other",
+        "--model",
+        "x",
+        "--registry",
+        live_registry.url,
+        "--token",
+        token,
+    )
+    assert wrong_node.returncode == 1
+    assert "registry answered 403" in wrong_node.stderr
+
+    down = agent(
+        "import",
+        str(ARTICLE_EXAMPLE),
+        "--node",
+        "m4pro",
+        "--model",
+        "x",
+        "--registry",
+        "http://127.0.0.1:9",
+        "--token",
+        token,
+    )
+    assert down.returncode == 1
+    assert "unreachable" in down.stderr
+    assert live_registry.count("runs") == 0
+
+
+def test_dry_run_prints_reports_and_sends_nothing() -> None:
+    result = agent(
+        "import",
+        str(FIXTURES / "batched-bench.jsonl"),
+        "--node",
+        "n1",
+        "--model",
+        "m",
+        "--dry-run",
+        "--measured-at",
+        "2026-11-01T00:00:00Z",
+    )
+    assert result.returncode == 0, result.stderr
+    [report] = json.loads(result.stdout)
+    assert report["schema_version"] == 1
+    assert report["source"] == "import"
+    assert report["started_at"] == "2026-11-01T00:00:00Z"
+    assert [p["b"] for p in report["points"]] == [1, 2, 4]
