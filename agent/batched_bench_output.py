@@ -77,18 +77,20 @@ def parse_batched_bench_output(text: str) -> list[ParsedRun]:
         line = raw.strip()
         build.observe(line)
         if (match := _SETTINGS_LINE.match(line)) is not None:
-            table = _close(table, runs)
+            _close(table, runs)
+            table = None
             settings = {k: int(v) for k, v in _SETTING.findall(match.group(1))}
             continue
         if line.startswith("{") and "speed_tg" in line:
-            table = _close(table, runs)
+            _close(table, runs)
+            table = None
             _add_jsonl_record(line, number, runs, build)
             continue
         cells = _cells(line)
         if cells is None:
             continue
         if (columns := _header_columns(cells)) is not None:
-            table = _close(table, runs)
+            _close(table, runs)
             table = _TableBuilder(number, columns, settings, build.engine())
             settings = {}  # a settings line describes the one table after it
         elif table is not None and len(cells) == len(table.columns):
@@ -208,7 +210,7 @@ def _settings_from(values: dict[str, Any]) -> RunSettings:
         n_ctx=values.get("n_kv_max"),
         n_batch=values.get("n_batch"),
         n_ubatch=values.get("n_ubatch"),
-        flash_attn=_FLASH_ATTN.get(flash) if flash is not None else None,  # type: ignore[arg-type]
+        flash_attn=_FLASH_ATTN.get(flash) if flash is not None else None,
         pp_shared=flag("is_pp_shared"),
         tg_separate=flag("is_tg_separate"),
         n_gpu_layers=values.get("n_gpu_layers"),

@@ -177,7 +177,7 @@ class HardwareFingerprint(_Strict):
 class RunReport(_Strict):
     """One sweep run of one model on one node, with every measured and failed point."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
     node: Name
     started_at: datetime

@@ -24,4 +24,5 @@ export FLEETBENCH_TEST_POSTGRES_URL="postgresql+psycopg://postgres@127.0.0.1:543
 
 ruff check .
 ruff format --check .
+mypy
 python -m pytest "$@"
