@@ -16,19 +16,22 @@ if python -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.
 fi
 
 TOKEN="$(fleetbench-registry token create --node m4pro --label chip=M4-Pro)"
-fleetbench-registry serve --port "$PORT" 2> >(grep -v '"GET /healthz' >&2) &
+LOG="$(mktemp -t fleetbench-registry.XXXXXX.log)"
+fleetbench-registry serve --port "$PORT" > "$LOG" 2>&1 &
 REGISTRY_PID=$!
-trap 'kill $REGISTRY_PID 2>/dev/null; wait $REGISTRY_PID 2>/dev/null' EXIT
+trap 'kill $REGISTRY_PID 2>/dev/null; wait $REGISTRY_PID 2>/dev/null || true' EXIT
 for _ in $(seq 100); do
     python -c "import httpx; httpx.get('$URL/healthz').raise_for_status()" 2>/dev/null && break
-    kill -0 $REGISTRY_PID 2>/dev/null || { echo "the registry did not start" >&2; exit 1; }
+    kill -0 $REGISTRY_PID 2>/dev/null || { cat "$LOG" >&2; echo "the registry did not start" >&2; exit 1; }
     sleep 0.2
 done
+head -n 1 "$LOG"
+echo "registry serving at $URL (log: $LOG)"
 
 echo
 echo "== import the article's table (Apple M4 Pro, $MODEL, llama.cpp build 11429)"
 fleetbench-agent import examples/m4pro-mistral-nemo-q4km.md --node m4pro --model "$MODEL" \
-    --registry "$URL" --token "$TOKEN"
+    --registry "$URL" --token "$TOKEN" --measured-at 2026-10-16T12:00:00Z
 
 echo
 echo "== which node and concurrency gives at least 15 tokens/s per user?"
@@ -38,7 +41,7 @@ fleetbench-agent placement --model "$MODEL" --min-tps-per-user 15 --registry "$U
 
 if [ "${1:-}" = "--serve" ]; then
     echo "registry serving at $URL (API docs: $URL/docs); Ctrl-C stops it"
-    wait $REGISTRY_PID
+    wait $REGISTRY_PID || true
 else
     echo "done; to keep a registry running: fleetbench-registry serve (docs at $URL/docs)"
 fi
