@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -138,14 +139,23 @@ def registry_settings(database_url: str) -> RegistrySettings:
     return RegistrySettings(database_url=database_url)
 
 
-@pytest.fixture
-def live_registry(registry_settings: RegistrySettings, engine: Engine) -> Iterator[LiveRegistry]:
-    url, server, thread = serve_in_thread(registry_settings)
+@contextmanager
+def running_registry(settings: RegistrySettings) -> Iterator[LiveRegistry]:
+    """A registry with these settings served on loopback for the duration."""
+    url, server, thread = serve_in_thread(settings)
+    engine = create_db_engine(settings.sqlalchemy_url)
     try:
         yield LiveRegistry(url, engine)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+        engine.dispose()
+
+
+@pytest.fixture
+def live_registry(registry_settings: RegistrySettings) -> Iterator[LiveRegistry]:
+    with running_registry(registry_settings) as registry:
+        yield registry
 
 
 ARTICLE_TABLE = [  # Apple M4 Pro, Mistral-Nemo-Instruct-2407-Q4_K_M, llama.cpp build 11429

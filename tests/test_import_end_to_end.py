@@ -27,48 +27,27 @@ def agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def import_file(
+    path: Path, *options: str, node: str = "m4pro", model: str = ARTICLE_MODEL, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return agent("import", str(path), "--node", node, "--model", model, *options, **env)
+
+
 def test_import_article_table_then_placement(live_registry: LiveRegistry) -> None:
     token = live_registry.token("m4pro")
-    imported = agent(
-        "import",
-        str(ARTICLE_EXAMPLE),
-        "--node",
-        "m4pro",
-        "--model",
-        ARTICLE_MODEL,
-        "--registry",
-        live_registry.url,
-        "--token",
-        token,
-    )
+    imported = import_file(ARTICLE_EXAMPLE, "--registry", live_registry.url, "--token", token)
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.startswith("created: run ")
     assert "133.65" in imported.stderr and "16.71" in imported.stderr  # the curve shown
 
-    again = agent(
-        "import",
-        str(ARTICLE_EXAMPLE),
-        "--node",
-        "m4pro",
-        "--model",
-        ARTICLE_MODEL,
-        FLEETBENCH_REGISTRY_URL=live_registry.url,
-        FLEETBENCH_TOKEN=token,
-    )
+    env = {"FLEETBENCH_REGISTRY_URL": live_registry.url, "FLEETBENCH_TOKEN": token}
+    again = import_file(ARTICLE_EXAMPLE, **env)
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith("already stored: run ")
     assert live_registry.count("runs") == 1
 
-    answer = agent(
-        "placement",
-        "--model",
-        ARTICLE_MODEL,
-        "--min-tps-per-user",
-        "15",
-        "--json",
-        "--registry",
-        live_registry.url,
-    )
+    question = ("placement", "--model", ARTICLE_MODEL, "--min-tps-per-user", "15")
+    answer = agent(*question, "--json", "--registry", live_registry.url)
     assert answer.returncode == 0, answer.stderr
     [candidate] = json.loads(answer.stdout)["candidates"]
     assert (candidate["node"], candidate["concurrency"], candidate["total_tps"]) == (
@@ -77,15 +56,7 @@ def test_import_article_table_then_placement(live_registry: LiveRegistry) -> Non
         133.65,
     )
     assert candidate["llama_cpp_build"] == 11429
-    table = agent(
-        "placement",
-        "--model",
-        ARTICLE_MODEL,
-        "--min-tps-per-user",
-        "15",
-        "--registry",
-        live_registry.url,
-    )
+    table = agent(*question, **env)
     assert "m4pro" in table.stdout and "133.65" in table.stdout
 
 
@@ -94,19 +65,14 @@ def test_import_several_tables_and_a_model_file(
 ) -> None:
     token = live_registry.token("rtx4090")
     model_file = write_tiny_gguf(tmp_path / "llama-3.1-8b-Q4_K_M.gguf")
-    result = agent(
-        "import",
-        str(FIXTURES / "report-two-builds.md"),
-        "--node",
-        "rtx4090",
-        "--model",
-        "Llama-3.1-8B-Q4_K_M",
+    result = import_file(
+        FIXTURES / "report-two-builds.md",
         "--model-file",
         str(model_file),
-        "--registry",
-        live_registry.url,
-        "--token",
-        token,
+        node="rtx4090",
+        model="Llama-3.1-8B-Q4_K_M",
+        FLEETBENCH_REGISTRY_URL=live_registry.url,
+        FLEETBENCH_TOKEN=token,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("created: run ") == 2
@@ -121,17 +87,8 @@ def test_import_several_tables_and_a_model_file(
 
 def test_import_without_a_table_reports_nothing(live_registry: LiveRegistry) -> None:
     token = live_registry.token("m4pro")
-    result = agent(
-        "import",
-        str(FIXTURES / "no-table.txt"),
-        "--node",
-        "m4pro",
-        "--model",
-        "x",
-        "--registry",
-        live_registry.url,
-        "--token",
-        token,
+    result = import_file(
+        FIXTURES / "no-table.txt", "--registry", live_registry.url, "--token", token
     )
     assert result.returncode == 1
     assert "no-table.txt: no llama-batched-bench table found" in result.stderr
@@ -139,76 +96,30 @@ def test_import_without_a_table_reports_nothing(live_registry: LiveRegistry) -> 
 
 
 def test_import_errors_are_clear(live_registry: LiveRegistry, tmp_path: Path) -> None:
-    no_token = agent(
-        "import",
-        str(ARTICLE_EXAMPLE),
-        "--node",
-        "m4pro",
-        "--model",
-        "x",
-        "--registry",
-        live_registry.url,
-    )
+    no_token = import_file(ARTICLE_EXAMPLE, "--registry", live_registry.url)
     assert no_token.returncode == 2
     assert "no registry token" in no_token.stderr
 
-    missing = agent(
-        "import",
-        str(tmp_path / "absent.log"),
-        "--node",
-        "m4pro",
-        "--model",
-        "x",
-        "--token",
-        "t",
-    )
+    missing = import_file(tmp_path / "absent.log", "--token", "t")
     assert missing.returncode == 1
     assert "absent.log" in missing.stderr
 
     token = live_registry.token("m4pro")
-    wrong_node = agent(
-        "import",
-        str(ARTICLE_EXAMPLE),
-        "--node",
-        "other",
-        "--model",
-        "x",
-        "--registry",
-        live_registry.url,
-        "--token",
-        token,
+    wrong_node = import_file(
+        ARTICLE_EXAMPLE, "--registry", live_registry.url, "--token", token, node="other"
     )
     assert wrong_node.returncode == 1
     assert "registry answered 403" in wrong_node.stderr
 
-    down = agent(
-        "import",
-        str(ARTICLE_EXAMPLE),
-        "--node",
-        "m4pro",
-        "--model",
-        "x",
-        "--registry",
-        "http://127.0.0.1:9",
-        "--token",
-        token,
-    )
+    down = import_file(ARTICLE_EXAMPLE, "--registry", "http://127.0.0.1:9", "--token", token)
     assert down.returncode == 1
     assert "unreachable" in down.stderr
     assert live_registry.count("runs") == 0
 
 
 def test_dry_run_prints_reports_and_sends_nothing() -> None:
-    result = agent(
-        "import",
-        str(FIXTURES / "batched-bench.jsonl"),
-        "--node",
-        "n1",
-        "--model",
-        "m",
-        "--dry-run",
-        "--measured-at",
-        "2026-11-01T00:00:00Z",
+    result = import_file(
+        FIXTURES / "batched-bench.jsonl", "--dry-run", "--measured-at", "2026-11-01T00:00:00Z"
     )
     assert result.returncode == 0, result.stderr
     [report] = json.loads(result.stdout)

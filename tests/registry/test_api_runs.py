@@ -10,7 +10,13 @@ import pytest
 
 from agent import wire
 from registry.config import RegistrySettings
-from tests.conftest import ARTICLE_MODEL, LiveRegistry, make_report, post_report
+from tests.conftest import (
+    ARTICLE_MODEL,
+    LiveRegistry,
+    make_report,
+    post_report,
+    running_registry,
+)
 
 
 def test_ingest_stores_run_with_points_and_failures(live_registry: LiveRegistry) -> None:
@@ -157,18 +163,10 @@ def test_s_tg_within_one_percent_of_b_tg_over_t_tg_is_accepted(
 
 
 def test_body_over_size_limit_is_413_and_stores_nothing(database_url: str) -> None:
-    from tests.conftest import LiveRegistry, serve_in_thread
-
-    url, server, thread = serve_in_thread(
-        RegistrySettings(database_url=database_url, max_report_bytes=2000)
-    )
-    from registry.db import create_db_engine
-
-    engine = create_db_engine(database_url)
-    try:
-        registry = LiveRegistry(url, engine)
+    settings = RegistrySettings(database_url=database_url, max_report_bytes=2000)
+    with running_registry(settings) as registry:
         token = registry.token("m4pro")
-        big = make_report(error=None, table=[(b, 280.0, 20.0 * b) for b in range(1, 41)])
+        big = make_report(table=[(b, 280.0, 20.0 * b) for b in range(1, 41)])
         with registry.client(token) as client:
             response = post_report(client, big)
             chunked = client.post(
@@ -182,10 +180,6 @@ def test_body_over_size_limit_is_413_and_stores_nothing(database_url: str) -> No
         assert chunked.status_code == 413
         assert small.status_code == 201
         assert registry.count("runs") == 1
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        engine.dispose()
 
 
 def test_failed_run_needs_error_and_is_stored_without_points(live_registry: LiveRegistry) -> None:
@@ -247,15 +241,8 @@ def test_read_nodes_and_models(live_registry: LiveRegistry) -> None:
 
 
 def test_reads_can_require_a_token(database_url: str) -> None:
-    from registry.db import create_db_engine
-    from tests.conftest import serve_in_thread
-
-    url, server, thread = serve_in_thread(
-        RegistrySettings(database_url=database_url, read_token_required=True)
-    )
-    engine = create_db_engine(database_url)
-    try:
-        registry = LiveRegistry(url, engine)
+    settings = RegistrySettings(database_url=database_url, read_token_required=True)
+    with running_registry(settings) as registry:
         token = registry.token("m4pro")
         with registry.client() as anonymous, registry.client(token) as node:
             assert anonymous.get("/v1/nodes").status_code == 401
@@ -263,10 +250,6 @@ def test_reads_can_require_a_token(database_url: str) -> None:
             assert anonymous.get("/v1/placement", params=placement).status_code == 401
             assert anonymous.get("/healthz").status_code == 200
             assert node.get("/v1/nodes").status_code == 200
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        engine.dispose()
 
 
 def test_nan_is_never_a_valid_speed() -> None:
