@@ -154,13 +154,11 @@ def ingest_report(session: Session, *, report: wire.RunReport, node: Node) -> tu
     )
     run.points = [RunPoint(**p.model_dump()) for p in report.points]
     run.failures = [FailedPoint(**f.model_dump()) for f in report.failures]
-    session.add(run)
     try:
         with session.begin_nested():
-            session.flush()
+            session.add(run)
     except IntegrityError:
         # The same run id arrived concurrently and was stored first: answer as a retry.
-        session.expunge(run)
         stored = session.get(Run, report.run_id)
         if stored is None:
             raise

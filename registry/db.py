@@ -9,7 +9,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -18,6 +18,7 @@ import migrations
 __all__ = [
     "SchemaOutOfDate",
     "alembic_config",
+    "begin_write",
     "create_db_engine",
     "ensure_schema_current",
     "schema_revisions",
@@ -26,6 +27,7 @@ __all__ = [
 ]
 
 _MIGRATIONS_DIR = Path(migrations.__file__).parent
+_WRITE_OPTION = "fleetbench_write"
 
 
 class SchemaOutOfDate(RuntimeError):
@@ -39,16 +41,31 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
             Path(sa_url.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(sa_url, connect_args={"timeout": 30}, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     return create_engine(sa_url, pool_pre_ping=True, **kwargs)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event issue BEGIN (pysqlite's own would be deferred).
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     # Foreign keys are off by default in SQLite; WAL lets readers run beside the writer.
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.close()
+
+
+def _sqlite_begin(connection: Connection) -> None:
+    # A deferred transaction that has read cannot take the write lock once another writer
+    # has committed (SQLITE_BUSY at once, no waiting): writers start IMMEDIATE instead.
+    immediate = connection.get_execution_options().get(_WRITE_OPTION, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def begin_write(session: Session) -> None:
+    """Start the session's transaction as one that will write (matters on SQLite only)."""
+    session.connection(execution_options={_WRITE_OPTION: True})
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

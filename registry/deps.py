@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from registry import crud
 from registry.config import RegistrySettings
+from registry.db import begin_write
 from registry.models import Node
 
 __all__ = ["NodeAuth", "ReadAccess", "SessionDep", "SettingsDep"]
@@ -22,6 +23,8 @@ _bearer = HTTPBearer(
 
 def _session(request: Request) -> Iterator[Session]:
     with request.app.state.sessions() as session:
+        if request.method not in ("GET", "HEAD"):
+            begin_write(session)
         yield session
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 
 from agent.wire import SCHEMA_VERSION
 from registry.body_limit import BodySizeLimit
 from registry.config import RegistrySettings
 from registry.db import create_db_engine, session_factory
+from registry.deps import SessionDep
 from registry.routes import models, nodes, placement, runs
 from registry.validation_errors import validation_error_handler
 
@@ -48,9 +51,13 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         api.include_router(module.router)
     app.include_router(api)
 
-    @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, str]:
-        """Liveness: the process answers."""
+    @app.get("/healthz", tags=["health"], responses={503: {"description": "database down"}})
+    def healthz(session: SessionDep) -> dict[str, str]:
+        """The process answers and its database does."""
+        try:
+            session.execute(text("SELECT 1"))
+        except SQLAlchemyError as exc:
+            raise HTTPException(503, detail=f"database unavailable: {exc}") from exc
         return {"status": "ok"}
 
     return app

@@ -255,3 +255,40 @@ def test_reads_can_require_a_token(database_url: str) -> None:
 def test_nan_is_never_a_valid_speed() -> None:
     with pytest.raises(ValueError, match="finite"):
         wire.Point(pp=1, tg=1, b=1, s_tg=math.nan)
+
+
+def test_concurrent_retries_of_one_run_store_it_once(live_registry: LiveRegistry) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    token = live_registry.token("m4pro")
+    report = make_report()
+
+    def send(_: int) -> int:
+        with live_registry.client(token) as client:
+            return post_report(client, report).status_code
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        statuses = sorted(pool.map(send, range(6)))
+    assert statuses == [200, 200, 200, 200, 200, 201]
+    assert live_registry.count("runs") == 1
+    assert live_registry.count("run_points") == 6
+    assert live_registry.count("models") == 1
+    assert live_registry.count("engine_builds") == 1
+
+
+def test_concurrent_new_runs_share_one_model_and_build_row(live_registry: LiveRegistry) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    token = live_registry.token("m4pro")
+    reports = [make_report(model="brand-new-model") for _ in range(6)]
+
+    def send(report: wire.RunReport) -> int:
+        with live_registry.client(token) as client:
+            return post_report(client, report).status_code
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        statuses = list(pool.map(send, reports))
+    assert statuses == [201] * 6
+    assert live_registry.count("runs") == 6
+    assert live_registry.count("models") == 1
+    assert live_registry.count("engine_builds") == 1
