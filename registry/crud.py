@@ -6,14 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import typing
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy import ColumnElement, Double, cast, func, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, aliased, selectinload
 
 from agent import wire
 from registry.models import (
@@ -26,7 +27,7 @@ from registry.models import (
     Run,
     RunPoint,
 )
-from registry.questions.placement import MeasuredPoint
+from registry.questions.placement import NodeChoice
 
 __all__ = [
     "RunConflict",
@@ -38,9 +39,10 @@ __all__ = [
     "list_models",
     "list_nodes",
     "list_runs",
+    "longest_prompt",
     "model_name_key",
+    "node_choices",
     "node_for_token",
-    "placement_points",
 ]
 
 _Row = TypeVar("_Row")
@@ -317,37 +319,63 @@ def get_run(session: Session, run_id: uuid.UUID) -> Run | None:
     ).one_or_none()
 
 
-def placement_points(
-    session: Session, *, model_ids: Sequence[int], since: datetime | None
-) -> list[MeasuredPoint]:
-    """The measured points of each node's latest successful run of any of `model_ids`."""
-    run_filter: list[ColumnElement[bool]] = [
-        Run.model_id.in_(model_ids),
-        Run.status != "failed",
-    ]
-    if since is not None:
-        run_filter.append(Run.started_at >= since)
-    latest = (
-        select(
-            Run.id,
-            Run.node_id,
-            Run.build_id,
-            Run.started_at,
-            func.row_number()
-            .over(
-                partition_by=Run.node_id,
-                order_by=(Run.started_at.desc(), Run.received_at.desc()),
-            )
-            .label("recency"),
+def _latest_run_of_node(*, model_ids: Sequence[int], since: datetime | None) -> Any:
+    """The id of a node's latest successful run of any of `model_ids`, as a subquery
+    correlated with `nodes` (one backward probe of ix_runs_node_model_started per node)."""
+    return (
+        select(Run.id)
+        .where(
+            Run.node_id == Node.id,
+            Run.model_id.in_(model_ids),
+            Run.status != "failed",
+            *([Run.started_at >= since] if since is not None else []),
         )
-        .where(*run_filter)
-        .subquery()
+        .order_by(Run.started_at.desc(), Run.received_at.desc())
+        .limit(1)
+        .correlate(Node)
+        .scalar_subquery()
     )
+
+
+def node_choices(
+    session: Session,
+    *,
+    model_ids: Sequence[int],
+    since: datetime | None,
+    prompt_tokens: int | None,
+    min_tps_per_user: float | None,
+) -> list[NodeChoice]:
+    """One point per node from its latest successful run, at the smallest PP >= prompt_tokens
+    when that is given: with `min_tps_per_user`, the largest B whose S_TG / B meets it (ties:
+    higher S_TG), nodes with none left out; without, the node's fastest point per user.
+
+    Chosen in SQL, one correlated probe per node: fetching every point of a 1,000-node fleet
+    into Python costs more than placement's latency budget (bench/placement_latency.py)."""
+    latest = _latest_run_of_node(model_ids=model_ids, since=since)
+    point = aliased(RunPoint)
+    conditions: list[ColumnElement[bool]] = [point.run_id == Run.id, point.s_tg.is_not(None)]
+    if prompt_tokens is not None:
+        shortest_long_enough = (
+            select(func.min(RunPoint.pp))
+            .where(RunPoint.run_id == Run.id, RunPoint.pp >= prompt_tokens)
+            .correlate(Run)
+            .scalar_subquery()
+        )
+        conditions.append(point.pp == shortest_long_enough)
+    order: tuple[Any, ...]
+    if min_tps_per_user is not None:
+        conditions.append(point.s_tg >= min_tps_per_user * point.b)
+        order = (point.b.desc(), point.s_tg.desc(), point.id)
+    else:
+        order = ((point.s_tg / cast(point.b, Double)).desc(), point.s_tg.desc(), point.id)
+    chosen_point = (
+        select(point.id).where(*conditions).order_by(*order).limit(1).correlate(Run)
+    ).scalar_subquery()
     statement = (
         select(
             Node.name,
-            latest.c.id,
-            latest.c.started_at,
+            Run.id,
+            Run.started_at,
             EngineBuild.build_number,
             RunPoint.pp,
             RunPoint.tg,
@@ -355,15 +383,15 @@ def placement_points(
             RunPoint.s_pp,
             RunPoint.s_tg,
         )
-        .select_from(latest)
-        .join(RunPoint, RunPoint.run_id == latest.c.id)
-        .join(Node, Node.id == latest.c.node_id)
-        .join(EngineBuild, EngineBuild.id == latest.c.build_id)
-        .where(latest.c.recency == 1, RunPoint.s_tg.is_not(None))
+        .select_from(Node)
+        .join(Run, Run.id == latest)
+        .join(RunPoint, RunPoint.id == chosen_point)
+        .join(EngineBuild, EngineBuild.id == Run.build_id)
     )
+    rows = session.connection().execute(statement).all()
     return [
-        MeasuredPoint(
-            node=name,
+        NodeChoice(
+            node=node,
             run_id=run_id,
             measured_at=_aware(started_at),
             llama_cpp_build=build_number,
@@ -371,9 +399,22 @@ def placement_points(
             tg=tg,
             b=b,
             s_pp=s_pp,
-            s_tg=s_tg,
+            s_tg=typing.cast(float, s_tg),  # the query keeps only points with an S_TG
         )
-        for name, run_id, started_at, build_number, pp, tg, b, s_pp, s_tg in session.execute(
-            statement
-        )
+        for node, run_id, started_at, build_number, pp, tg, b, s_pp, s_tg in rows
     ]
+
+
+def longest_prompt(
+    session: Session, *, model_ids: Sequence[int], since: datetime | None
+) -> tuple[str, int] | None:
+    """(node, PP) of the longest prompt in the nodes' latest successful runs."""
+    latest = _latest_run_of_node(model_ids=model_ids, since=since)
+    row = session.execute(
+        select(Node.name, RunPoint.pp)
+        .select_from(Node)
+        .join(RunPoint, RunPoint.run_id == latest)
+        .order_by(RunPoint.pp.desc(), Node.name)
+        .limit(1)
+    ).first()
+    return (row[0], row[1]) if row is not None else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -35,6 +36,10 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # What exists at start-up lives as long as the process: keeping it out of the
+        # collector's full passes spares requests pauses of tens of milliseconds.
+        gc.collect()
+        gc.freeze()
         yield
         engine.dispose()
 

@@ -132,10 +132,14 @@ class Model(Base):
 
 class Run(Base):
     __tablename__ = "runs"
-    __table_args__ = (Index("ix_runs_model_node_started", "model_id", "node_id", "started_at"),)
+    __table_args__ = (
+        # Placement takes each node's latest run of a model: one backward probe per node.
+        Index("ix_runs_node_model_started", "node_id", "model_id", "started_at", "received_at"),
+        Index("ix_runs_model_started", "model_id", "started_at"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
-    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     fingerprint_id: Mapped[int | None] = mapped_column(ForeignKey("hardware_fingerprints.id"))
     build_id: Mapped[int] = mapped_column(ForeignKey("engine_builds.id"))
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))

@@ -10,6 +10,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict
 
 from agent import wire
+from registry.models import Run
 
 __all__ = [
     "FingerprintPublic",
@@ -21,6 +22,8 @@ __all__ = [
     "RunDetail",
     "RunPublic",
     "RunsPublic",
+    "run_detail",
+    "run_public",
 ]
 
 
@@ -89,9 +92,8 @@ class RunDetail(RunPublic):
     failures: list[wire.FailedPoint]
 
 
-def run_public(run: Any, cls: type[RunPublic] = RunPublic) -> Any:
-    """RunPublic (or RunDetail, with `cls`) for a stored registry.models.Run."""
-    fields: dict[str, Any] = {
+def _run_fields(run: Run) -> dict[str, Any]:
+    return {
         "id": run.id,
         "node": run.node.name,
         "model": run.model.name,
@@ -105,10 +107,20 @@ def run_public(run: Any, cls: type[RunPublic] = RunPublic) -> Any:
         "engine": wire.EngineBuild.model_validate(run.build, from_attributes=True),
         "settings": wire.RunSettings.model_validate(run, from_attributes=True),
     }
-    if cls is RunDetail:
-        fields["hardware"] = run.fingerprint
-        fields["points"] = [wire.Point.model_validate(p, from_attributes=True) for p in run.points]
-        fields["failures"] = [
-            wire.FailedPoint.model_validate(f, from_attributes=True) for f in run.failures
-        ]
-    return cls.model_validate(fields)
+
+
+def run_public(run: Run) -> RunPublic:
+    return RunPublic.model_validate(_run_fields(run))
+
+
+def run_detail(run: Run) -> RunDetail:
+    return RunDetail.model_validate(
+        {
+            **_run_fields(run),
+            "hardware": run.fingerprint,
+            "points": [wire.Point.model_validate(p, from_attributes=True) for p in run.points],
+            "failures": [
+                wire.FailedPoint.model_validate(f, from_attributes=True) for f in run.failures
+            ],
+        }
+    )

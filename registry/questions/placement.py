@@ -1,4 +1,11 @@
-"""Which node and concurrency meets X tokens/s per user for a model?"""
+"""Which node and concurrency meets X tokens/s per user for a model?
+
+Each node's choice (from its latest successful run: the largest concurrency whose per-user
+decode speed S_TG / B meets X, at the smallest measured prompt length PP >= P when P is
+given) is made in SQL by `crud.node_choices`: with 1,000 nodes, fetching every point into
+Python costs more than the whole latency budget (bench/placement_latency.py). Decided here,
+over those rows: the fleet's answer, its order, and why no node qualifies.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +14,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-__all__ = ["Candidate", "MeasuredPoint", "Placement", "place"]
+from agent.wire import PlacementAnswer
+
+__all__ = ["NodeChoice", "answer_placement"]
 
 
 @dataclass(frozen=True)
-class MeasuredPoint:
-    """A measured point of a node's latest successful run of the model."""
+class NodeChoice:
+    """The point a node offers: the largest concurrency meeting the speed asked for or,
+    when explaining why none does, the node's fastest point per user."""
 
     node: str
     run_id: UUID
@@ -29,103 +39,60 @@ class MeasuredPoint:
         return self.s_tg / self.b
 
 
-@dataclass(frozen=True)
-class Candidate:
-    node: str
-    concurrency: int
-    per_user_tps: float
-    total_tps: float
-    prefill_tps: float | None
-    prompt_tokens: int
-    gen_tokens: int
-    llama_cpp_build: int | None
-    measured_at: datetime
-    run_id: UUID
-
-
-@dataclass(frozen=True)
-class Placement:
-    candidates: list[Candidate]
-    reason: str
-
-
-def place(
-    points: Iterable[MeasuredPoint],
+def answer_placement(
     *,
     model: str,
     min_tps_per_user: float,
+    qualifying: Iterable[NodeChoice],
+    fastest: Iterable[NodeChoice] = (),
     prompt_tokens: int | None = None,
-) -> Placement:
-    """One candidate per node: the largest concurrency whose per-user decode speed (S_TG / B)
-    meets `min_tps_per_user`. With `prompt_tokens`, only points measured at PP >= it count,
-    and of those the smallest such PP (the closest measured prompt length). Candidates are
-    sorted by total decode throughput, highest first; `reason` says why there are none."""
-    by_node: dict[str, list[MeasuredPoint]] = {}
-    for point in points:
-        by_node.setdefault(point.node, []).append(point)
-    if not by_node:
-        return Placement([], f"no successful run of {model} has been reported")
-
-    considered: list[MeasuredPoint] = []
-    for node_points in by_node.values():
-        considered.extend(_at_prompt_length(node_points, prompt_tokens))
-    if not considered:
-        longest = max((p for ps in by_node.values() for p in ps), key=lambda p: p.pp)
-        return Placement(
-            [],
+    longest_prompt: tuple[str, int] | None = None,
+    max_age_days: float | None = None,
+) -> PlacementAnswer:
+    """The nodes that qualify, sorted by total decode throughput (highest first). When none
+    does, the reason names the best available among each node's `fastest` point per user,
+    or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt` (node, PP)."""
+    ranked = sorted(qualifying, key=lambda c: (-c.s_tg, c.node))
+    best = max(fastest, key=lambda c: (c.per_user_tps, c.s_tg), default=None)
+    if ranked:
+        reason = f"{len(ranked)} node(s) meet {min_tps_per_user:g} tokens/s per user on {model}"
+    elif best is not None:
+        reason = (
+            f"no node meets {min_tps_per_user:g} tokens/s per user on {model}; the best "
+            f"available is {best.node} at concurrency {best.b} with "
+            f"{best.per_user_tps:.2f} tokens/s per user ({best.s_tg:.2f} total, "
+            f"prompt {best.pp} tokens)"
+        )
+    elif prompt_tokens is not None and longest_prompt is not None:
+        node, pp = longest_prompt
+        reason = (
             f"no node measured {model} with prompts of at least {prompt_tokens} tokens; "
-            f"the longest measured is {longest.pp} tokens (node {longest.node})",
+            f"the longest measured is {pp} tokens (node {node})"
         )
-
-    best_per_node: dict[str, MeasuredPoint] = {}
-    for point in considered:
-        if point.per_user_tps < min_tps_per_user:
-            continue
-        current = best_per_node.get(point.node)
-        if current is None or (point.b, point.s_tg) > (current.b, current.s_tg):
-            best_per_node[point.node] = point
-
-    candidates = sorted(
-        (_candidate(p) for p in best_per_node.values()),
-        key=lambda c: (-c.total_tps, c.node),
-    )
-    if candidates:
-        return Placement(
-            candidates,
-            f"{len(candidates)} of {len(by_node)} node(s) meet {min_tps_per_user:g} tokens/s "
-            f"per user on {model}",
-        )
-    fastest = max(considered, key=lambda p: (p.per_user_tps, p.s_tg))
-    return Placement(
-        [],
-        f"no node meets {min_tps_per_user:g} tokens/s per user on {model}; the best available "
-        f"is {fastest.node} at concurrency {fastest.b} with {fastest.per_user_tps:.2f} "
-        f"tokens/s per user ({fastest.s_tg:.2f} total, prompt {fastest.pp} tokens)",
+    else:
+        reason = f"no successful run of {model} has been reported"
+        if max_age_days is not None:
+            reason += f" in the last {max_age_days:g} days"
+    return PlacementAnswer.model_validate(
+        {
+            "model": model,
+            "min_tps_per_user": min_tps_per_user,
+            "candidates": [_candidate(c) for c in ranked],
+            "reason": reason,
+        }
     )
 
 
-def _at_prompt_length(
-    node_points: list[MeasuredPoint], prompt_tokens: int | None
-) -> list[MeasuredPoint]:
-    if prompt_tokens is None:
-        return node_points
-    long_enough = [p for p in node_points if p.pp >= prompt_tokens]
-    if not long_enough:
-        return []
-    closest = min(p.pp for p in long_enough)
-    return [p for p in long_enough if p.pp == closest]
-
-
-def _candidate(point: MeasuredPoint) -> Candidate:
-    return Candidate(
-        node=point.node,
-        concurrency=point.b,
-        per_user_tps=point.per_user_tps,
-        total_tps=point.s_tg,
-        prefill_tps=point.s_pp,
-        prompt_tokens=point.pp,
-        gen_tokens=point.tg,
-        llama_cpp_build=point.llama_cpp_build,
-        measured_at=point.measured_at,
-        run_id=point.run_id,
-    )
+def _candidate(choice: NodeChoice) -> dict[str, object]:
+    return {
+        "node": choice.node,
+        "concurrency": choice.b,
+        "per_user_tps": choice.per_user_tps,
+        "total_tps": choice.s_tg,
+        "prefill_tps": choice.s_pp,
+        "prompt_tokens": choice.pp,
+        "gen_tokens": choice.tg,
+        "llama_cpp_build": choice.llama_cpp_build,
+        "measured_at": choice.measured_at,
+        "run_id": choice.run_id,
+    }

@@ -3,12 +3,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Query, Response, status
 
-from agent.wire import PlacementAnswer, PlacementCandidate
+from agent.wire import PlacementAnswer
 from registry import crud
 from registry.deps import ReadAccess, SessionDep
-from registry.questions.placement import place
+from registry.questions.placement import NodeChoice, answer_placement
 
 router = APIRouter(tags=["questions"], dependencies=[ReadAccess])
 
@@ -20,22 +20,41 @@ def read_placement(
     min_tps_per_user: Annotated[float, Query(ge=0, allow_inf_nan=False)],
     prompt_tokens: Annotated[int | None, Query(ge=0)] = None,
     max_age_days: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
-) -> PlacementAnswer:
+) -> Response:
     """Which node and concurrency meets `min_tps_per_user` decode tokens/s per user?"""
     models = crud.find_models(session, model)
     if not models:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"model {model!r} not found")
     since = datetime.now(UTC) - timedelta(days=max_age_days) if max_age_days else None
-    points = crud.placement_points(session, model_ids=[m.id for m in models], since=since)
-    answer = place(
-        points, model=models[0].name, min_tps_per_user=min_tps_per_user, prompt_tokens=prompt_tokens
+    model_ids = [m.id for m in models]
+
+    def choices(min_tps: float | None) -> list[NodeChoice]:
+        return crud.node_choices(
+            session,
+            model_ids=model_ids,
+            since=since,
+            prompt_tokens=prompt_tokens,
+            min_tps_per_user=min_tps,
+        )
+
+    qualifying = choices(min_tps_per_user)
+    # The rest only explains an empty answer.
+    fastest = [] if qualifying else choices(None)
+    no_points = not qualifying and not fastest
+    longest = (
+        crud.longest_prompt(session, model_ids=model_ids, since=since)
+        if no_points and prompt_tokens is not None
+        else None
     )
-    reason = answer.reason
-    if since is not None and not points:
-        reason = f"{reason} in the last {max_age_days:g} days"
-    return PlacementAnswer(
+    answer = answer_placement(
         model=models[0].name,
         min_tps_per_user=min_tps_per_user,
-        candidates=[PlacementCandidate.model_validate(c) for c in answer.candidates],
-        reason=reason,
+        qualifying=qualifying,
+        fastest=fastest,
+        prompt_tokens=prompt_tokens,
+        longest_prompt=longest,
+        max_age_days=max_age_days,
     )
+    # Serialized here: FastAPI would dump and validate the answer again, which costs more
+    # than the query on a 1,000-node fleet.
+    return Response(answer.model_dump_json(), media_type="application/json")

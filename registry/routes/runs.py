@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from agent.wire import RunReceipt, RunReport
 from registry import crud
 from registry.deps import NodeAuth, ReadAccess, SessionDep
-from registry.schemas import RunDetail, RunsPublic, run_public
+from registry.schemas import RunDetail, RunsPublic, run_detail, run_public
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -71,5 +71,4 @@ def read_run(run_id: uuid.UUID, session: SessionDep) -> RunDetail:
     run = crud.get_run(session, run_id)
     if run is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail="run not found")
-    detail: RunDetail = run_public(run, RunDetail)
-    return detail
+    return run_detail(run)

@@ -1,4 +1,5 @@
-"""The placement question as a pure function, on literal tables."""
+"""The placement question: each node's choice in SQL (crud.node_choices, on both databases)
+and the fleet's answer as a pure function over those rows."""
 
 from __future__ import annotations
 
@@ -6,100 +7,156 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from registry.questions.placement import MeasuredPoint, place
-from tests.conftest import ARTICLE_TABLE
+from registry import crud
+from registry.models import Node
+from registry.questions.placement import NodeChoice, answer_placement
+from tests.conftest import ARTICLE_TABLE, make_report
 
 RUN = uuid.UUID(int=1)
 WHEN = datetime(2026, 10, 16, tzinfo=UTC)
 
 
-def _points(
-    node: str, table: list[tuple[int, float, float]], *, pp: int = 512, tg: int = 128
-) -> list[MeasuredPoint]:
-    return [
-        MeasuredPoint(
-            node=node,
-            run_id=RUN,
-            measured_at=WHEN,
-            llama_cpp_build=11429,
-            pp=pp,
-            tg=tg,
-            b=b,
-            s_pp=s_pp,
-            s_tg=s_tg,
-        )
-        for b, s_pp, s_tg in table
-    ]
+def _choice(node: str, b: int, s_tg: float, *, pp: int = 512) -> NodeChoice:
+    return NodeChoice(
+        node=node,
+        run_id=RUN,
+        measured_at=WHEN,
+        llama_cpp_build=11429,
+        pp=pp,
+        tg=128,
+        b=b,
+        s_pp=280.0,
+        s_tg=s_tg,
+    )
 
 
-def test_article_m4pro_at_15_tps_per_user_is_concurrency_8() -> None:
-    answer = place(_points("m4pro", ARTICLE_TABLE), model="nemo", min_tps_per_user=15)
-    [candidate] = answer.candidates
-    assert candidate.node == "m4pro"
-    assert candidate.concurrency == 8
-    assert candidate.per_user_tps == pytest.approx(16.706, abs=1e-3)
-    assert candidate.total_tps == 133.65
-    assert candidate.prefill_tps == 285.83
-    assert (candidate.prompt_tokens, candidate.gen_tokens) == (512, 128)
-
-
-@pytest.mark.parametrize(
-    ("min_tps", "expected_b"), [(28.3, 1), (20, 2), (17, 4), (10, 16), (6, 32), (1, 32)]
-)
-def test_largest_concurrency_meeting_the_threshold(min_tps: float, expected_b: int) -> None:
-    answer = place(_points("m4pro", ARTICLE_TABLE), model="nemo", min_tps_per_user=min_tps)
-    assert [c.concurrency for c in answer.candidates] == [expected_b]
-
-
-def test_none_qualifies_reason_names_the_best_available() -> None:
-    answer = place(_points("m4pro", ARTICLE_TABLE), model="nemo", min_tps_per_user=50)
-    assert answer.candidates == []
-    assert "m4pro at concurrency 1 with 28.30 tokens/s per user" in answer.reason
-
-
-def test_no_points_at_all() -> None:
-    answer = place([], model="nemo", min_tps_per_user=5)
-    assert answer.candidates == []
-    assert "no successful run of nemo" in answer.reason
+# --- the fleet's answer, on literal rows ---------------------------------------------------
 
 
 def test_candidates_sorted_by_total_throughput() -> None:
-    slow = [(1, 100.0, 12.0), (2, 100.0, 22.0), (4, 100.0, 30.0)]  # 10 t/s/user at B=2 -> 22
-    fast = [(1, 900.0, 80.0), (8, 900.0, 400.0), (16, 900.0, 480.0)]  # B=16 -> 30/user
-    answer = place(
-        _points("slow", slow) + _points("fast", fast) + _points("m4pro", ARTICLE_TABLE),
+    answer = answer_placement(
         model="nemo",
         min_tps_per_user=10,
+        qualifying=[
+            _choice("slow", 2, 22.0),
+            _choice("fast", 16, 480.0),
+            _choice("m4", 16, 163.18),
+        ],
     )
     assert [(c.node, c.concurrency, c.total_tps) for c in answer.candidates] == [
         ("fast", 16, 480.0),
-        ("m4pro", 16, 163.18),
+        ("m4", 16, 163.18),
         ("slow", 2, 22.0),
     ]
+    assert answer.candidates[1].per_user_tps == pytest.approx(10.19875)
+    assert answer.reason == "3 node(s) meet 10 tokens/s per user on nemo"
 
 
-def test_prompt_tokens_takes_smallest_measured_pp_at_least_p() -> None:
-    short = _points("n", [(1, 300.0, 30.0), (8, 300.0, 160.0)], pp=128)  # 20/user at B=8
-    medium = _points("n", [(1, 280.0, 28.0), (8, 280.0, 120.0)], pp=1024)  # 15/user at B=8
-    long = _points("n", [(1, 250.0, 25.0), (8, 250.0, 100.0)], pp=4096)  # 12.5/user
-    points = short + medium + long
-
-    unconstrained = place(points, model="m", min_tps_per_user=14)
-    at_600 = place(points, model="m", min_tps_per_user=14, prompt_tokens=600)
-    at_1024 = place(points, model="m", min_tps_per_user=14, prompt_tokens=1024)
-    at_2000 = place(points, model="m", min_tps_per_user=14, prompt_tokens=2000)
-
-    assert [(c.prompt_tokens, c.concurrency) for c in unconstrained.candidates] == [(128, 8)]
-    assert [(c.prompt_tokens, c.concurrency) for c in at_600.candidates] == [(1024, 8)]
-    assert [(c.prompt_tokens, c.concurrency) for c in at_1024.candidates] == [(1024, 8)]
-    # at PP=4096 B=8 gives only 12.5 per user: B=1 (25) is the answer
-    assert [(c.prompt_tokens, c.concurrency) for c in at_2000.candidates] == [(4096, 1)]
-
-
-def test_prompt_tokens_longer_than_anything_measured() -> None:
-    answer = place(
-        _points("m4pro", ARTICLE_TABLE), model="nemo", min_tps_per_user=1, prompt_tokens=8192
+def test_none_qualifies_reason_names_the_best_available() -> None:
+    answer = answer_placement(
+        model="nemo",
+        min_tps_per_user=50,
+        qualifying=[],
+        fastest=[_choice("m4pro", 1, 28.30), _choice("other", 2, 40.0)],
     )
     assert answer.candidates == []
+    assert "the best available is m4pro at concurrency 1 with 28.30 tokens/s per user" in (
+        answer.reason
+    )
+
+
+def test_no_prompt_that_long_names_the_longest_measured() -> None:
+    answer = answer_placement(
+        model="nemo",
+        min_tps_per_user=1,
+        qualifying=[],
+        prompt_tokens=8192,
+        longest_prompt=("m4pro", 512),
+    )
     assert "the longest measured is 512 tokens (node m4pro)" in answer.reason
+
+
+def test_nothing_reported() -> None:
+    answer = answer_placement(model="nemo", min_tps_per_user=5, qualifying=[], max_age_days=7)
+    assert answer.reason == "no successful run of nemo has been reported in the last 7 days"
+
+
+# --- each node's choice, in SQL ------------------------------------------------------------
+
+
+def _store(session: Session, **report_fields: object) -> None:
+    report = make_report(**report_fields)  # type: ignore[arg-type]
+    crud.create_node_token(session, node_name=report.node, labels={})
+    node = session.scalars(select(Node).where(Node.name == report.node)).one()
+    crud.ingest_report(session, report=report, node=node)
+    session.commit()
+
+
+def _choices(
+    session: Session, min_tps: float | None, prompt_tokens: int | None = None
+) -> list[tuple[str, int, int]]:
+    model_ids = [m.id for m in crud.find_models(session, "Mistral-Nemo-Instruct-2407-Q4_K_M")]
+    rows = crud.node_choices(
+        session,
+        model_ids=model_ids,
+        since=None,
+        prompt_tokens=prompt_tokens,
+        min_tps_per_user=min_tps,
+    )
+    return sorted((c.node, c.pp, c.b) for c in rows)
+
+
+@pytest.mark.parametrize(
+    ("min_tps", "expected_b"), [(28.3, 1), (20, 2), (17, 4), (15, 8), (10, 16), (6, 32)]
+)
+def test_largest_concurrency_meeting_the_threshold(
+    session: Session, min_tps: float, expected_b: int
+) -> None:
+    _store(session)
+    assert _choices(session, min_tps) == [("m4pro", 512, expected_b)]
+
+
+def test_node_that_meets_nothing_is_left_out_but_offers_its_fastest(session: Session) -> None:
+    _store(session)
+    assert _choices(session, 50) == []
+    assert _choices(session, None) == [("m4pro", 512, 1)]  # 28.30 per user at B=1
+
+
+def test_smallest_prompt_length_at_least_p(session: Session) -> None:
+    curves = {  # PP: (B, S_PP, S_TG): per user 20/15/12.5 at B=8
+        128: [(1, 300.0, 30.0), (8, 300.0, 160.0)],
+        1024: [(1, 280.0, 28.0), (8, 280.0, 120.0)],
+        4096: [(1, 250.0, 25.0), (8, 250.0, 100.0)],
+    }
+    report = make_report()
+    points = [
+        p.model_copy(update={"pp": pp, "n_kv": None})
+        for pp, table in curves.items()
+        for p in make_report(table=table, pp=pp).points
+    ]
+    _store(session, run_id=report.run_id, points=points)
+    assert _choices(session, 14) == [("m4pro", 128, 8)]
+    assert _choices(session, 14, prompt_tokens=600) == [("m4pro", 1024, 8)]
+    assert _choices(session, 14, prompt_tokens=1024) == [("m4pro", 1024, 8)]
+    # at PP=4096, B=8 gives only 12.5 per user: B=1 (25) it is
+    assert _choices(session, 14, prompt_tokens=2000) == [("m4pro", 4096, 1)]
+    assert _choices(session, 14, prompt_tokens=8192) == []
+    assert crud.longest_prompt(
+        session, model_ids=[m.id for m in crud.find_models(session, report.model.name)], since=None
+    ) == ("m4pro", 4096)
+
+
+def test_ties_on_concurrency_go_to_the_higher_throughput(session: Session) -> None:
+    faster_tg = make_report(table=ARTICLE_TABLE).points + [
+        p.model_copy(update={"tg": 256, "s_tg": 140.0, "n_kv": None})
+        for p in make_report(table=[(8, 285.0, 140.0)]).points
+    ]
+    _store(session, points=faster_tg)
+    model_ids = [m.id for m in crud.find_models(session, "mistral-nemo-instruct-2407-q4_k_m")]
+    [choice] = crud.node_choices(
+        session, model_ids=model_ids, since=None, prompt_tokens=None, min_tps_per_user=15
+    )
+    assert (choice.b, choice.tg, choice.s_tg) == (8, 256, 140.0)

@@ -1,0 +1,758 @@
+"""Placement latency: how long `GET /v1/placement` takes on a fleet-sized registry, next to
+the same question answered by one hand-written SQL query.
+
+What it measures
+    1. Fills a PostgreSQL database (dropped and recreated; schema by the Alembic migrations)
+       with a synthetic fleet: by default 1,000 nodes x 10 models x 30 runs per node and
+       model x 6 concurrencies (B = 1..32) at PP=512 TG=128, i.e. 300,000 runs and ~1.8M
+       points, loaded with binary COPY (secondary indexes and foreign keys of runs and
+       run_points rebuilt afterwards from their catalog definitions), then VACUUM ANALYZE.
+       About 2% of runs failed (no points). The fill takes about 20-30 s.
+    2. Starts the real API (uvicorn serving `registry.main.create_app`) in a subprocess on a
+       free loopback port.
+    3. Sends pairs of the same question, `model` and `min_tps_per_user` drawn at random, over
+       HTTP (httpx, keep-alive; timed until the body is read) and as one SQL query straight
+       through psycopg (timed until every row is fetched). The two alternate, and which one
+       goes first alternates per pair, so noise and cache warmth hit both alike. Warm-up pairs
+       and every `--verify-every`-th pair are checked: the API's candidates (node,
+       concurrency, run) must equal the SQL answer, in order; a mismatch aborts the run.
+    4. Prints p50/p90/p99/max for both, the API/SQL ratios, and the targets (API p99 <= 50 ms,
+       API/SQL <= 2) as PASS/MISS. The exit status is 0 either way; 1 on a wrong answer.
+
+How to run (PostgreSQL on 127.0.0.1:5432, user postgres, trust auth)
+    .venv/bin/python bench/placement_latency.py                  # fill, then measure
+    .venv/bin/python bench/placement_latency.py --reuse          # keep an already-filled db
+    .venv/bin/python bench/placement_latency.py --reuse --pairs 100
+    .venv/bin/python bench/placement_latency.py --nodes 50 --runs 5 --pairs 50   # quick look
+
+The benchmark database is left in place so that `--reuse` can skip the fill next time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from sqlalchemy.engine import make_url
+
+DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/fleetbench_bench"
+CONCURRENCIES = (1, 2, 4, 8, 16, 32)
+PP = 512
+TG = 128
+HISTORY = timedelta(days=90)
+RELEASES = 12  # llama.cpp releases over the history, one engine_builds row per backend each
+TARGET_P99_MS = 50.0
+TARGET_RATIO = 2.0
+
+# The question as one hand-written PostgreSQL query, the way someone who knows the indexes
+# writes it: for each node its latest non-failed run of the model (started_at, then
+# received_at; one probe of ix_runs_node_model_started per node), of that run's points the
+# largest B with S_TG >= X*B (tie: larger S_TG), the answer sorted by S_TG descending. (The
+# bench's fleet has one model row per name; the registry also merges rows of one name.)
+PLACEMENT_SQL = """
+SELECT n.name, best.b, best.s_tg / best.b, best.s_tg, best.s_pp, best.pp, best.tg,
+       e.build_number, latest.started_at, latest.id
+FROM models m
+CROSS JOIN nodes n
+CROSS JOIN LATERAL (
+    SELECT r.id, r.started_at, r.build_id FROM runs r
+    WHERE r.node_id = n.id AND r.model_id = m.id AND r.status <> 'failed'
+    ORDER BY r.started_at DESC, r.received_at DESC LIMIT 1
+) latest
+CROSS JOIN LATERAL (
+    SELECT p.b, p.s_tg, p.s_pp, p.pp, p.tg FROM run_points p
+    WHERE p.run_id = latest.id AND p.s_tg >= %(min_tps)s * p.b
+    ORDER BY p.b DESC, p.s_tg DESC LIMIT 1
+) best
+JOIN engine_builds e ON e.id = latest.build_id
+WHERE m.name_key = %(name_key)s
+ORDER BY best.s_tg DESC, n.name
+"""
+
+
+# --- configuration -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetShape:
+    nodes: int
+    models: int
+    runs: int
+    fail_rate: float
+    seed: int
+
+    @property
+    def run_count(self) -> int:
+        return self.nodes * self.models * self.runs
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Placement latency through the API vs one SQL query.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--database-url", default=DEFAULT_URL, help="SQLAlchemy URL")
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--models", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=30, help="runs per node and model")
+    parser.add_argument("--fail-rate", type=float, default=0.02, help="share of failed runs")
+    parser.add_argument("--reuse", action="store_true", help="skip the fill if counts match")
+    parser.add_argument("--pairs", type=int, default=300, help="measured API+SQL pairs")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured pairs (verified)")
+    parser.add_argument("--verify-every", type=int, default=10, help="verify every Nth pair")
+    parser.add_argument("--min-tps", type=float, default=1.0, help="lowest threshold drawn")
+    parser.add_argument("--max-tps", type=float, default=100.0, help="highest threshold drawn")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--serve-port", type=int, help=argparse.SUPPRESS)  # server subprocess
+    return parser.parse_args(argv)
+
+
+def libpq_url(url: str, *, database: str | None = None) -> str:
+    """The SQLAlchemy URL as a libpq connection string, optionally for another database."""
+    sa_url = make_url(url).set(drivername="postgresql")
+    if database is not None:
+        sa_url = sa_url.set(database=database)
+    return sa_url.render_as_string(hide_password=False)
+
+
+# --- the synthetic fleet -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hardware:
+    backend: str
+    gpu: str
+    bandwidth_gbs: float
+    tflops: float
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    node_id: int
+    name: str
+    hardware: Hardware
+    speed: float  # multiplies the hardware's bandwidth and compute
+    alpha: float  # S_TG grows as B**alpha: sublinear batching gain
+    build_lag: int  # releases behind the newest
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_id: int
+    name: str
+    file_gb: float
+    params_b: float
+
+
+HARDWARE = (
+    Hardware("CUDA", "NVIDIA GeForce RTX 4090", 1008, 165),
+    Hardware("CUDA", "NVIDIA GeForce RTX 3090", 936, 71),
+    Hardware("CUDA", "NVIDIA L4", 300, 121),
+    Hardware("CUDA", "NVIDIA A100 80GB PCIe", 1935, 312),
+    Hardware("CUDA", "NVIDIA H100 PCIe", 2000, 756),
+    Hardware("Metal", "Apple M2 Max", 400, 27),
+    Hardware("Metal", "Apple M4 Pro", 273, 17),
+    Hardware("Metal", "Apple M3 Ultra", 819, 57),
+)
+BACKENDS = ("CUDA", "Metal")
+
+MODELS = (
+    ("Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", 4.9, 8.0),
+    ("Mistral-Nemo-Instruct-2407-Q4_K_M.gguf", 7.5, 12.2),
+    ("Qwen2.5-7B-Instruct-Q4_K_M.gguf", 4.7, 7.6),
+    ("Qwen2.5-14B-Instruct-Q4_K_M.gguf", 9.0, 14.8),
+    ("Qwen2.5-32B-Instruct-Q4_K_M.gguf", 19.9, 32.8),
+    ("gemma-2-9b-it-Q4_K_M.gguf", 5.8, 9.2),
+    ("Phi-3.5-mini-instruct-Q4_K_M.gguf", 2.4, 3.8),
+    ("Llama-3.2-3B-Instruct-Q8_0.gguf", 3.4, 3.2),
+    ("Meta-Llama-3.1-70B-Instruct-Q4_K_M.gguf", 42.5, 70.6),
+    ("DeepSeek-R1-Distill-Qwen-7B-Q6_K.gguf", 6.3, 7.6),
+)
+
+
+def model_specs(count: int) -> list[ModelSpec]:
+    specs = []
+    for i in range(count):
+        name, file_gb, params_b = MODELS[i % len(MODELS)]
+        if i >= len(MODELS):
+            name = name.replace(".gguf", f"-v{i // len(MODELS)}.gguf")
+        specs.append(ModelSpec(i + 1, name, file_gb, params_b))
+    return specs
+
+
+def node_profiles(count: int, rng: random.Random) -> list[NodeProfile]:
+    return [
+        NodeProfile(
+            node_id=i + 1,
+            name=f"node-{i + 1:04d}",
+            hardware=rng.choice(HARDWARE),
+            speed=rng.uniform(0.7, 1.1),
+            alpha=rng.uniform(0.55, 0.9),
+            build_lag=rng.choice((0, 0, 0, 1, 1, 2)),
+        )
+        for i in range(count)
+    ]
+
+
+def build_id(backend: str, release: int) -> int:
+    return BACKENDS.index(backend) * RELEASES + release + 1
+
+
+def build_identity(fields: dict[str, Any]) -> str:
+    # The same digest crud uses for engine builds.
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def engine_build_rows() -> Iterator[tuple[Any, ...]]:
+    for backend in BACKENDS:
+        for release in range(RELEASES):
+            number = 4100 + 45 * release
+            fields = {
+                "engine": "llama.cpp",
+                "build_number": number,
+                "commit": hashlib.sha1(str(number).encode()).hexdigest()[:9],
+                "backend": backend,
+                "binding": None,
+                "binding_version": None,
+            }
+            yield (build_id(backend, release), build_identity(fields), *fields.values())
+
+
+def model_rows(specs: Iterable[ModelSpec]) -> Iterator[tuple[Any, ...]]:
+    for spec in specs:
+        digest = hashlib.sha256(spec.name.encode()).hexdigest()
+        name_key = spec.name.lower().removesuffix(".gguf")
+        quantization = spec.name.rsplit("-", 1)[1].removesuffix(".gguf")
+        yield (
+            spec.model_id,
+            f"sha256:{digest}",
+            spec.name,
+            name_key,
+            digest,
+            quantization,
+            int(spec.params_b * 1e9),
+            int(spec.file_gb * 1e9),
+        )
+
+
+def node_rows(nodes: Iterable[NodeProfile], now: datetime) -> Iterator[tuple[Any, ...]]:
+    for node in nodes:
+        labels = {"gpu": node.hardware.gpu, "rack": f"r{node.node_id % 40:02d}"}
+        yield node.node_id, node.name, labels, now - HISTORY - timedelta(days=30)
+
+
+def fingerprint_rows(nodes: Iterable[NodeProfile], now: datetime) -> Iterator[tuple[Any, ...]]:
+    for node in nodes:
+        data = {"gpu": node.hardware.gpu, "backend": node.hardware.backend}
+        digest = hashlib.sha256(f"{node.name}/{node.hardware.gpu}".encode()).hexdigest()
+        yield node.node_id, node.node_id, digest, data, now - HISTORY, now
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    started: float  # seconds since the epoch
+    node: NodeProfile
+    model: ModelSpec
+    run_id: uuid.UUID
+    failed: bool
+    noise: float
+
+
+def plan_runs(
+    nodes: Sequence[NodeProfile], models: Sequence[ModelSpec], shape: FleetShape, now: datetime
+) -> list[PlannedRun]:
+    """Every run of the fleet, in the order they were reported (by start time)."""
+    rng = random.Random(shape.seed + 1)
+    end = now.timestamp() - 600
+    start = end - HISTORY.total_seconds()
+    runs = [
+        PlannedRun(
+            started=rng.uniform(start, end),
+            node=node,
+            model=model,
+            run_id=uuid.UUID(int=rng.getrandbits(128), version=4),
+            failed=rng.random() < shape.fail_rate,
+            noise=rng.gauss(1.0, 0.03),
+        )
+        for node in nodes
+        for model in models
+        for _ in range(shape.runs)
+    ]
+    runs.sort(key=lambda run: run.started)
+    return runs
+
+
+def run_rows(runs: Iterable[PlannedRun], rng: random.Random) -> Iterator[tuple[Any, ...]]:
+    first = min((run.started for run in runs), default=0.0)
+    release_every = HISTORY.total_seconds() / RELEASES
+    for run in runs:
+        started = datetime.fromtimestamp(run.started, UTC)
+        finished = started + timedelta(seconds=rng.uniform(60, 600))
+        newest = min(RELEASES - 1, int((run.started - first) / release_every))
+        release = max(0, newest - run.node.build_lag)
+        yield (
+            run.run_id,
+            run.node.node_id,
+            run.node.node_id,  # fingerprint id
+            build_id(run.node.hardware.backend, release),
+            run.model.model_id,
+            "sweep",
+            "failed" if run.failed else "ok",
+            "llama-batched-bench exited with status 1" if run.failed else None,
+            started,
+            finished,
+            finished + timedelta(seconds=rng.uniform(0.5, 5)),
+            f"{rng.getrandbits(256):064x}",
+            8192,
+            2048,
+            512,
+            "auto",
+        )
+
+
+def point_rows(runs: Iterable[PlannedRun], rng: random.Random) -> Iterator[tuple[Any, ...]]:
+    for run in runs:
+        if run.failed:
+            continue
+        node, model = run.node, run.model
+        # Decode is bandwidth-bound (tokens/s ~ bandwidth / file size), prefill compute-bound.
+        single = node.hardware.bandwidth_gbs * node.speed * 0.6 / model.file_gb * run.noise
+        prefill = node.hardware.tflops * node.speed * 0.35e3 / (2 * model.params_b) * run.noise
+        for b in CONCURRENCIES:
+            s_tg = single * b**node.alpha * rng.gauss(1.0, 0.01)
+            s_pp = prefill * b**0.08 * rng.gauss(1.0, 0.01)
+            t_pp = PP * b / s_pp
+            t_tg = TG * b / s_tg
+            n_kv = b * (PP + TG)
+            yield (
+                run.run_id,
+                PP,
+                TG,
+                b,
+                n_kv,
+                t_pp,
+                s_pp,
+                t_tg,
+                s_tg,
+                t_pp + t_tg,
+                n_kv / (t_pp + t_tg),
+                3,
+                s_pp * 0.01,
+                s_tg * 0.01,
+            )
+
+
+# --- filling the database ----------------------------------------------------------------
+
+TABLE_COLUMNS = {
+    "engine_builds": "id, identity, engine, build_number, commit, backend, binding, "
+    "binding_version",
+    "models": "id, identity, name, name_key, sha256, quantization, n_params, file_size",
+    "nodes": "id, name, labels, created_at",
+    "hardware_fingerprints": "id, node_id, hash, data, first_seen, last_seen",
+    "runs": "id, node_id, fingerprint_id, build_id, model_id, source, status, error, "
+    "started_at, finished_at, received_at, report_sha256, n_ctx, n_batch, n_ubatch, flash_attn",
+    "run_points": "run_id, pp, tg, b, n_kv, t_pp, s_pp, t_tg, s_tg, t, s, repeats, "
+    "s_pp_stdev, s_tg_stdev",
+}
+
+
+_COLUMN_TYPES = """
+SELECT a.attname, t.typname
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+def copy_rows(cursor: psycopg.Cursor[Any], table: str, rows: Iterable[tuple[Any, ...]]) -> int:
+    """COPY in binary (about twice as fast as text), typed from the catalog."""
+    columns = TABLE_COLUMNS[table]
+    types = dict(cursor.execute(_COLUMN_TYPES, [table]).fetchall())
+    count = 0
+    with cursor.copy(f"COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types([types[column.strip()] for column in columns.split(",")])
+        for row in rows:
+            copy.write_row(row)
+            count += 1
+    return count
+
+
+def recreate_database(url: str) -> None:
+    name = make_url(url).database
+    if not name:
+        raise SystemExit("--database-url names no database")
+    with psycopg.connect(libpq_url(url, database="postgres"), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+
+
+def migrate(url: str) -> None:
+    from registry.db import create_db_engine, upgrade_schema
+
+    engine = create_db_engine(url)
+    try:
+        upgrade_schema(engine)
+    finally:
+        engine.dispose()
+
+
+BULK_TABLES = ("runs", "run_points")  # the big ones: their indexes are built after the load
+
+_SECONDARY_INDEXES = """
+SELECT pg_get_indexdef(i.indexrelid), i.indexrelid::regclass::text
+FROM pg_index i
+WHERE i.indrelid = ANY(%(tables)s::regclass[])
+  AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
+"""
+_FOREIGN_KEYS = """
+SELECT format('ALTER TABLE %%s ADD CONSTRAINT %%I %%s',
+              conrelid::regclass, conname, pg_get_constraintdef(oid)),
+       format('ALTER TABLE %%s DROP CONSTRAINT %%I', conrelid::regclass, conname)
+FROM pg_constraint
+WHERE contype = 'f' AND conrelid = ANY(%(tables)s::regclass[])
+"""
+
+
+@contextmanager
+def indexes_built_after(cursor: psycopg.Cursor[Any], tables: Sequence[str]) -> Iterator[None]:
+    """Drops the tables' secondary indexes and foreign keys, and recreates them exactly (from
+    the catalog's own definitions) on exit: one sorted build instead of 1.8M index inserts
+    and foreign-key probes. Same transaction, so a failed fill leaves nothing half-done."""
+    params = {"tables": list(tables)}
+    indexes = cursor.execute(_SECONDARY_INDEXES, params).fetchall()
+    foreign_keys = cursor.execute(_FOREIGN_KEYS, params).fetchall()
+    for _, drop in foreign_keys:
+        cursor.execute(drop)
+    for _, name in indexes:
+        cursor.execute(f"DROP INDEX {name}")
+    yield
+    cursor.execute("SET LOCAL maintenance_work_mem = '512MB'")
+    for create, _ in indexes:
+        cursor.execute(create)
+    for add, _ in foreign_keys:
+        cursor.execute(add)
+
+
+def report_step(label: str, started: float, rows: int | None = None) -> None:
+    count = f"{rows:>10,} rows" if rows is not None else " " * 15
+    print(f"  {label:<28} {count} {time.perf_counter() - started:7.1f} s")
+
+
+def fill(url: str, shape: FleetShape) -> None:
+    started = time.perf_counter()
+    recreate_database(url)
+    migrate(url)
+    report_step("recreate db + migrations", started)
+
+    step = time.perf_counter()
+    rng = random.Random(shape.seed)
+    now = datetime.now(UTC)
+    nodes = node_profiles(shape.nodes, rng)
+    models = model_specs(shape.models)
+    runs = plan_runs(nodes, models, shape, now)
+    report_step("plan the fleet", step)
+    tables: list[tuple[str, Iterable[tuple[Any, ...]]]] = [
+        ("engine_builds", engine_build_rows()),
+        ("models", model_rows(models)),
+        ("nodes", node_rows(nodes, now)),
+        ("hardware_fingerprints", fingerprint_rows(nodes, now)),
+        ("runs", run_rows(runs, rng)),
+        ("run_points", point_rows(runs, rng)),
+    ]
+    with psycopg.connect(libpq_url(url)) as conn, conn.cursor() as cursor:
+        with indexes_built_after(cursor, BULK_TABLES):
+            for table, rows in tables:
+                step = time.perf_counter()
+                report_step(f"COPY {table}", step, copy_rows(cursor, table, rows))
+            step = time.perf_counter()
+        report_step("indexes + foreign keys", step)
+        for table, _ in tables[:4]:
+            cursor.execute(
+                f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), max(id)) FROM {table}"
+            )
+        step = time.perf_counter()
+    report_step("commit", step)
+    step = time.perf_counter()
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        conn.execute("VACUUM (ANALYZE)")
+    report_step("VACUUM ANALYZE", step)
+    print(f"fill took {time.perf_counter() - started:.1f} s")
+
+
+def fleet_is_filled(url: str, shape: FleetShape) -> bool:
+    """True when the database is at the schema head and holds the fleet's row counts."""
+    from registry.db import create_db_engine, schema_revisions
+
+    engine = create_db_engine(url)
+    try:
+        current, head = schema_revisions(engine)
+    except Exception:
+        return False
+    finally:
+        engine.dispose()
+    if current != head:
+        return False
+    with psycopg.connect(libpq_url(url)) as conn:
+        row = conn.execute(
+            """SELECT (SELECT count(*) FROM nodes), (SELECT count(*) FROM models),
+                      (SELECT count(*) FROM runs),
+                      (SELECT count(*) FROM runs WHERE status <> 'failed'),
+                      (SELECT count(*) FROM run_points)"""
+        ).fetchone()
+    assert row is not None
+    nodes, models, runs, ok_runs, points = row
+    return (nodes, models, runs, points) == (
+        shape.nodes,
+        shape.models,
+        shape.run_count,
+        ok_runs * len(CONCURRENCIES),
+    )
+
+
+# --- the API server ----------------------------------------------------------------------
+
+
+def serve(url: str, port: int) -> None:
+    """The server subprocess: the registry app under uvicorn on loopback."""
+    import uvicorn
+
+    from registry.config import RegistrySettings
+    from registry.main import create_app
+
+    app = create_app(RegistrySettings(database_url=url))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_server(url: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    command = [sys.executable, str(Path(__file__).resolve()), "--database-url", url]
+    process = subprocess.Popen([*command, "--serve-port", str(port)])
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the API server exited with status {process.returncode}")
+        try:
+            if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
+                return process, base_url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.terminate()
+    raise SystemExit("the API server did not answer /healthz within 30 s")
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+# --- measuring ---------------------------------------------------------------------------
+
+Answer = list[tuple[str, int, str]]  # (node, concurrency, run id), in the answer's order
+
+
+@dataclass(frozen=True)
+class Question:
+    model: str
+    min_tps: float
+
+    @property
+    def name_key(self) -> str:
+        return self.model.lower().removesuffix(".gguf")
+
+
+def random_questions(
+    models: Sequence[str], count: int, low: float, high: float, rng: random.Random
+) -> list[Question]:
+    # Thresholds log-uniform: as many slow-model as fast-model questions.
+    return [
+        Question(rng.choice(models), round(math.exp(rng.uniform(math.log(low), math.log(high))), 2))
+        for _ in range(count)
+    ]
+
+
+def ask_api(client: httpx.Client, question: Question) -> tuple[float, httpx.Response]:
+    params: dict[str, str | float] = {"model": question.model, "min_tps_per_user": question.min_tps}
+    started = time.perf_counter()
+    response = client.get("/v1/placement", params=params)
+    elapsed = time.perf_counter() - started
+    response.raise_for_status()
+    return elapsed, response
+
+
+def ask_sql(conn: psycopg.Connection[Any], question: Question) -> tuple[float, list[Any]]:
+    params = {"name_key": question.name_key, "min_tps": question.min_tps}
+    started = time.perf_counter()
+    rows = conn.execute(PLACEMENT_SQL, params).fetchall()
+    return time.perf_counter() - started, rows
+
+
+def api_answer(response: httpx.Response) -> Answer:
+    return [(c["node"], c["concurrency"], c["run_id"]) for c in response.json()["candidates"]]
+
+
+def sql_answer(rows: Sequence[Any]) -> Answer:
+    return [(row[0], row[1], str(row[9])) for row in rows]
+
+
+def verify(question: Question, api: Answer, sql: Answer) -> None:
+    if api == sql:
+        return
+    pairs = enumerate(zip(api, sql, strict=False))
+    first = next((i for i, (a, s) in pairs if a != s), min(len(api), len(sql)))
+    print(
+        f"\nWRONG ANSWER for {question}: API has {len(api)} candidates, SQL {len(sql)}; "
+        f"first difference at #{first}: API {api[first : first + 1]} SQL {sql[first : first + 1]}",
+        file=sys.stderr,
+    )
+    raise SystemExit(1)
+
+
+@dataclass
+class Samples:
+    api_ms: list[float]
+    sql_ms: list[float]
+    candidates: list[int]
+    verified: int = 0
+
+
+def measure(
+    client: httpx.Client,
+    conn: psycopg.Connection[Any],
+    questions: Sequence[Question],
+    *,
+    warmup: int,
+    verify_every: int,
+) -> Samples:
+    samples = Samples([], [], [])
+    for i, question in enumerate(questions):
+        if i % 2 == 0:
+            api_s, response = ask_api(client, question)
+            sql_s, rows = ask_sql(conn, question)
+        else:
+            sql_s, rows = ask_sql(conn, question)
+            api_s, response = ask_api(client, question)
+        measured = i - warmup
+        if measured < 0 or measured % verify_every == 0:
+            verify(question, api_answer(response), sql_answer(rows))
+            samples.verified += 1
+        if measured >= 0:
+            samples.api_ms.append(api_s * 1000)
+            samples.sql_ms.append(sql_s * 1000)
+            samples.candidates.append(len(rows))
+    return samples
+
+
+# --- reporting ---------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def print_report(samples: Samples) -> None:
+    api, sql = samples.api_ms, samples.sql_ms
+    stats = {
+        "p50": (percentile(api, 0.50), percentile(sql, 0.50)),
+        "p90": (percentile(api, 0.90), percentile(sql, 0.90)),
+        "p99": (percentile(api, 0.99), percentile(sql, 0.99)),
+        "max": (max(api), max(sql)),
+    }
+    print(
+        f"\n{len(api)} measured pairs, {samples.verified} verified; candidates per answer: "
+        f"min {min(samples.candidates)}, median {statistics.median(samples.candidates):.0f}, "
+        f"max {max(samples.candidates)}"
+    )
+    print(f"\n{'':>6} {'API ms':>10} {'SQL ms':>10} {'API/SQL':>9}")
+    for label, (a, s) in stats.items():
+        print(f"{label:>6} {a:>10.2f} {s:>10.2f} {a / s:>9.2f}")
+    api_p99 = stats["p99"][0]
+    ratio_p50 = stats["p50"][0] / stats["p50"][1]
+    ratio_p99 = stats["p99"][0] / stats["p99"][1]
+    print("\ntargets")
+    print(f"  API p99 <= {TARGET_P99_MS:g} ms     {api_p99:8.2f} ms  {verdict(api_p99 <= 50)}")
+    print(f"  API/SQL at p50 <= {TARGET_RATIO:g}  {ratio_p50:8.2f}     {verdict(ratio_p50 <= 2)}")
+    print(f"  API/SQL at p99 <= {TARGET_RATIO:g}  {ratio_p99:8.2f}     {verdict(ratio_p99 <= 2)}")
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+def model_names(url: str) -> list[str]:
+    with psycopg.connect(libpq_url(url)) as conn:
+        return [row[0] for row in conn.execute("SELECT name FROM models ORDER BY id")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.serve_port is not None:
+        serve(args.database_url, args.serve_port)
+        return 0
+    shape = FleetShape(args.nodes, args.models, args.runs, args.fail_rate, args.seed)
+    url = args.database_url
+    print(
+        f"fleet: {shape.nodes:,} nodes x {shape.models} models x {shape.runs} runs x "
+        f"{len(CONCURRENCIES)} concurrencies (PP={PP} TG={TG}) in {make_url(url).database}"
+    )
+    if args.reuse and fleet_is_filled(url, shape):
+        print("reusing the filled database (--reuse; row counts match)")
+    else:
+        fill(url, shape)
+
+    models = model_names(url)
+    rng = random.Random(args.seed)
+    questions = random_questions(models, args.warmup + args.pairs, args.min_tps, args.max_tps, rng)
+    process, base_url = start_server(url)
+    try:
+        with (
+            httpx.Client(base_url=base_url, timeout=30) as client,
+            psycopg.connect(libpq_url(url), autocommit=True) as conn,
+        ):
+            samples = measure(
+                client, conn, questions, warmup=args.warmup, verify_every=args.verify_every
+            )
+    finally:
+        stop_server(process)
+    print_report(samples)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
