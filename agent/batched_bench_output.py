@@ -14,13 +14,29 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent.wire import S_TG_TOLERANCE, EngineBuild, Point, RunSettings
 
-__all__ = ["NoTableFound", "ParsedRun", "parse_batched_bench_output"]
+__all__ = [
+    "BadRow",
+    "BatchedBenchOutputError",
+    "NoTableFound",
+    "ParsedRun",
+    "parse_batched_bench_output",
+]
 
 
-class NoTableFound(ValueError):
-    """The text holds no llama-batched-bench table or JSONL record that can be read."""
+class BatchedBenchOutputError(ValueError):
+    """The text cannot be read as llama-batched-bench output."""
+
+
+class NoTableFound(BatchedBenchOutputError):
+    """The text holds no llama-batched-bench table or JSONL record."""
+
+
+class BadRow(BatchedBenchOutputError):
+    """A row or record of a table is not a valid measurement (the message names its line)."""
 
 
 @dataclass
@@ -80,21 +96,24 @@ def parse_batched_bench_output(text: str) -> list[ParsedRun]:
             _close(table, runs)
             table = None
             settings = {k: int(v) for k, v in _SETTING.findall(match.group(1))}
-            continue
-        if line.startswith("{") and "speed_tg" in line:
+        elif line.startswith("{") and "speed_tg" in line:
             _close(table, runs)
             table = None
             _add_jsonl_record(line, number, runs, build)
-            continue
-        cells = _cells(line)
-        if cells is None:
-            continue
-        if (columns := _header_columns(cells)) is not None:
-            _close(table, runs)
-            table = _TableBuilder(number, columns, settings, build.engine())
-            settings = {}  # a settings line describes the one table after it
-        elif table is not None and len(cells) == len(table.columns):
-            table.add_row(cells)
+        elif line.startswith("|"):
+            cells = _cells(line)
+            if cells is None:  # a |---| separator: it ends a table that has rows
+                if table is not None and table.run.points:
+                    _close(table, runs)
+                    table = None
+            elif (columns := _header_columns(cells)) is not None:
+                _close(table, runs)
+                table = _TableBuilder(number, columns, settings, build.engine())
+                settings = {}  # a settings line describes the one table after it
+            elif table is not None and not table.add_row(cells, number):
+                _close(table, runs)  # a row of some other table ends ours
+                table = None
+        # Any other line (stderr noise, prose) is skipped, inside a table too.
 
     _close(table, runs)
     if not runs:
@@ -149,18 +168,21 @@ class _TableBuilder:
             settings=_settings_from(settings),
             engine=engine,
         )
-        self.columns = columns
 
-    def add_row(self, cells: list[str]) -> None:
+    def add_row(self, cells: list[str], line: int) -> bool:
+        """Adds the row if it belongs to this table (as many cells, all numbers)."""
+        if len(cells) != len(self.run.columns):
+            return False
         values: dict[str, float | int | None] = {}
         decimals: dict[str, int] = {}
-        for column, cell in zip(self.columns, cells, strict=True):
+        for column, cell in zip(self.run.columns, cells, strict=True):
             number = _number(cell, integer=column in _INT_COLUMNS)
             if number is _NOT_A_NUMBER:
-                return  # a row of another table that happens to have as many cells
+                return False
             values[column] = number  # type: ignore[assignment]
             decimals[column] = len(cell.partition(".")[2])
-        self.run.points.append(_point(values, self.run.settings, decimals))
+        self.run.points.append(_point(values, self.run.settings, decimals, line=line))
+        return True
 
 
 _NOT_A_NUMBER = object()
@@ -177,12 +199,12 @@ def _number(cell: str, *, integer: bool) -> object:
 
 
 def _cells(line: str) -> list[str] | None:
-    if not line.startswith("|") or line.count("|") < 2:
-        return None
+    """The cells of a `|`-row, or None for a |---|---| separator."""
     # Text after the closing pipe is not a cell (reports sometimes run prose into a row).
-    cells = [c.strip() for c in line[1 : line.rindex("|")].split("|")]
+    end = line.rindex("|") if line.count("|") > 1 else len(line)
+    cells = [c.strip() for c in line[1:end].split("|")]
     if all(set(c) <= set("-: ") for c in cells):
-        return None  # the |---|---| separator
+        return None
     return cells
 
 
@@ -198,7 +220,21 @@ def _header_columns(cells: list[str]) -> list[str] | None:
 
 def _close(table: _TableBuilder | None, runs: list[ParsedRun]) -> None:
     if table is not None and table.run.points:
+        table.run.settings = _with_kv_layout(table.run.settings, table.run.points)
         runs.append(table.run)
+
+
+def _with_kv_layout(settings: RunSettings, points: list[Point]) -> RunSettings:
+    """Shared prompt and unified KV cache, where N_KV shows them: with B > 1 sequences, only a
+    shared prompt in a unified cache uses PP + B*TG cells (batched-bench's n_ctx_req)."""
+    if settings.kv_unified is not None:
+        return settings
+    for p in points:
+        if p.b > 1 and p.n_kv == p.pp + p.b * p.tg and p.pp > 0:
+            return settings.model_copy(update={"pp_shared": True, "kv_unified": True})
+        if p.b > 1 and settings.pp_shared and p.n_kv == p.b * (p.pp + p.tg):
+            return settings.model_copy(update={"kv_unified": False})
+    return settings
 
 
 def _settings_from(values: dict[str, Any]) -> RunSettings:
@@ -243,13 +279,18 @@ _JSONL_FIGURES = {
 }
 
 
+_BARE_NON_FINITE = re.compile(r"(?<=[:\s])-?(?:nan|inf)(?=\s*[,}])", re.IGNORECASE)
+
+
 def _add_jsonl_record(line: str, number: int, runs: list[ParsedRun], build: _BuildInfo) -> None:
+    # llama-batched-bench prints figures with %f: a zero time gives a bare nan or inf,
+    # which is not JSON. The figure is unknown.
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return
+        record = json.loads(_BARE_NON_FINITE.sub("null", line))
+    except json.JSONDecodeError as exc:
+        raise BadRow(f"line {number}: not a JSON record: {exc}") from None
     if not isinstance(record, dict) or not {"pp", "tg", "pl"} <= record.keys():
-        return
+        raise BadRow(f"line {number}: a record without pp, tg and pl")
     settings = _settings_from({k: record[k] for k in _JSONL_SETTINGS if k in record})
     if not runs or runs[-1].format != "jsonl" or runs[-1].settings != settings:
         runs.append(
@@ -265,7 +306,7 @@ def _add_jsonl_record(line: str, number: int, runs: list[ParsedRun], build: _Bui
         field_name: _finite(record.get(key), integer=field_name in _INT_COLUMNS)
         for key, field_name in _JSONL_FIGURES.items()
     }
-    runs[-1].points.append(_point(values, settings, decimals={}))
+    runs[-1].points.append(_point(values, settings, decimals={}, line=number))
 
 
 def _finite(value: object, *, integer: bool) -> float | int | None:
@@ -277,9 +318,25 @@ def _finite(value: object, *, integer: bool) -> float | int | None:
 
 
 def _point(
-    values: dict[str, float | int | None], settings: RunSettings, decimals: dict[str, int]
+    values: dict[str, float | int | None],
+    settings: RunSettings,
+    decimals: dict[str, int],
+    *,
+    line: int,
 ) -> Point:
     """A Point with the derived figures filled in where they follow exactly."""
+    try:
+        return Point.model_validate(_derived(values, settings, decimals))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'row'}: {e['msg']}" for e in exc.errors()
+        )
+        raise BadRow(f"line {line}: {problems}") from None
+
+
+def _derived(
+    values: dict[str, float | int | None], settings: RunSettings, decimals: dict[str, int]
+) -> dict[str, float | int | None]:
     v = dict(values)
     b, pp, tg = int(v["b"] or 0), int(v["pp"] or 0), int(v["tg"] or 0)
 
@@ -300,7 +357,7 @@ def _point(
         _fill_rate(v, "t", "s", prompt_tokens + decode_tokens)
         if v.get("n_kv") is None and not shared:
             v["n_kv"] = b * (pp + tg)
-    return Point.model_validate(v)
+    return v
 
 
 def _fill_rate(v: dict[str, float | int | None], time: str, speed: str, tokens: int) -> None:
@@ -323,7 +380,7 @@ def _mend_rounded_time(
     tokens/time past the 1% the wire format allows. Where it does, the printed speed is the
     more precise figure, and the time is taken from it."""
     t, s = v.get(time), v.get(speed)
-    if not t or not s or time not in decimals:
+    if not t or not s or not tokens or time not in decimals:
         return
     exact = tokens / s
     if abs(s - tokens / t) / (tokens / t) > S_TG_TOLERANCE:

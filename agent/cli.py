@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
-from agent.batched_bench_output import NoTableFound
+from agent.batched_bench_output import BatchedBenchOutputError
 from agent.client import RegistryClient
 from agent.config import AgentSettings
 from agent.display import curve_table, placement_table
-from agent.errors import ClientError
+from agent.errors import ClientError, RequestRejected
 from agent.gguf_model import ModelFileError, describe_gguf
 from agent.importer import reports_from_output
 from agent.wire import ModelInfo
@@ -27,6 +28,10 @@ RegistryOption = Annotated[
     str | None,
     typer.Option("--registry", help="registry URL [env: FLEETBENCH_REGISTRY_URL]"),
 ]
+
+
+def _field_errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -63,11 +68,15 @@ def import_output(
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
         reports = reports_from_output(text, node=node, model=info, measured_at=when)
-    except (OSError, NoTableFound, ModelFileError) as exc:
-        raise _fail(f"{file}: {exc}" if isinstance(exc, NoTableFound) else str(exc)) from exc
+    except (OSError, ModelFileError) as exc:
+        raise _fail(str(exc)) from exc
+    except BatchedBenchOutputError as exc:
+        raise _fail(f"{file}: {exc}") from exc
+    except ValidationError as exc:  # --node or --model that no report may carry
+        raise _fail(_field_errors(exc)) from exc
 
     if dry_run:
-        out.print_json(json.dumps([r.model_dump(mode="json") for r in reports]))
+        out.print_json(json.dumps([r.report.model_dump(mode="json") for r in reports]))
         return
     secret = token or (settings.token.get_secret_value() if settings.token else None)
     if not secret:
@@ -78,17 +87,24 @@ def import_output(
         )
     url = registry or settings.registry_url
     with RegistryClient(url, token=secret) as client:
-        for number, report in enumerate(reports, start=1):
+        for number, (line, report) in enumerate(reports, start=1):
             build = report.engine.build_number
             err.print(
                 curve_table(
                     report.points,
-                    title=f"run {number}/{len(reports)}: {model} on {node}"
+                    title=f"run {number}/{len(reports)} (line {line}): {model} on {node}"
                     + (f", llama.cpp build {build}" if build is not None else ""),
                 )
             )
             try:
                 receipt = client.submit_run(report)
+            except RequestRejected as exc:
+                if exc.status_code == 409:
+                    raise _fail(
+                        f"run {report.run_id} was imported before with another measurement "
+                        "time; pass --measured-at with the time it was imported with"
+                    ) from exc
+                raise _fail(f"run {report.run_id} not stored: {exc}") from exc
             except ClientError as exc:
                 sent = f" ({number - 1} of {len(reports)} sent before it)" if number > 1 else ""
                 raise _fail(f"run {report.run_id} not stored{sent}: {exc}") from exc

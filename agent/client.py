@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from agent.errors import RegistryUnavailable, ReportRejected
+from agent.errors import RegistryUnavailable, RequestRejected
 from agent.wire import PlacementAnswer, RunReceipt, RunReport
 
 __all__ = ["RegistryClient"]
@@ -75,7 +75,7 @@ class RegistryClient:
                 f"registry answered {response.status_code}: {response.text[:500]}"
             )
         if response.status_code >= 400:
-            raise ReportRejected(response.status_code, _detail(response))
+            raise RequestRejected(response.status_code, _detail(response))
         return response
 
     def close(self) -> None:

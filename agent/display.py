@@ -38,13 +38,14 @@ def curve_table(points: Sequence[Point], *, title: str) -> Table:
 
 def placement_table(answer: PlacementAnswer) -> Table:
     table = Table(
-        title=f"{answer.model}: at least {answer.min_tps_per_user:g} tokens/s per user",
+        title=f"{answer.model}: at least {answer.min_tps_per_user:g} tokens/s per user "
+        "(speeds in tokens/s)",
         title_justify="left",
         caption=answer.reason,
         caption_justify="left",
     )
     table.add_column("node")
-    for header in ("B", "per user t/s", "total t/s", "prefill t/s", "PP/TG", "build"):
+    for header in ("B", "per user", "total", "prefill", "PP/TG", "build"):
         table.add_column(header, justify="right")
     table.add_column("measured")
     for c in answer.candidates:

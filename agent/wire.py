@@ -10,12 +10,21 @@ gets a new version; the registry answers 422 for a version it does not know.
 
 from __future__ import annotations
 
-import math
-from datetime import datetime
+import json
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -30,7 +39,6 @@ __all__ = [
     "RunReport",
     "RunSettings",
     "RunStatus",
-    "s_tg_disagreement",
 ]
 
 SCHEMA_VERSION = 1
@@ -38,9 +46,19 @@ SCHEMA_VERSION = 1
 # S_TG and B·TG/T_TG may differ by rounding, never by more than this share.
 S_TG_TOLERANCE = 0.01
 
+_INT32_MAX = 2**31 - 1  # what the registry's INTEGER columns hold
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+NonNegativeInt = Annotated[int, Field(ge=0, le=_INT32_MAX)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]  # bytes, parameters
 Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _utc(moment: AwareDatetime) -> datetime:
+    return moment.astimezone(UTC)
+
+
+UTCDateTime = Annotated[AwareDatetime, AfterValidator(_utc)]
+"""A moment with its zone (naive times are ambiguous across a fleet), kept in UTC."""
 
 
 def _lower_hex(value: str) -> str:
@@ -65,7 +83,7 @@ class Point(_Strict):
 
     pp: NonNegativeInt = Field(description="prompt tokens per sequence (PP)")
     tg: NonNegativeInt = Field(description="generated tokens per sequence (TG)")
-    b: int = Field(ge=1, description="concurrent sequences (B)")
+    b: int = Field(ge=1, le=_INT32_MAX, description="concurrent sequences (B)")
     n_kv: NonNegativeInt | None = Field(default=None, description="KV cells used (N_KV)")
     t_pp: NonNegativeFloat | None = Field(default=None, description="prefill time, s")
     s_pp: NonNegativeFloat | None = Field(default=None, description="prefill speed, t/s")
@@ -73,7 +91,7 @@ class Point(_Strict):
     s_tg: NonNegativeFloat | None = Field(default=None, description="total decode speed, t/s")
     t: NonNegativeFloat | None = Field(default=None, description="total time, s")
     s: NonNegativeFloat | None = Field(default=None, description="total speed, t/s")
-    repeats: int = Field(default=1, ge=1, description="times the point was measured")
+    repeats: int = Field(default=1, ge=1, le=_INT32_MAX, description="times the point was measured")
     s_pp_stdev: NonNegativeFloat | None = Field(
         default=None, description="spread of S_PP over repeats (sample standard deviation)"
     )
@@ -81,25 +99,23 @@ class Point(_Strict):
         default=None, description="spread of S_TG over repeats (sample standard deviation)"
     )
 
-    @model_validator(mode="after")
-    def _s_tg_agrees_with_t_tg(self) -> Point:
-        disagreement = s_tg_disagreement(self)
-        if disagreement is not None and disagreement > S_TG_TOLERANCE:
+    @field_validator("s_tg")
+    @classmethod
+    def _s_tg_agrees_with_t_tg(cls, s_tg: float | None, info: ValidationInfo) -> float | None:
+        b, tg, t_tg = info.data.get("b"), info.data.get("tg"), info.data.get("t_tg")
+        if s_tg is None or t_tg is None or b is None or tg is None:
+            return s_tg  # nothing to compare (or those fields failed on their own)
+        if t_tg == 0:
+            if b * tg > 0:
+                raise ValueError(f"t_tg is 0 for {b * tg} generated tokens")
+            return s_tg
+        expected = b * tg / t_tg
+        if abs(s_tg - expected) > S_TG_TOLERANCE * expected:
             raise ValueError(
-                f"s_tg={self.s_tg} disagrees with b*tg/t_tg={self.b * self.tg / self.t_tg}"  # type: ignore[operator]
-                f" by {disagreement:.1%} (more than {S_TG_TOLERANCE:.0%})"
+                f"s_tg={s_tg} disagrees with b*tg/t_tg={expected:.6g} by more than "
+                f"{S_TG_TOLERANCE:.0%}"
             )
-        return self
-
-
-def s_tg_disagreement(point: Point) -> float | None:
-    """Relative difference between the reported S_TG and B·TG/T_TG, when both are known."""
-    if point.s_tg is None or point.t_tg is None or point.t_tg == 0:
-        return None
-    expected = point.b * point.tg / point.t_tg
-    if expected == 0:
-        return 0.0 if point.s_tg == 0 else math.inf
-    return abs(point.s_tg - expected) / expected
+        return s_tg
 
 
 class FailedPoint(_Strict):
@@ -108,7 +124,7 @@ class FailedPoint(_Strict):
 
     pp: NonNegativeInt
     tg: NonNegativeInt
-    b: int = Field(ge=1)
+    b: int = Field(ge=1, le=_INT32_MAX)
     reason: str = Field(min_length=1, max_length=4000)
 
 
@@ -116,7 +132,7 @@ class EngineBuild(_Strict):
     """What ran the sweep. `build_number`/`commit` identify the llama.cpp build when known."""
 
     engine: Name = "llama.cpp"
-    build_number: int | None = Field(default=None, ge=0)
+    build_number: NonNegativeInt | None = None
     commit: str | None = Field(default=None, max_length=64)
     backend: str | None = Field(
         default=None, max_length=64, description="CPU, CUDA, Metal, ROCm, Vulkan, ..."
@@ -134,8 +150,8 @@ class ModelInfo(_Strict):
     name: Name
     sha256: Sha256 | None = None
     quantization: str | None = Field(default=None, max_length=64)
-    n_params: NonNegativeInt | None = None
-    file_size: NonNegativeInt | None = Field(default=None, description="bytes")
+    n_params: Count | None = None
+    file_size: Count | None = Field(default=None, description="bytes")
     n_layer: NonNegativeInt | None = None
     n_head_kv: NonNegativeInt | None = None
     head_dim_k: NonNegativeInt | None = None
@@ -159,7 +175,9 @@ class RunSettings(_Strict):
     kv_unified: bool | None = None
     pp_shared: bool | None = None
     tg_separate: bool | None = None
-    n_gpu_layers: int | None = None
+    n_gpu_layers: Annotated[int, Field(ge=-1, le=_INT32_MAX)] | None = Field(
+        default=None, description="-1: all"
+    )
     n_threads: NonNegativeInt | None = None
     n_threads_batch: NonNegativeInt | None = None
     cache_type_k: str | None = Field(default=None, max_length=16)
@@ -173,18 +191,27 @@ class HardwareFingerprint(_Strict):
     hash: str = Field(min_length=8, max_length=128)
     data: dict[str, object] = Field(default_factory=dict)
 
+    @field_validator("data")
+    @classmethod
+    def _plain_json(cls, data: dict[str, object]) -> dict[str, object]:
+        try:
+            json.dumps(data, allow_nan=False)
+        except ValueError as exc:
+            raise ValueError(f"must be plain JSON (no NaN or infinity): {exc}") from None
+        return data
+
 
 class RunReport(_Strict):
     """One sweep run of one model on one node, with every measured and failed point."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1]
     run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
     node: Name
-    started_at: datetime
-    finished_at: datetime | None = None
+    started_at: UTCDateTime
+    finished_at: UTCDateTime | None = None
     status: RunStatus = "ok"
     error: str | None = Field(default=None, max_length=20000)
-    source: str = Field(default="sweep", max_length=32, description="sweep or import")
+    source: Literal["sweep", "import"] = "sweep"
     engine: EngineBuild = Field(default_factory=EngineBuild)
     model: ModelInfo
     settings: RunSettings = Field(default_factory=RunSettings)
@@ -196,6 +223,8 @@ class RunReport(_Strict):
     def _status_matches_contents(self) -> RunReport:
         if self.status == "ok" and self.failures:
             raise ValueError("status 'ok' with failed points: use 'partial'")
+        if self.status == "partial" and not self.failures:
+            raise ValueError("status 'partial' without failed points: use 'ok'")
         if self.status != "failed" and not self.points:
             raise ValueError(f"status {self.status!r} with no points: use 'failed'")
         if self.status == "failed" and not self.error:
@@ -217,8 +246,6 @@ class RunReceipt(BaseModel):
 class PlacementCandidate(BaseModel):
     """A node and the largest concurrency at which it meets the per-user speed asked for."""
 
-    model_config = ConfigDict(from_attributes=True)
-
     node: str
     concurrency: int
     per_user_tps: float = Field(description="S_TG / B at that concurrency")
@@ -227,7 +254,7 @@ class PlacementCandidate(BaseModel):
     prompt_tokens: int = Field(description="PP of the point")
     gen_tokens: int = Field(description="TG of the point")
     llama_cpp_build: int | None
-    measured_at: datetime
+    measured_at: UTCDateTime
     run_id: UUID
 
 

@@ -35,16 +35,20 @@ def _describe(settings: RegistrySettings) -> str:
     return f"{url.get_backend_name()} database {url.render_as_string(hide_password=True)}"
 
 
+def _engine(settings: RegistrySettings) -> Engine:
+    err.print(f"registry database: {_describe(settings)}")
+    return create_db_engine(settings.sqlalchemy_url)
+
+
 def _open(settings: RegistrySettings) -> Engine:
     """The engine, with the schema at head. The embedded default SQLite file is upgraded on
     its own; any other database is left for an explicit `migrate`."""
-    engine = create_db_engine(settings.sqlalchemy_url)
-    err.print(f"registry database: {_describe(settings)}")
-    if settings.is_default_sqlite:
-        upgrade_schema(engine)
-        return engine
+    engine = _engine(settings)
     try:
-        ensure_schema_current(engine, fix_command="fleetbench-registry migrate")
+        if settings.is_default_sqlite:
+            upgrade_schema(engine)
+        else:
+            ensure_schema_current(engine, fix_command="fleetbench-registry migrate")
     except SchemaOutOfDate as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
@@ -54,10 +58,12 @@ def _open(settings: RegistrySettings) -> Engine:
 @app.command()
 def migrate() -> None:
     """Upgrade the database schema to the latest revision."""
-    settings = RegistrySettings()
-    engine = create_db_engine(settings.sqlalchemy_url)
-    err.print(f"registry database: {_describe(settings)}")
-    before, head = schema_revisions(engine)
+    engine = _engine(RegistrySettings())
+    try:
+        before, head = schema_revisions(engine)
+    except SchemaOutOfDate as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
     upgrade_schema(engine)
     if before == head:
         err.print(f"schema already at {head}")

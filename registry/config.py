@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, computed_field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["RegistrySettings"]
@@ -35,7 +35,6 @@ class RegistrySettings(BaseSettings):
         default=False, description="when true, every GET under /v1 needs a node token"
     )
 
-    @computed_field  # type: ignore[prop-decorator]
     @property
     def sqlalchemy_url(self) -> str:
         if self.database_url:

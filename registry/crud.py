@@ -10,7 +10,7 @@ import typing
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import ColumnElement, Double, cast, func, or_, select
 from sqlalchemy.exc import IntegrityError
@@ -30,6 +30,8 @@ from registry.models import (
 from registry.questions.placement import NodeChoice
 
 __all__ = [
+    "NodeSummary",
+    "PlacementRows",
     "RunConflict",
     "create_node_token",
     "find_models",
@@ -39,10 +41,10 @@ __all__ = [
     "list_models",
     "list_nodes",
     "list_runs",
-    "longest_prompt",
     "model_name_key",
     "node_choices",
     "node_for_token",
+    "placement_rows",
 ]
 
 _Row = TypeVar("_Row")
@@ -52,6 +54,12 @@ TOKEN_PREFIX = "fbn_"
 
 class RunConflict(Exception):
     """A run with this id exists and its report differs from the one sent now."""
+
+
+class NodeSummary(NamedTuple):
+    node: Node
+    last_run_at: datetime | None
+    runs: int
 
 
 def _now() -> datetime:
@@ -97,27 +105,33 @@ def node_for_token(session: Session, token: str) -> Node | None:
     return session.scalars(statement).one_or_none()
 
 
-def list_nodes(session: Session) -> Sequence[tuple[Node, datetime | None, int]]:
-    """Each node with its latest run's start and its number of runs."""
+def _node_summaries(session: Session, *conditions: ColumnElement[bool]) -> list[NodeSummary]:
     statement = (
         select(Node, func.max(Run.started_at), func.count(Run.id))
         .outerjoin(Run, Run.node_id == Node.id)
+        .where(*conditions)
         .group_by(Node.id)
         .order_by(Node.name)
     )
-    return [(node, last, count) for node, last, count in session.execute(statement)]
+    return [NodeSummary(node, last, runs) for node, last, runs in session.execute(statement)]
 
 
-def get_node(session: Session, name: str) -> tuple[Node, list[HardwareFingerprint]] | None:
-    node = _node_by_name(session, name)
-    if node is None:
+def list_nodes(session: Session) -> list[NodeSummary]:
+    """Each node with its latest run's start and its number of runs."""
+    return _node_summaries(session)
+
+
+def get_node(session: Session, name: str) -> tuple[NodeSummary, list[HardwareFingerprint]] | None:
+    """One node's summary and the hardware fingerprints it has had, newest first."""
+    found = _node_summaries(session, Node.name == name)
+    if not found:
         return None
     fingerprints = session.scalars(
         select(HardwareFingerprint)
-        .where(HardwareFingerprint.node_id == node.id)
+        .where(HardwareFingerprint.node_id == found[0].node.id)
         .order_by(HardwareFingerprint.last_seen.desc())
     ).all()
-    return node, list(fingerprints)
+    return found[0], list(fingerprints)
 
 
 # --- ingest ----------------------------------------------------------------------------
@@ -134,9 +148,7 @@ def ingest_report(session: Session, *, report: wire.RunReport, node: Node) -> tu
     digest = report_sha256(report)
     existing = session.get(Run, report.run_id)
     if existing is not None:
-        if existing.report_sha256 != digest:
-            raise RunConflict(f"run {report.run_id} exists with a different report")
-        return existing, False
+        return _as_retry(existing, digest), False
 
     settings = report.settings.model_dump()
     run = Run(
@@ -164,10 +176,14 @@ def ingest_report(session: Session, *, report: wire.RunReport, node: Node) -> tu
         stored = session.get(Run, report.run_id)
         if stored is None:
             raise
-        if stored.report_sha256 != digest:
-            raise RunConflict(f"run {report.run_id} exists with a different report") from None
-        return stored, False
+        return _as_retry(stored, digest), False
     return run, True
+
+
+def _as_retry(stored: Run, digest: str) -> Run:
+    if stored.report_sha256 != digest:
+        raise RunConflict(f"run {stored.id} exists with a different report")
+    return stored
 
 
 def _get_or_create(session: Session, statement: Any, create: Callable[[], _Row]) -> _Row:
@@ -244,14 +260,9 @@ def _fingerprint(
             node_id=node.id, hash=hardware.hash, data=hardware.data, first_seen=seen, last_seen=seen
         ),
     )
-    fingerprint.first_seen = min(_aware(fingerprint.first_seen), seen)
-    fingerprint.last_seen = max(_aware(fingerprint.last_seen), seen)
+    fingerprint.first_seen = min(fingerprint.first_seen, seen)
+    fingerprint.last_seen = max(fingerprint.last_seen, seen)
     return fingerprint
-
-
-def _aware(moment: datetime) -> datetime:
-    # SQLite hands back naive datetimes; everything stored is UTC.
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 # --- reads -----------------------------------------------------------------------------
@@ -330,7 +341,7 @@ def _latest_run_of_node(*, model_ids: Sequence[int], since: datetime | None) -> 
             Run.status != "failed",
             *([Run.started_at >= since] if since is not None else []),
         )
-        .order_by(Run.started_at.desc(), Run.received_at.desc())
+        .order_by(Run.started_at.desc(), Run.received_at.desc(), Run.id)
         .limit(1)
         .correlate(Node)
         .scalar_subquery()
@@ -357,7 +368,11 @@ def node_choices(
     if prompt_tokens is not None:
         shortest_long_enough = (
             select(func.min(RunPoint.pp))
-            .where(RunPoint.run_id == Run.id, RunPoint.pp >= prompt_tokens)
+            .where(
+                RunPoint.run_id == Run.id,
+                RunPoint.pp >= prompt_tokens,
+                RunPoint.s_tg.is_not(None),
+            )
             .correlate(Run)
             .scalar_subquery()
         )
@@ -393,7 +408,7 @@ def node_choices(
         NodeChoice(
             node=node,
             run_id=run_id,
-            measured_at=_aware(started_at),
+            measured_at=started_at,
             llama_cpp_build=build_number,
             pp=pp,
             tg=tg,
@@ -405,7 +420,43 @@ def node_choices(
     ]
 
 
-def longest_prompt(
+class PlacementRows(NamedTuple):
+    """What a placement answer is made from (see registry.questions.placement)."""
+
+    qualifying: list[NodeChoice]
+    fastest: list[NodeChoice]  # read only when no node qualifies
+    longest_prompt: tuple[str, int] | None  # read only when no node has a long-enough prompt
+
+
+def placement_rows(
+    session: Session,
+    *,
+    model_ids: Sequence[int],
+    since: datetime | None,
+    prompt_tokens: int | None,
+    min_tps_per_user: float,
+) -> PlacementRows:
+    """Each node's qualifying choice; the rest is fetched only to explain an empty answer."""
+
+    def choices(min_tps: float | None) -> list[NodeChoice]:
+        return node_choices(
+            session,
+            model_ids=model_ids,
+            since=since,
+            prompt_tokens=prompt_tokens,
+            min_tps_per_user=min_tps,
+        )
+
+    qualifying = choices(min_tps_per_user)
+    if qualifying:
+        return PlacementRows(qualifying, [], None)
+    fastest = choices(None)
+    if fastest or prompt_tokens is None:
+        return PlacementRows([], fastest, None)
+    return PlacementRows([], [], _longest_prompt(session, model_ids=model_ids, since=since))
+
+
+def _longest_prompt(
     session: Session, *, model_ids: Sequence[int], since: datetime | None
 ) -> tuple[str, int] | None:
     """(node, PP) of the longest prompt in the nodes' latest successful runs."""

@@ -80,14 +80,22 @@ def alembic_config(engine: Engine) -> Config:
 
 
 def schema_revisions(engine: Engine) -> tuple[str | None, str | None]:
-    """(current revision of the database, head revision of the migrations)."""
-    head = ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
+    """(current revision of the database, head revision of the migrations). Raises
+    SchemaOutOfDate when the database was migrated by a newer fleetbench."""
+    scripts = ScriptDirectory.from_config(alembic_config(engine))
+    head = scripts.get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
+    if current is not None and current not in {s.revision for s in scripts.walk_revisions()}:
+        raise SchemaOutOfDate(
+            f"database schema is at revision {current}, which this registry does not know "
+            f"(its newest is {head}): the database was upgraded by a newer fleetbench"
+        )
     return current, head
 
 
 def upgrade_schema(engine: Engine) -> None:
+    schema_revisions(engine)  # refuses a database from a newer fleetbench
     command.upgrade(alembic_config(engine), "head")
 
 

@@ -41,6 +41,7 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         gc.collect()
         gc.freeze()
         yield
+        gc.unfreeze()
         engine.dispose()
 
     app = FastAPI(

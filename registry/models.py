@@ -4,13 +4,14 @@ Alembic migrations in migrations/, which are generated from this metadata."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     DateTime,
+    Dialect,
     Double,
     ForeignKey,
     Index,
@@ -18,6 +19,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -38,6 +40,25 @@ __all__ = [
 _BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 
+class UTCDateTime(TypeDecorator[datetime]):
+    """Moments stored in UTC and read back zoned, on every database: PostgreSQL keeps the
+    zone itself, SQLite keeps text without one (and would compare wall-clock strings)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(
         naming_convention={
@@ -48,7 +69,7 @@ class Base(DeclarativeBase):
         }
     )
     type_annotation_map: ClassVar[dict[Any, Any]] = {
-        datetime: DateTime(timezone=True),
+        datetime: UTCDateTime(),
         dict[str, Any]: JSON,
         float: Double(),
     }

@@ -6,6 +6,10 @@
 set -euo pipefail
 source "$(dirname "$0")/bootstrap.sh"
 
+# The embedded default: a SQLite file, here in .fleetbench/ so the demo leaves any registry
+# of yours alone. A database URL in the environment would point elsewhere: drop it.
+unset FLEETBENCH_DATABASE_URL
+export FLEETBENCH_DATA_DIR="$ROOT/.fleetbench"
 PORT="${FLEETBENCH_DEMO_PORT:-8787}"
 URL="http://127.0.0.1:$PORT"
 MODEL="Mistral-Nemo-Instruct-2407-Q4_K_M"

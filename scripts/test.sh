@@ -9,7 +9,9 @@ PG_ADMIN_URL="${FLEETBENCH_TEST_POSTGRES_ADMIN_URL:-postgresql://postgres@127.0.
 pg_up() { python -c "import psycopg; psycopg.connect('$PG_ADMIN_URL', connect_timeout=3).close()" 2>/dev/null; }
 if ! pg_up; then
     echo "PostgreSQL is not answering on 127.0.0.1:5432; starting it" >&2
-    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start || true
+    for version in $(ls /etc/postgresql); do
+        pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    done
     for _ in $(seq 30); do pg_up && break; sleep 1; done
     pg_up || { echo "PostgreSQL could not be reached at $PG_ADMIN_URL" >&2; exit 1; }
 fi

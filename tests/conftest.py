@@ -5,6 +5,7 @@ unreachable fails the tests; it never skips them."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -113,14 +114,14 @@ class LiveRegistry:
             return int(connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def serve_in_thread(settings: RegistrySettings) -> tuple[str, uvicorn.Server, threading.Thread]:
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
     )
@@ -187,6 +188,7 @@ def make_report(
         for b, s_pp, s_tg in (table or ARTICLE_TABLE)
     ]
     fields: dict[str, Any] = {
+        "schema_version": wire.SCHEMA_VERSION,
         "run_id": uuid.uuid4(),
         "node": node,
         "started_at": started_at or datetime(2026, 10, 16, 12, 0, tzinfo=UTC),
@@ -207,6 +209,4 @@ def post_report(client: httpx.Client, report: wire.RunReport | dict[str, Any]) -
 
 
 def _json(data: dict[str, Any]) -> str:
-    import json
-
     return json.dumps(data, default=str)

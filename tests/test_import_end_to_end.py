@@ -127,3 +127,28 @@ def test_dry_run_prints_reports_and_sends_nothing() -> None:
     assert report["source"] == "import"
     assert report["started_at"] == "2026-11-01T00:00:00Z"
     assert [p["b"] for p in report["points"]] == [1, 2, 4]
+
+
+def test_import_of_an_invalid_row_names_the_line_and_sends_nothing(
+    live_registry: LiveRegistry, tmp_path: Path
+) -> None:
+    token = live_registry.token("m4pro")
+    bad = tmp_path / "bad.md"
+    bad.write_text(
+        ARTICLE_EXAMPLE.read_text().replace("| 512 | 128 | 4 | 2560 |", "| 512 | 128 | 0 | 2560 |")
+    )
+    result = import_file(bad, "--registry", live_registry.url, "--token", token)
+    assert result.returncode == 1
+    assert "bad.md: line 15: b: Input should be greater than or equal to 1" in result.stderr
+    assert live_registry.count("runs") == 0
+
+
+def test_reimport_with_another_time_is_refused_not_duplicated(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    common = ("--registry", live_registry.url, "--token", token)
+    first = import_file(ARTICLE_EXAMPLE, *common, "--measured-at", "2026-10-16T12:00:00Z")
+    moved = import_file(ARTICLE_EXAMPLE, *common, "--measured-at", "2026-11-01T08:00:00Z")
+    assert first.returncode == 0, first.stderr
+    assert moved.returncode == 1
+    assert "imported before with another measurement time" in moved.stderr
+    assert live_registry.count("runs") == 1

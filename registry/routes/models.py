@@ -14,10 +14,12 @@ router = APIRouter(prefix="/models", tags=["models"], dependencies=[ReadAccess])
 def read_models(session: SessionDep) -> ModelsPublic:
     """Every model reported, with its architecture numbers and run count."""
     models = [
-        ModelPublic(
-            **wire.ModelInfo.model_validate(model, from_attributes=True).model_dump(),
-            runs=runs,
-            last_run_at=last_run_at,
+        ModelPublic.model_validate(
+            {
+                **{field: getattr(model, field) for field in wire.ModelInfo.model_fields},
+                "runs": runs,
+                "last_run_at": last_run_at,
+            }
         )
         for model, runs, last_run_at in crud.list_models(session)
     ]

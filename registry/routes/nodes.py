@@ -4,24 +4,25 @@ from fastapi import APIRouter, HTTPException, status
 
 from registry import crud
 from registry.deps import ReadAccess, SessionDep
-from registry.schemas import FingerprintPublic, NodeDetail, NodePublic, NodesPublic
+from registry.schemas import NodeDetail, NodePublic, NodesPublic
 
 router = APIRouter(prefix="/nodes", tags=["nodes"], dependencies=[ReadAccess])
+
+
+def _public(summary: crud.NodeSummary) -> dict[str, object]:
+    return {
+        "name": summary.node.name,
+        "labels": summary.node.labels,
+        "created_at": summary.node.created_at,
+        "last_run_at": summary.last_run_at,
+        "runs": summary.runs,
+    }
 
 
 @router.get("", response_model=NodesPublic)
 def read_nodes(session: SessionDep) -> NodesPublic:
     """Every node, with when it last ran and how many runs it has reported."""
-    nodes = [
-        NodePublic(
-            name=node.name,
-            labels=node.labels,
-            created_at=node.created_at,
-            last_run_at=last_run_at,
-            runs=runs,
-        )
-        for node, last_run_at, runs in crud.list_nodes(session)
-    ]
+    nodes = [NodePublic.model_validate(_public(s)) for s in crud.list_nodes(session)]
     return NodesPublic(data=nodes, count=len(nodes))
 
 
@@ -31,14 +32,5 @@ def read_node(name: str, session: SessionDep) -> NodeDetail:
     found = crud.get_node(session, name)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {name!r} not found")
-    node, fingerprints = found
-    runs = crud.list_runs(session, node=name, model=None, since=None, limit=1, offset=0)
-    latest, count = runs
-    return NodeDetail(
-        name=node.name,
-        labels=node.labels,
-        created_at=node.created_at,
-        last_run_at=latest[0].started_at if latest else None,
-        runs=count,
-        fingerprints=[FingerprintPublic.model_validate(f) for f in fingerprints],
-    )
+    summary, fingerprints = found
+    return NodeDetail.model_validate({**_public(summary), "fingerprints": fingerprints})

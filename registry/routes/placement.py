@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from agent.wire import PlacementAnswer
 from registry import crud
 from registry.deps import ReadAccess, SessionDep
-from registry.questions.placement import NodeChoice, answer_placement
+from registry.questions.placement import answer_placement
 
 router = APIRouter(tags=["questions"], dependencies=[ReadAccess])
 
@@ -26,33 +26,20 @@ def read_placement(
     if not models:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"model {model!r} not found")
     since = datetime.now(UTC) - timedelta(days=max_age_days) if max_age_days else None
-    model_ids = [m.id for m in models]
-
-    def choices(min_tps: float | None) -> list[NodeChoice]:
-        return crud.node_choices(
-            session,
-            model_ids=model_ids,
-            since=since,
-            prompt_tokens=prompt_tokens,
-            min_tps_per_user=min_tps,
-        )
-
-    qualifying = choices(min_tps_per_user)
-    # The rest only explains an empty answer.
-    fastest = [] if qualifying else choices(None)
-    no_points = not qualifying and not fastest
-    longest = (
-        crud.longest_prompt(session, model_ids=model_ids, since=since)
-        if no_points and prompt_tokens is not None
-        else None
+    rows = crud.placement_rows(
+        session,
+        model_ids=[m.id for m in models],
+        since=since,
+        prompt_tokens=prompt_tokens,
+        min_tps_per_user=min_tps_per_user,
     )
     answer = answer_placement(
         model=models[0].name,
         min_tps_per_user=min_tps_per_user,
-        qualifying=qualifying,
-        fastest=fastest,
+        qualifying=rows.qualifying,
+        fastest=rows.fastest,
         prompt_tokens=prompt_tokens,
-        longest_prompt=longest,
+        longest_prompt=rows.longest_prompt,
         max_age_days=max_age_days,
     )
     # Serialized here: FastAPI would dump and validate the answer again, which costs more

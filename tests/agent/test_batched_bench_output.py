@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from agent.batched_bench_output import NoTableFound, parse_batched_bench_output
+from agent.batched_bench_output import BadRow, NoTableFound, parse_batched_bench_output
 from tests.conftest import FIXTURES
 
 
@@ -34,7 +36,9 @@ def test_old_main_prefix_shared_prompt_and_cuda_backend() -> None:
     assert run.settings.flash_attn == "on"
     assert run.settings.pp_shared is True
     assert run.settings.tg_separate is None  # old builds did not print it
-    assert [p.n_kv for p in run.points] == [640, 2560, 10240]
+    # one copy of the prompt for all sequences: PP + B*TG cells, a unified cache
+    assert [p.n_kv for p in run.points] == [640, 1024, 2560]
+    assert run.settings.kv_unified is True
 
 
 def test_six_column_report_fills_only_what_follows_exactly() -> None:
@@ -134,3 +138,99 @@ def test_article_text_with_prose_run_into_the_last_row() -> None:
 def test_no_table_is_a_clear_error(text: str) -> None:
     with pytest.raises(NoTableFound, match="no llama-batched-bench table found"):
         parse_batched_bench_output(text)
+
+
+def test_a_later_table_of_other_numbers_is_not_taken_for_rows() -> None:
+    text = (
+        _read("report-two-builds.md")
+        + """
+## Cost
+
+| GPUs | nodes | W | price | eur/h | eur/Mtok |
+|------|-------|---|-------|-------|----------|
+| 8 | 2 | 700 | 1.5 | 12 | 3.1 |
+"""
+    )
+    _, after = parse_batched_bench_output(text)
+    assert [p.b for p in after.points] == [1, 8, 32]
+
+
+def test_a_separator_after_rows_ends_the_table() -> None:
+    text = """
+| PP | TG | B | N_KV | S_PP t/s | S_TG t/s |
+|----|----|---|------|----------|----------|
+| 512 | 128 | 1 | 640 | 282.07 | 28.30 |
+|----|----|---|------|----------|----------|
+| 9 | 9 | 9 | 9 | 9 | 9 |
+"""
+    [run] = parse_batched_bench_output(text)
+    assert [p.b for p in run.points] == [1]
+
+
+def test_shared_prompt_from_the_settings_line_gives_the_prefill_time() -> None:
+    settings = (
+        "llama_batched_bench: n_kv_max = 8192, n_batch = 2048, n_ubatch = 512, flash_attn = 1, "
+        "is_pp_shared = 1, is_tg_separate = 0, n_gpu_layers = 99, n_threads = 8, "
+        "n_threads_batch = 8"
+    )
+    text = (
+        settings
+        + """
+| PP | TG | B | N_KV | S_PP t/s | S_TG t/s |
+|----|----|---|------|----------|----------|
+| 512 | 128 | 4 | 2560 | 1000.00 | 200.00 |
+"""
+    )
+    [run] = parse_batched_bench_output(text)
+    [point] = run.points
+    assert point.t_pp == pytest.approx(512 / 1000)  # one prompt of 512, not 4 x 512
+    # shared, yet N_KV = B*(PP+TG): each sequence has its own copy, the cache is split
+    assert run.settings.kv_unified is False
+
+
+def test_jsonl_nan_and_inf_are_unknown_figures() -> None:
+    text = (
+        '{"n_kv_max": 4096, "pp": 0, "tg": 32, "pl": 2, "n_kv": 64, "t_pp": 0.000000, '
+        '"speed_pp": nan, "t_tg": 0.400000, "speed_tg": 160.000000, "t": 0.400000, '
+        '"speed": 160.000000}\n'
+        '{"n_kv_max": 4096, "pp": 0, "tg": 32, "pl": 4, "n_kv": 128, "t_pp": 0.000000, '
+        '"speed_pp": -inf, "t_tg": 0.500000, "speed_tg": 256.000000, "t": 0.500000, '
+        '"speed": 256.000000}\n'
+    )
+    [run] = parse_batched_bench_output(text)
+    assert [(p.b, p.s_pp, p.s_tg) for p in run.points] == [(2, None, 160.0), (4, None, 256.0)]
+
+
+def test_jsonl_blocks_with_other_settings_are_separate_runs() -> None:
+    records = _read("batched-bench.jsonl").splitlines()[2:]
+    other = [r.replace('"n_threads": 8', '"n_threads": 16') for r in records]
+    runs = parse_batched_bench_output("\n".join(records + other))
+    assert [(r.settings.n_threads, len(r.points)) for r in runs] == [(8, 3), (16, 3)]
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (
+            "| 512 | 128 | 1 | 640 | 1.000 | 512.00 | 4.000 | 28.30 | 5.000 | 128.00 |",
+            "line 4: s_tg: Value error, s_tg=28.3 disagrees",
+        ),
+        (
+            "| 512 | 128 | 0 | 640 | 1.000 | 512.00 | 4.523 | 28.30 | 5.523 | 115.88 |",
+            "line 4: b: Input should be greater than or equal to 1",
+        ),
+    ],
+)
+def test_an_invalid_row_names_its_line(row: str, message: str) -> None:
+    text = f"""
+| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+|----|----|---|------|--------|----------|--------|----------|-----|-------|
+{row}
+"""
+    with pytest.raises(BadRow, match=re.escape(message)):
+        parse_batched_bench_output(text)
+
+
+def test_a_broken_jsonl_record_names_its_line() -> None:
+    with pytest.raises(BadRow, match="line 2: not a JSON record"):
+        parse_batched_bench_output('\n{"pp": 1, "tg": 2, "pl": 1, "speed_tg": oops}')

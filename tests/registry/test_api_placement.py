@@ -7,7 +7,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from agent import wire
-from tests.conftest import ARTICLE_MODEL, ARTICLE_TABLE, LiveRegistry, make_report, post_report
+from registry.config import RegistrySettings
+from tests.conftest import (
+    ARTICLE_MODEL,
+    ARTICLE_TABLE,
+    LiveRegistry,
+    make_report,
+    post_report,
+    running_registry,
+)
 
 SHA = "c0ffee" + "0" * 58
 
@@ -139,3 +147,43 @@ def test_bad_placement_queries_are_422(
 ) -> None:
     status, _ = _ask(live_registry, **params)
     assert status == 422
+
+
+def test_partial_latest_run_counts(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    partial = make_report(
+        table=ARTICLE_TABLE[:4],
+        status="partial",
+        failures=[wire.FailedPoint(pp=512, tg=128, b=16, reason="failed to find a memory slot")],
+        started_at=datetime(2026, 11, 2, tzinfo=UTC),
+    )
+    with live_registry.client(token) as client:
+        assert post_report(client, make_report()).status_code == 201
+        assert post_report(client, partial).status_code == 201
+    _, answer = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=6)
+    [candidate] = answer["candidates"]  # type: ignore[misc]
+    # the older complete run reached B=32 at 6.05/user; the latest stopped at B=8
+    assert (candidate["concurrency"], candidate["run_id"]) == (8, str(partial.run_id))
+
+
+def test_reason_with_long_enough_prompts_that_are_too_slow(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    with live_registry.client(token) as client:
+        assert post_report(client, make_report(pp=4096)).status_code == 201
+    _, answer = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=40, prompt_tokens=1024)
+    assert answer["candidates"] == []
+    assert "best available is m4pro at concurrency 1 with 28.30" in answer["reason"]  # type: ignore[operator]
+    assert "prompt 4096 tokens" in answer["reason"]  # type: ignore[operator]
+
+
+def test_placement_with_reads_closed_needs_a_token(database_url: str) -> None:
+    settings = RegistrySettings(database_url=database_url, read_token_required=True)
+    with running_registry(settings) as registry:
+        token = registry.token("m4pro")
+        with registry.client(token) as client:
+            assert post_report(client, make_report()).status_code == 201
+            answer = client.get(
+                "/v1/placement", params={"model": ARTICLE_MODEL, "min_tps_per_user": 15}
+            )
+    assert answer.status_code == 200
+    assert [c["concurrency"] for c in answer.json()["candidates"]] == [8]

@@ -144,9 +144,16 @@ def test_smallest_prompt_length_at_least_p(session: Session) -> None:
     # at PP=4096, B=8 gives only 12.5 per user: B=1 (25) it is
     assert _choices(session, 14, prompt_tokens=2000) == [("m4pro", 4096, 1)]
     assert _choices(session, 14, prompt_tokens=8192) == []
-    assert crud.longest_prompt(
-        session, model_ids=[m.id for m in crud.find_models(session, report.model.name)], since=None
-    ) == ("m4pro", 4096)
+    model_ids = [m.id for m in crud.find_models(session, report.model.name)]
+    too_long = crud.placement_rows(
+        session, model_ids=model_ids, since=None, prompt_tokens=8192, min_tps_per_user=14
+    )
+    assert too_long == crud.PlacementRows([], [], ("m4pro", 4096))
+    too_fast = crud.placement_rows(
+        session, model_ids=model_ids, since=None, prompt_tokens=2000, min_tps_per_user=30
+    )
+    assert [(c.pp, c.b) for c in too_fast.fastest] == [(4096, 1)]
+    assert (too_fast.qualifying, too_fast.longest_prompt) == ([], None)
 
 
 def test_ties_on_concurrency_go_to_the_higher_throughput(session: Session) -> None:

@@ -13,6 +13,7 @@ from alembic import command
 from sqlalchemy import Engine, inspect
 
 from registry.db import alembic_config, create_db_engine, schema_revisions
+from tests.conftest import free_port
 
 REGISTRY = [sys.executable, "-m", "registry.cli"]
 
@@ -90,7 +91,7 @@ def test_default_sqlite_is_created_upgraded_and_served(tmp_path: Path) -> None:
     assert f"SQLite file {database}" in token.stderr
     assert database.exists()
 
-    port = 18787 + os.getpid() % 1000
+    port = free_port()
     server = subprocess.Popen(
         [*REGISTRY, "serve", "--port", str(port)],
         env={**os.environ, **env},
