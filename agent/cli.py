@@ -122,6 +122,9 @@ def placement(
         int | None, typer.Option(help="only points measured with prompts at least this long")
     ] = None,
     max_age_days: Annotated[float | None, typer.Option(help="ignore older runs")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="list at most this many nodes [registry default: 100]")
+    ] = None,
     registry: RegistryOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
@@ -135,6 +138,7 @@ def placement(
                 min_tps_per_user=min_tps_per_user,
                 prompt_tokens=prompt_tokens,
                 max_age_days=max_age_days,
+                limit=limit,
             )
         except ClientError as exc:
             raise _fail(str(exc)) from exc

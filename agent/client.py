@@ -54,8 +54,11 @@ class RegistryClient:
         min_tps_per_user: float,
         prompt_tokens: int | None = None,
         max_age_days: float | None = None,
+        limit: int | None = None,
     ) -> PlacementAnswer:
         params: dict[str, Any] = {"model": model, "min_tps_per_user": min_tps_per_user}
+        if limit is not None:
+            params["limit"] = limit
         if prompt_tokens is not None:
             params["prompt_tokens"] = prompt_tokens
         if max_age_days is not None:

@@ -263,5 +263,6 @@ class PlacementAnswer(BaseModel):
 
     model: str
     min_tps_per_user: float
-    candidates: list[PlacementCandidate]
+    count: int = Field(description="how many nodes qualify; `candidates` lists the first `limit`")
+    candidates: list[PlacementCandidate] = Field(description="best total throughput first")
     reason: str

@@ -64,11 +64,12 @@ TARGET_RATIO = 2.0
 # The question as one hand-written PostgreSQL query, the way someone who knows the indexes
 # writes it: for each node its latest non-failed run of the model (started_at, then
 # received_at; one probe of ix_runs_node_model_started per node), of that run's points the
-# largest B with S_TG >= X*B (tie: larger S_TG), the answer sorted by S_TG descending. (The
+# largest B with S_TG >= X*B (tie: larger S_TG); the first `limit` by S_TG descending and
+# how many qualify. (The
 # bench's fleet has one model row per name; the registry also merges rows of one name.)
 PLACEMENT_SQL = """
 SELECT n.name, best.b, best.s_tg / best.b, best.s_tg, best.s_pp, best.pp, best.tg,
-       e.build_number, latest.started_at, latest.id
+       e.build_number, latest.started_at, latest.id, count(*) OVER () AS qualifying
 FROM models m
 CROSS JOIN nodes n
 CROSS JOIN LATERAL (
@@ -84,6 +85,7 @@ CROSS JOIN LATERAL (
 JOIN engine_builds e ON e.id = latest.build_id
 WHERE m.name_key = %(name_key)s
 ORDER BY best.s_tg DESC, n.name
+LIMIT %(limit)s
 """
 
 
@@ -119,6 +121,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--verify-every", type=int, default=10, help="verify every Nth pair")
     parser.add_argument("--min-tps", type=float, default=1.0, help="lowest threshold drawn")
     parser.add_argument("--max-tps", type=float, default=100.0, help="highest threshold drawn")
+    parser.add_argument("--limit", type=int, default=100, help="candidates listed per answer")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--serve-port", type=int, help=argparse.SUPPRESS)  # server subprocess
     return parser.parse_args(argv)
@@ -577,13 +580,15 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
 
 # --- measuring ---------------------------------------------------------------------------
 
-Answer = list[tuple[str, int, str]]  # (node, concurrency, run id), in the answer's order
+# How many nodes qualify, and the (node, concurrency, run id) listed, in the answer's order.
+Answer = tuple[int, list[tuple[str, int, str]]]
 
 
 @dataclass(frozen=True)
 class Question:
     model: str
     min_tps: float
+    limit: int
 
     @property
     def name_key(self) -> str:
@@ -591,17 +596,25 @@ class Question:
 
 
 def random_questions(
-    models: Sequence[str], count: int, low: float, high: float, rng: random.Random
+    models: Sequence[str], count: int, low: float, high: float, limit: int, rng: random.Random
 ) -> list[Question]:
     # Thresholds log-uniform: as many slow-model as fast-model questions.
     return [
-        Question(rng.choice(models), round(math.exp(rng.uniform(math.log(low), math.log(high))), 2))
+        Question(
+            rng.choice(models),
+            round(math.exp(rng.uniform(math.log(low), math.log(high))), 2),
+            limit,
+        )
         for _ in range(count)
     ]
 
 
 def ask_api(client: httpx.Client, question: Question) -> tuple[float, httpx.Response]:
-    params: dict[str, str | float] = {"model": question.model, "min_tps_per_user": question.min_tps}
+    params: dict[str, str | float] = {
+        "model": question.model,
+        "min_tps_per_user": question.min_tps,
+        "limit": question.limit,
+    }
     started = time.perf_counter()
     response = client.get("/v1/placement", params=params)
     elapsed = time.perf_counter() - started
@@ -610,28 +623,31 @@ def ask_api(client: httpx.Client, question: Question) -> tuple[float, httpx.Resp
 
 
 def ask_sql(conn: psycopg.Connection[Any], question: Question) -> tuple[float, list[Any]]:
-    params = {"name_key": question.name_key, "min_tps": question.min_tps}
+    params = {"name_key": question.name_key, "min_tps": question.min_tps, "limit": question.limit}
     started = time.perf_counter()
     rows = conn.execute(PLACEMENT_SQL, params).fetchall()
     return time.perf_counter() - started, rows
 
 
 def api_answer(response: httpx.Response) -> Answer:
-    return [(c["node"], c["concurrency"], c["run_id"]) for c in response.json()["candidates"]]
+    body = response.json()
+    return body["count"], [(c["node"], c["concurrency"], c["run_id"]) for c in body["candidates"]]
 
 
 def sql_answer(rows: Sequence[Any]) -> Answer:
-    return [(row[0], row[1], str(row[9])) for row in rows]
+    return (rows[0][10] if rows else 0), [(row[0], row[1], str(row[9])) for row in rows]
 
 
 def verify(question: Question, api: Answer, sql: Answer) -> None:
     if api == sql:
         return
-    pairs = enumerate(zip(api, sql, strict=False))
-    first = next((i for i, (a, s) in pairs if a != s), min(len(api), len(sql)))
+    (api_count, api_list), (sql_count, sql_list) = api, sql
+    pairs = enumerate(zip(api_list, sql_list, strict=False))
+    first = next((i for i, (a, s) in pairs if a != s), min(len(api_list), len(sql_list)))
     print(
-        f"\nWRONG ANSWER for {question}: API has {len(api)} candidates, SQL {len(sql)}; "
-        f"first difference at #{first}: API {api[first : first + 1]} SQL {sql[first : first + 1]}",
+        f"\nWRONG ANSWER for {question}: API counts {api_count} and lists {len(api_list)}, "
+        f"SQL {sql_count} and {len(sql_list)}; first difference at #{first}: "
+        f"API {api_list[first : first + 1]} SQL {sql_list[first : first + 1]}",
         file=sys.stderr,
     )
     raise SystemExit(1)
@@ -668,7 +684,7 @@ def measure(
         if measured >= 0:
             samples.api_ms.append(api_s * 1000)
             samples.sql_ms.append(sql_s * 1000)
-            samples.candidates.append(len(rows))
+            samples.candidates.append(sql_answer(rows)[0])
     return samples
 
 
@@ -687,7 +703,7 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def print_report(samples: Samples) -> None:
+def print_report(samples: Samples, limit: int) -> None:
     api, sql = samples.api_ms, samples.sql_ms
     stats = {
         "p50": (percentile(api, 0.50), percentile(sql, 0.50)),
@@ -696,9 +712,9 @@ def print_report(samples: Samples) -> None:
         "max": (max(api), max(sql)),
     }
     print(
-        f"\n{len(api)} measured pairs, {samples.verified} verified; candidates per answer: "
+        f"\n{len(api)} measured pairs, {samples.verified} verified; nodes qualifying per answer: "
         f"min {min(samples.candidates)}, median {statistics.median(samples.candidates):.0f}, "
-        f"max {max(samples.candidates)}"
+        f"max {max(samples.candidates)}; at most {limit} listed"
     )
     print(f"\n{'':>6} {'API ms':>10} {'SQL ms':>10} {'API/SQL':>9}")
     for label, (a, s) in stats.items():
@@ -738,7 +754,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     models = model_names(url)
     rng = random.Random(args.seed)
-    questions = random_questions(models, args.warmup + args.pairs, args.min_tps, args.max_tps, rng)
+    questions = random_questions(
+        models, args.warmup + args.pairs, args.min_tps, args.max_tps, args.limit, rng
+    )
     process, base_url = start_server(url)
     try:
         with (
@@ -750,7 +768,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     finally:
         stop_server(process)
-    print_report(samples)
+    print_report(samples, args.limit)
     return 0
 
 

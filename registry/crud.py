@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import ColumnElement, Double, cast, func, or_, select
+from sqlalchemy import ColumnElement, Double, case, cast, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, selectinload
 
@@ -42,7 +42,6 @@ __all__ = [
     "list_nodes",
     "list_runs",
     "model_name_key",
-    "node_choices",
     "node_for_token",
     "placement_rows",
 ]
@@ -348,20 +347,32 @@ def _latest_run_of_node(*, model_ids: Sequence[int], since: datetime | None) -> 
     )
 
 
-def node_choices(
+class PlacementRows(NamedTuple):
+    """What a placement answer is made from (see registry.questions.placement)."""
+
+    qualifying: list[NodeChoice]  # the first `limit`, best total S_TG first
+    qualifying_count: int
+    fastest: NodeChoice | None  # when no node qualifies: the best per-user speed on offer
+    longest_prompt: tuple[str, int] | None  # when no node has a point at prompt_tokens
+
+
+def placement_rows(
     session: Session,
     *,
     model_ids: Sequence[int],
     since: datetime | None,
     prompt_tokens: int | None,
-    min_tps_per_user: float | None,
-) -> list[NodeChoice]:
-    """One point per node from its latest successful run, at the smallest PP >= prompt_tokens
-    when that is given: with `min_tps_per_user`, the largest B whose S_TG / B meets it (ties:
-    higher S_TG), nodes with none left out; without, the node's fastest point per user.
+    min_tps_per_user: float,
+    limit: int,
+) -> PlacementRows:
+    """Each node's choice from its latest successful run, at the smallest PP >= prompt_tokens
+    when that is given: the largest B whose S_TG / B meets `min_tps_per_user` (ties: higher
+    S_TG) or, where none does, the node's fastest point per user. Nodes that qualify come
+    first, best total S_TG first; the others after them, fastest per user first.
 
-    Chosen in SQL, one correlated probe per node: fetching every point of a 1,000-node fleet
-    into Python costs more than placement's latency budget (bench/placement_latency.py)."""
+    Chosen in SQL, one correlated probe per node and one pass: fetching every point of a
+    1,000-node fleet into Python, or asking twice, costs more than placement's latency
+    budget (bench/placement_latency.py)."""
     latest = _latest_run_of_node(model_ids=model_ids, since=since)
     point = aliased(RunPoint)
     conditions: list[ColumnElement[bool]] = [point.run_id == Run.id, point.s_tg.is_not(None)]
@@ -377,15 +388,20 @@ def node_choices(
             .scalar_subquery()
         )
         conditions.append(point.pp == shortest_long_enough)
-    order: tuple[Any, ...]
-    if min_tps_per_user is not None:
-        conditions.append(point.s_tg >= min_tps_per_user * point.b)
-        order = (point.b.desc(), point.s_tg.desc(), point.id)
-    else:
-        order = ((point.s_tg / cast(point.b, Double)).desc(), point.s_tg.desc(), point.id)
+    point_meets = point.s_tg >= min_tps_per_user * point.b
     chosen_point = (
-        select(point.id).where(*conditions).order_by(*order).limit(1).correlate(Run)
+        select(point.id)
+        .where(*conditions)
+        .order_by(
+            case((point_meets, 1), else_=0).desc(),
+            case((point_meets, point.b), else_=0).desc(),
+            case((point_meets, point.s_tg), else_=point.s_tg / cast(point.b, Double)).desc(),
+            point.id,
+        )
+        .limit(1)
+        .correlate(Run)
     ).scalar_subquery()
+    meets = case((RunPoint.s_tg >= min_tps_per_user * RunPoint.b, 1), else_=0)
     statement = (
         select(
             Node.name,
@@ -397,14 +413,24 @@ def node_choices(
             RunPoint.b,
             RunPoint.s_pp,
             RunPoint.s_tg,
+            func.sum(meets).over().label("qualifying"),
         )
         .select_from(Node)
         .join(Run, Run.id == latest)
         .join(RunPoint, RunPoint.id == chosen_point)
         .join(EngineBuild, EngineBuild.id == Run.build_id)
+        .order_by(
+            meets.desc(),
+            case(
+                (meets == 1, RunPoint.s_tg), else_=RunPoint.s_tg / cast(RunPoint.b, Double)
+            ).desc(),
+            RunPoint.s_tg.desc(),
+            Node.name,
+        )
+        .limit(limit)
     )
     rows = session.connection().execute(statement).all()
-    return [
+    choices = [
         NodeChoice(
             node=node,
             run_id=run_id,
@@ -416,44 +442,14 @@ def node_choices(
             s_pp=s_pp,
             s_tg=typing.cast(float, s_tg),  # the query keeps only points with an S_TG
         )
-        for node, run_id, started_at, build_number, pp, tg, b, s_pp, s_tg in rows
+        for node, run_id, started_at, build_number, pp, tg, b, s_pp, s_tg, _ in rows
     ]
-
-
-class PlacementRows(NamedTuple):
-    """What a placement answer is made from (see registry.questions.placement)."""
-
-    qualifying: list[NodeChoice]
-    fastest: list[NodeChoice]  # read only when no node qualifies
-    longest_prompt: tuple[str, int] | None  # read only when no node has a long-enough prompt
-
-
-def placement_rows(
-    session: Session,
-    *,
-    model_ids: Sequence[int],
-    since: datetime | None,
-    prompt_tokens: int | None,
-    min_tps_per_user: float,
-) -> PlacementRows:
-    """Each node's qualifying choice; the rest is fetched only to explain an empty answer."""
-
-    def choices(min_tps: float | None) -> list[NodeChoice]:
-        return node_choices(
-            session,
-            model_ids=model_ids,
-            since=since,
-            prompt_tokens=prompt_tokens,
-            min_tps_per_user=min_tps,
-        )
-
-    qualifying = choices(min_tps_per_user)
-    if qualifying:
-        return PlacementRows(qualifying, [], None)
-    fastest = choices(None)
-    if fastest or prompt_tokens is None:
-        return PlacementRows([], fastest, None)
-    return PlacementRows([], [], _longest_prompt(session, model_ids=model_ids, since=since))
+    count = int(rows[0].qualifying) if rows else 0
+    if count:
+        return PlacementRows(choices[:count], count, None, None)
+    if choices or prompt_tokens is None:
+        return PlacementRows([], 0, choices[0] if choices else None, None)
+    return PlacementRows([], 0, None, _longest_prompt(session, model_ids=model_ids, since=since))
 
 
 def _longest_prompt(

@@ -2,14 +2,15 @@
 
 Each node's choice (from its latest successful run: the largest concurrency whose per-user
 decode speed S_TG / B meets X, at the smallest measured prompt length PP >= P when P is
-given) is made in SQL by `crud.node_choices`: with 1,000 nodes, fetching every point into
-Python costs more than the whole latency budget (bench/placement_latency.py). Decided here,
-over those rows: the fleet's answer, its order, and why no node qualifies.
+given) and their order (best total throughput first) are decided in SQL by
+`crud.placement_rows`: with 1,000 nodes, fetching every point into Python costs more than the
+whole latency budget (bench/placement_latency.py). Decided here, over those rows: the
+answer, and why no node qualifies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -43,25 +44,28 @@ def answer_placement(
     *,
     model: str,
     min_tps_per_user: float,
-    qualifying: Iterable[NodeChoice],
-    fastest: Iterable[NodeChoice] = (),
+    qualifying: Sequence[NodeChoice],
+    qualifying_count: int,
+    fastest: NodeChoice | None = None,
     prompt_tokens: int | None = None,
     longest_prompt: tuple[str, int] | None = None,
     max_age_days: float | None = None,
 ) -> PlacementAnswer:
-    """The nodes that qualify, sorted by total decode throughput (highest first). When none
-    does, the reason names the best available among each node's `fastest` point per user,
-    or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt` (node, PP)."""
-    ranked = sorted(qualifying, key=lambda c: (-c.s_tg, c.node))
-    best = max(fastest, key=lambda c: (c.per_user_tps, c.s_tg), default=None)
-    if ranked:
-        reason = f"{len(ranked)} node(s) meet {min_tps_per_user:g} tokens/s per user on {model}"
-    elif best is not None:
+    """The answer for the nodes that qualify (`qualifying`: best total throughput first, the
+    first of `qualifying_count`). When none does, the reason names the `fastest` point per
+    user, or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt`."""
+    if qualifying:
+        reason = (
+            f"{qualifying_count} node(s) meet {min_tps_per_user:g} tokens/s per user on {model}"
+        )
+        if qualifying_count > len(qualifying):
+            reason += f"; the {len(qualifying)} with the highest total throughput are listed"
+    elif fastest is not None:
         reason = (
             f"no node meets {min_tps_per_user:g} tokens/s per user on {model}; the best "
-            f"available is {best.node} at concurrency {best.b} with "
-            f"{best.per_user_tps:.2f} tokens/s per user ({best.s_tg:.2f} total, "
-            f"prompt {best.pp} tokens)"
+            f"available is {fastest.node} at concurrency {fastest.b} with "
+            f"{fastest.per_user_tps:.2f} tokens/s per user ({fastest.s_tg:.2f} total, "
+            f"prompt {fastest.pp} tokens)"
         )
     elif prompt_tokens is not None and longest_prompt is not None:
         node, pp = longest_prompt
@@ -77,7 +81,8 @@ def answer_placement(
         {
             "model": model,
             "min_tps_per_user": min_tps_per_user,
-            "candidates": [_candidate(c) for c in ranked],
+            "count": qualifying_count,
+            "candidates": [_candidate(c) for c in qualifying],
             "reason": reason,
         }
     )

@@ -20,6 +20,9 @@ def read_placement(
     min_tps_per_user: Annotated[float, Query(ge=0, allow_inf_nan=False)],
     prompt_tokens: Annotated[int | None, Query(ge=0)] = None,
     max_age_days: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=100_000, description="list at most this many candidates")
+    ] = 100,
 ) -> Response:
     """Which node and concurrency meets `min_tps_per_user` decode tokens/s per user?"""
     models = crud.find_models(session, model)
@@ -32,11 +35,13 @@ def read_placement(
         since=since,
         prompt_tokens=prompt_tokens,
         min_tps_per_user=min_tps_per_user,
+        limit=limit,
     )
     answer = answer_placement(
         model=models[0].name,
         min_tps_per_user=min_tps_per_user,
         qualifying=rows.qualifying,
+        qualifying_count=rows.qualifying_count,
         fastest=rows.fastest,
         prompt_tokens=prompt_tokens,
         longest_prompt=rows.longest_prompt,

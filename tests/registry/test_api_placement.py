@@ -105,6 +105,26 @@ def test_several_nodes_sorted_by_total(live_registry: LiveRegistry) -> None:
     ]
 
 
+def test_limit_lists_the_best_and_count_says_how_many_qualify(
+    live_registry: LiveRegistry,
+) -> None:
+    for number in range(5):
+        node = f"gpu-{number}"
+        token = live_registry.token(node)
+        table = [(b, 900.0, (20 + number) * b) for b in (1, 2, 4)]  # 20+n per user at any B
+        with live_registry.client(token) as client:
+            assert post_report(client, make_report(node=node, table=table)).status_code == 201
+    _, top2 = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=15, limit=2)
+    _, everything = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=15)
+    assert [(c["node"], c["concurrency"]) for c in top2["candidates"]] == [  # type: ignore[union-attr]
+        ("gpu-4", 4),
+        ("gpu-3", 4),
+    ]
+    assert top2["count"] == everything["count"] == 5
+    assert "the 2 with the highest total throughput are listed" in top2["reason"]  # type: ignore[operator]
+    assert len(everything["candidates"]) == 5  # type: ignore[arg-type]
+
+
 def test_none_qualifies_is_200_with_reason(live_registry: LiveRegistry) -> None:
     token = live_registry.token("m4pro")
     with live_registry.client(token) as client:
@@ -140,6 +160,7 @@ def test_prompt_tokens_and_max_age(live_registry: LiveRegistry) -> None:
         {"model": ARTICLE_MODEL, "min_tps_per_user": -1},
         {"model": ARTICLE_MODEL, "min_tps_per_user": "fast"},
         {"model": ARTICLE_MODEL, "min_tps_per_user": 5, "prompt_tokens": -3},
+        {"model": ARTICLE_MODEL, "min_tps_per_user": 5, "limit": 0},
     ],
 )
 def test_bad_placement_queries_are_422(

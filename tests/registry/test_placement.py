@@ -36,23 +36,23 @@ def _choice(node: str, b: int, s_tg: float, *, pp: int = 512) -> NodeChoice:
 # --- the fleet's answer, on literal rows ---------------------------------------------------
 
 
-def test_candidates_sorted_by_total_throughput() -> None:
+def test_answer_lists_the_given_candidates_and_counts_all() -> None:
     answer = answer_placement(
         model="nemo",
         min_tps_per_user=10,
-        qualifying=[
-            _choice("slow", 2, 22.0),
-            _choice("fast", 16, 480.0),
-            _choice("m4", 16, 163.18),
-        ],
+        qualifying=[_choice("fast", 16, 480.0), _choice("m4", 16, 163.18)],
+        qualifying_count=3,
     )
     assert [(c.node, c.concurrency, c.total_tps) for c in answer.candidates] == [
         ("fast", 16, 480.0),
         ("m4", 16, 163.18),
-        ("slow", 2, 22.0),
     ]
     assert answer.candidates[1].per_user_tps == pytest.approx(10.19875)
-    assert answer.reason == "3 node(s) meet 10 tokens/s per user on nemo"
+    assert answer.count == 3
+    assert answer.reason == (
+        "3 node(s) meet 10 tokens/s per user on nemo; "
+        "the 2 with the highest total throughput are listed"
+    )
 
 
 def test_none_qualifies_reason_names_the_best_available() -> None:
@@ -60,7 +60,8 @@ def test_none_qualifies_reason_names_the_best_available() -> None:
         model="nemo",
         min_tps_per_user=50,
         qualifying=[],
-        fastest=[_choice("m4pro", 1, 28.30), _choice("other", 2, 40.0)],
+        qualifying_count=0,
+        fastest=_choice("m4pro", 1, 28.30),
     )
     assert answer.candidates == []
     assert "the best available is m4pro at concurrency 1 with 28.30 tokens/s per user" in (
@@ -73,6 +74,7 @@ def test_no_prompt_that_long_names_the_longest_measured() -> None:
         model="nemo",
         min_tps_per_user=1,
         qualifying=[],
+        qualifying_count=0,
         prompt_tokens=8192,
         longest_prompt=("m4pro", 512),
     )
@@ -80,7 +82,9 @@ def test_no_prompt_that_long_names_the_longest_measured() -> None:
 
 
 def test_nothing_reported() -> None:
-    answer = answer_placement(model="nemo", min_tps_per_user=5, qualifying=[], max_age_days=7)
+    answer = answer_placement(
+        model="nemo", min_tps_per_user=5, qualifying=[], qualifying_count=0, max_age_days=7
+    )
     assert answer.reason == "no successful run of nemo has been reported in the last 7 days"
 
 
@@ -95,18 +99,24 @@ def _store(session: Session, **report_fields: object) -> None:
     session.commit()
 
 
-def _choices(
-    session: Session, min_tps: float | None, prompt_tokens: int | None = None
-) -> list[tuple[str, int, int]]:
+def _rows(
+    session: Session, min_tps: float, prompt_tokens: int | None = None, limit: int = 100
+) -> crud.PlacementRows:
     model_ids = [m.id for m in crud.find_models(session, "Mistral-Nemo-Instruct-2407-Q4_K_M")]
-    rows = crud.node_choices(
+    return crud.placement_rows(
         session,
         model_ids=model_ids,
         since=None,
         prompt_tokens=prompt_tokens,
         min_tps_per_user=min_tps,
+        limit=limit,
     )
-    return sorted((c.node, c.pp, c.b) for c in rows)
+
+
+def _choices(
+    session: Session, min_tps: float, prompt_tokens: int | None = None
+) -> list[tuple[str, int, int]]:
+    return [(c.node, c.pp, c.b) for c in _rows(session, min_tps, prompt_tokens).qualifying]
 
 
 @pytest.mark.parametrize(
@@ -121,8 +131,22 @@ def test_largest_concurrency_meeting_the_threshold(
 
 def test_node_that_meets_nothing_is_left_out_but_offers_its_fastest(session: Session) -> None:
     _store(session)
-    assert _choices(session, 50) == []
-    assert _choices(session, None) == [("m4pro", 512, 1)]  # 28.30 per user at B=1
+    rows = _rows(session, 50)
+    assert (rows.qualifying, rows.qualifying_count) == ([], 0)
+    assert rows.fastest is not None
+    assert (rows.fastest.b, rows.fastest.s_tg) == (1, 28.30)  # 28.30 per user at B=1
+
+
+def test_qualifying_nodes_first_best_total_first_and_limited(session: Session) -> None:
+    fast = [(1, 900.0, 60.0), (8, 900.0, 320.0), (16, 900.0, 400.0)]
+    slow = [(1, 100.0, 12.0), (2, 100.0, 13.0)]
+    for node, table in (("m4pro", ARTICLE_TABLE), ("h100", fast), ("old", slow)):
+        _store(session, node=node, table=table)
+    rows = _rows(session, 15)
+    assert [(c.node, c.b) for c in rows.qualifying] == [("h100", 16), ("m4pro", 8)]
+    assert (rows.qualifying_count, rows.fastest) == (2, None)
+    top = _rows(session, 15, limit=1)
+    assert ([c.node for c in top.qualifying], top.qualifying_count) == (["h100"], 2)
 
 
 def test_smallest_prompt_length_at_least_p(session: Session) -> None:
@@ -144,15 +168,12 @@ def test_smallest_prompt_length_at_least_p(session: Session) -> None:
     # at PP=4096, B=8 gives only 12.5 per user: B=1 (25) it is
     assert _choices(session, 14, prompt_tokens=2000) == [("m4pro", 4096, 1)]
     assert _choices(session, 14, prompt_tokens=8192) == []
-    model_ids = [m.id for m in crud.find_models(session, report.model.name)]
-    too_long = crud.placement_rows(
-        session, model_ids=model_ids, since=None, prompt_tokens=8192, min_tps_per_user=14
+    assert _rows(session, 14, prompt_tokens=8192) == crud.PlacementRows(
+        [], 0, None, ("m4pro", 4096)
     )
-    assert too_long == crud.PlacementRows([], [], ("m4pro", 4096))
-    too_fast = crud.placement_rows(
-        session, model_ids=model_ids, since=None, prompt_tokens=2000, min_tps_per_user=30
-    )
-    assert [(c.pp, c.b) for c in too_fast.fastest] == [(4096, 1)]
+    too_fast = _rows(session, 30, prompt_tokens=2000)
+    assert too_fast.fastest is not None
+    assert (too_fast.fastest.pp, too_fast.fastest.b) == (4096, 1)
     assert (too_fast.qualifying, too_fast.longest_prompt) == ([], None)
 
 
@@ -162,8 +183,5 @@ def test_ties_on_concurrency_go_to_the_higher_throughput(session: Session) -> No
         for p in make_report(table=[(8, 285.0, 140.0)]).points
     ]
     _store(session, points=faster_tg)
-    model_ids = [m.id for m in crud.find_models(session, "mistral-nemo-instruct-2407-q4_k_m")]
-    [choice] = crud.node_choices(
-        session, model_ids=model_ids, since=None, prompt_tokens=None, min_tps_per_user=15
-    )
+    [choice] = _rows(session, 15).qualifying
     assert (choice.b, choice.tg, choice.s_tg) == (8, 256, 140.0)
