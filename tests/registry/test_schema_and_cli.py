@@ -116,3 +116,18 @@ def test_default_sqlite_is_created_upgraded_and_served(tmp_path: Path) -> None:
         server.terminate()
         output, _ = server.communicate(timeout=30)
     assert f"registry database: SQLite file {database}" in output
+
+
+def test_a_database_from_a_newer_fleetbench_is_refused(database_url: str) -> None:
+    engine = create_db_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+    finally:
+        engine.dispose()
+    env = {"FLEETBENCH_DATABASE_URL": database_url}
+    for command_line in (["serve", "--port", "1"], ["migrate"]):
+        result = _run(command_line, env)
+        assert result.returncode == 1
+        assert "revision 9999, which this registry does not know" in result.stderr
+        assert "upgraded by a newer fleetbench" in result.stderr
