@@ -16,6 +16,7 @@ from agent.client import RegistryClient
 from agent.config import AgentSettings
 from agent.display import curve_table, placement_table
 from agent.errors import ClientError, RequestRejected
+from agent.fingerprint import take_fingerprint
 from agent.gguf_model import ModelFileError, describe_gguf
 from agent.importer import reports_from_output
 from agent.wire import ModelInfo
@@ -112,6 +113,17 @@ def import_output(
                 f"{receipt.outcome}: run {receipt.run_id} ({receipt.points} points) at {url}",
                 soft_wrap=True,
             )
+
+
+@app.command()
+def fingerprint(
+    probe: Annotated[
+        list[str] | None,
+        typer.Option(help="run only these probes (repeatable): host, nvidia, apple"),
+    ] = None,
+) -> None:
+    """Print this machine's hardware fingerprint as JSON: its hash and what the probes saw."""
+    out.print_json(take_fingerprint(probe).model_dump_json())
 
 
 @app.command()

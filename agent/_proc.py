@@ -1,0 +1,32 @@
+"""The agent's only way to run another program."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+__all__ = ["CommandFailed", "CommandNotFound", "run"]
+
+
+class CommandNotFound(FileNotFoundError):
+    """The program is not installed (on PATH)."""
+
+
+class CommandFailed(RuntimeError):
+    """The program exited non-zero, or ran past its timeout."""
+
+
+def run(argv: list[str], *, timeout: float = 30.0) -> str:
+    """Standard output of `argv`. Raises CommandNotFound or CommandFailed."""
+    if shutil.which(argv[0]) is None:
+        raise CommandNotFound(f"{argv[0]} is not installed")
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise CommandFailed(f"{' '.join(argv)} ran past {timeout:g} s") from exc
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()
+        raise CommandFailed(
+            f"{' '.join(argv)} exited {done.returncode}: {detail[-1] if detail else ''}"
+        )
+    return done.stdout
