@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,11 +15,12 @@ from rich.console import Console
 from agent.batched_bench_output import BatchedBenchOutputError
 from agent.client import RegistryClient
 from agent.config import AgentSettings
-from agent.display import curve_table, placement_table
+from agent.display import curve_table, placement_table, spool_table
 from agent.errors import ClientError, RequestRejected
 from agent.fingerprint import take_fingerprint
 from agent.gguf_model import ModelFileError, describe_gguf
 from agent.importer import reports_from_output
+from agent.spool import Spool
 from agent.wire import ModelInfo
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
@@ -124,6 +126,27 @@ def fingerprint(
 ) -> None:
     """Print this machine's hardware fingerprint as JSON: its hash and what the probes saw."""
     out.print_json(take_fingerprint(probe).model_dump_json())
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+) -> None:
+    """Runs in the local spool: queued for delivery, delivered, and rejected (with why)."""
+    spool = Spool(AgentSettings().spool)
+    runs = spool.runs()
+    if as_json:
+        out.print_json(json.dumps([dataclasses.asdict(r) for r in runs]))
+        return
+    counts = spool.counts()
+    out.print(
+        f"spool {spool.path}: {counts['queued']} queued, {counts['delivered']} delivered, "
+        f"{counts['rejected']} rejected",
+        soft_wrap=True,
+    )
+    waiting = [r for r in runs if r.state != "delivered"]
+    if waiting:
+        out.print(spool_table(waiting))
 
 
 @app.command()

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["DEFAULT_REGISTRY_URL", "AgentSettings"]
 
 DEFAULT_REGISTRY_URL = "http://127.0.0.1:8787"
+
+
+def _default_spool() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "fleetbench" / "spool.db"
 
 
 class AgentSettings(BaseSettings):
@@ -17,3 +25,6 @@ class AgentSettings(BaseSettings):
 
     registry_url: str = Field(default=DEFAULT_REGISTRY_URL, description="the registry's base URL")
     token: SecretStr | None = Field(default=None, description="this node's registry token")
+    spool: Path = Field(
+        default_factory=_default_spool, description="where finished runs wait for delivery"
+    )

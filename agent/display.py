@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from rich.table import Table
 
+from agent.spool import SpooledRun
 from agent.wire import PlacementAnswer, Point
 
-__all__ = ["curve_table", "placement_table"]
+__all__ = ["curve_table", "placement_table", "spool_table"]
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -59,4 +61,18 @@ def placement_table(answer: PlacementAnswer) -> Table:
             "-" if c.llama_cpp_build is None else str(c.llama_cpp_build),
             c.measured_at.strftime("%Y-%m-%d"),
         )
+    return table
+
+
+def spool_table(runs: Sequence[SpooledRun]) -> Table:
+    table = Table(title="runs not delivered", title_justify="left")
+    for header in ("run", "state", "attempts", "next attempt", "last error"):
+        table.add_column(header)
+    for r in runs:
+        next_attempt = (
+            datetime.fromtimestamp(r.next_attempt_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            if r.state == "queued"
+            else "-"
+        )
+        table.add_row(r.run_id, r.state, str(r.attempts), next_attempt, r.last_error or "")
     return table
