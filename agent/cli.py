@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.progress import Progress
 
 from agent.batched_bench_output import BatchedBenchOutputError
 from agent.client import RegistryClient
@@ -20,8 +21,10 @@ from agent.errors import ClientError, RequestRejected
 from agent.fingerprint import take_fingerprint
 from agent.gguf_model import ModelFileError, describe_gguf
 from agent.importer import reports_from_output
+from agent.runners import SweepFailed, SweepOutcome, SweepSpec
 from agent.spool import Spool
-from agent.wire import ModelInfo
+from agent.sweep import run_report, sweep_in_child
+from agent.wire import FailedPoint, ModelInfo, Point, RunReport
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 out = Console()
@@ -115,6 +118,132 @@ def import_output(
                 f"{receipt.outcome}: run {receipt.run_id} ({receipt.points} points) at {url}",
                 soft_wrap=True,
             )
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(
+            f"{text!r} is not a comma list of integers", param_hint=option
+        ) from exc
+    if not values or any(v < 0 for v in values) or (option == "--npl" and 0 in values):
+        raise typer.BadParameter(
+            f"{text!r}: give non-negative integers (B >= 1)", param_hint=option
+        )
+    return values
+
+
+@app.command()
+def sweep(
+    model: Annotated[Path, typer.Option("--model", "-m", help="the GGUF file to measure")],
+    npp: Annotated[str, typer.Option(help="prompt lengths PP, comma list")] = "128",
+    ntg: Annotated[str, typer.Option(help="generated tokens TG, comma list")] = "128",
+    npl: Annotated[str, typer.Option(help="concurrencies B, comma list")] = "1,2,4,8",
+    ctx_size: Annotated[
+        int | None, typer.Option("--ctx-size", "-c", help="KV cells [default: sized to fit]")
+    ] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b")] = 2048,
+    ubatch_size: Annotated[int, typer.Option("--ubatch-size", "-ub")] = 512,
+    flash_attn: Annotated[str, typer.Option(help="on, off or auto")] = "auto",
+    kv_unified: Annotated[bool, typer.Option("--kv-unified", help="one KV buffer for all")] = False,
+    pp_shared: Annotated[bool, typer.Option("--pp-shared", help="one prompt for all")] = False,
+    n_gpu_layers: Annotated[int, typer.Option("--n-gpu-layers", "-ngl")] = -1,
+    threads: Annotated[int | None, typer.Option("--threads", "-t")] = None,
+    cache_type_k: Annotated[str, typer.Option("--cache-type-k", "-ctk")] = "f16",
+    cache_type_v: Annotated[str, typer.Option("--cache-type-v", "-ctv")] = "f16",
+    repeats: Annotated[int, typer.Option(min=1, help="measure each point N times")] = 1,
+    model_name: Annotated[
+        str | None, typer.Option(help="display name [default: the file name]")
+    ] = None,
+    node: Annotated[
+        str | None, typer.Option(help="[env: FLEETBENCH_NODE; default: hostname]")
+    ] = None,
+    report: Annotated[
+        bool, typer.Option("--report", help="spool the run and deliver it to the registry")
+    ] = False,
+    registry: RegistryOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the run report as JSON")] = False,
+) -> None:
+    """Measure the batching curve of a model on this machine (in-process llama.cpp)."""
+    if flash_attn not in ("on", "off", "auto"):
+        raise typer.BadParameter("on, off or auto", param_hint="--flash-attn")
+    spec = SweepSpec(
+        npp=_ints(npp, "--npp"),
+        ntg=_ints(ntg, "--ntg"),
+        npl=_ints(npl, "--npl"),
+        n_ctx=ctx_size,
+        n_batch=batch_size,
+        n_ubatch=ubatch_size,
+        flash_attn=flash_attn,  # type: ignore[arg-type]
+        kv_unified=kv_unified,
+        pp_shared=pp_shared,
+        n_gpu_layers=n_gpu_layers,
+        n_threads=threads,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        repeats=repeats,
+    )
+    settings = AgentSettings()
+    started = datetime.now(UTC)
+    name = model_name or model.name.removesuffix(".gguf")
+    hardware = take_fingerprint()
+    outcome: SweepOutcome | None = None
+    failure: Exception | None = None
+    try:
+        info = describe_gguf(model, name=name, sha256_cache=settings.cache_dir / "sha256.json")
+    except ModelFileError as exc:
+        info, failure = ModelInfo(name=name), exc
+    else:
+        with Progress(console=err, transient=True) as progress:
+            task = progress.add_task(f"sweeping {name}", total=len(spec.grid()))
+
+            def show(result: Point | FailedPoint) -> None:
+                progress.advance(task)
+                if isinstance(result, FailedPoint):
+                    progress.console.print(f"B={result.b} PP={result.pp}: {result.reason}")
+
+            try:
+                outcome = sweep_in_child(model, spec, on_point=show)
+            except SweepFailed as exc:
+                failure = exc
+    run = run_report(
+        node=node or settings.node,
+        model=info,
+        spec=spec,
+        started_at=started,
+        outcome=outcome,
+        failure=failure,
+        hardware=hardware,
+    )
+    if as_json:
+        out.print_json(run.model_dump_json())
+    else:
+        out.print(curve_table(run.points, title=f"{name} on {run.node} ({run.status})"))
+    if failure is not None:
+        err.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
+    if report:
+        _deliver(run, settings, registry)
+    if run.status == "failed":
+        raise typer.Exit(1)
+
+
+def _deliver(run: RunReport, settings: AgentSettings, registry: str | None) -> None:
+    spool = Spool(settings.spool)
+    spool.add(run)
+    token = settings.token.get_secret_value() if settings.token else None
+    with RegistryClient(registry or settings.registry_url, token=token) as client:
+        result = spool.flush(client)
+    state = {r.run_id: r for r in spool.runs()}[str(run.run_id)]
+    if state.state == "delivered":
+        err.print(f"run {run.run_id} delivered to the registry", soft_wrap=True)
+    else:
+        err.print(
+            f"run {run.run_id} {state.state} in the spool ({spool.path}): {state.last_error}",
+            soft_wrap=True,
+        )
+    if result.rejected:
+        raise typer.Exit(1)
 
 
 @app.command()

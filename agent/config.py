@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -18,6 +19,11 @@ def _default_spool() -> Path:
     return Path(base) / "fleetbench" / "spool.db"
 
 
+def _default_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fleetbench"
+
+
 class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="FLEETBENCH_", env_ignore_empty=True, extra="ignore"
@@ -27,4 +33,10 @@ class AgentSettings(BaseSettings):
     token: SecretStr | None = Field(default=None, description="this node's registry token")
     spool: Path = Field(
         default_factory=_default_spool, description="where finished runs wait for delivery"
+    )
+    cache_dir: Path = Field(
+        default_factory=_default_cache, description="model digests by path, size and mtime"
+    )
+    node: str = Field(
+        default_factory=socket.gethostname, min_length=1, description="this node's name"
     )

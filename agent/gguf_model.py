@@ -6,6 +6,7 @@ Reads metadata with the `gguf` package (imported lazily: it pulls in numpy).
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +26,36 @@ class ModelFileError(ValueError):
     """The model file is missing, unreadable or not a GGUF file."""
 
 
-def sha256_of(path: Path) -> str:
+def sha256_of(path: Path, *, cache: Path | None = None) -> str:
+    """The file's SHA-256. With `cache` (a JSON file), a file whose path, size and mtime
+    are unchanged is not read again: a 20 GB model is hashed once, not every night."""
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    known: dict[str, str] = {}
+    if cache is not None:
+        try:
+            known = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            known = {}
+        if key in known:
+            return known[key]
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(_HASH_CHUNK):
             digest.update(chunk)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        prefix = f"{path.resolve()}|"
+        kept = {k: v for k, v in known.items() if not k.startswith(prefix)}  # stale entries
+        temporary = cache.with_suffix(".tmp")
+        temporary.write_text(json.dumps({**kept, key: digest.hexdigest()}))
+        temporary.replace(cache)
     return digest.hexdigest()
 
 
-def describe_gguf(path: Path, *, name: str | None = None) -> ModelInfo:
+def describe_gguf(
+    path: Path, *, name: str | None = None, sha256_cache: Path | None = None
+) -> ModelInfo:
     """ModelInfo for a GGUF file; `name` defaults to the file name without `.gguf`."""
     from gguf import GGUFReader, LlamaFileType
 
@@ -70,7 +92,7 @@ def describe_gguf(path: Path, *, name: str | None = None) -> ModelInfo:
     sliding_window = key("attention.sliding_window")
     return ModelInfo(
         name=name or path.name.removesuffix(".gguf"),
-        sha256=sha256_of(path),
+        sha256=sha256_of(path, cache=sha256_cache),
         quantization=quantization,
         n_params=sum(int(t.n_elements) for t in reader.tensors),
         file_size=path.stat().st_size,

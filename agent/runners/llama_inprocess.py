@@ -1,0 +1,311 @@
+"""llama-batched-bench's algorithm in-process, on llama-cpp-python's low-level API.
+
+Follows tools/batched-bench/batched-bench.cpp of the llama.cpp that llama-cpp-python vendors:
+an untimed warm-up of 16 random tokens; then per point a memory clear, the prompt of each
+sequence (or one shared prompt) decoded in n_batch pieces with one synchronisation at the
+end, and TG steps of one token per sequence, each synchronised before the next; the same
+formulas for N_KV, T_PP, S_PP, T_TG, S_TG, T and S. Batches are built before the timer
+starts; between steps only the tokens and positions change, copied with memmove.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from agent.runners import PointCallback, SweepFailed, SweepOutcome, SweepSpec
+from agent.wire import EngineBuild, FailedPoint, Point, RunSettings
+
+__all__ = ["quiet_llama_logs", "run_sweep"]
+
+_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+_WARMUP_TOKENS = 16
+_DECODE_ERRORS = {
+    1: "failed to find a memory slot for the batch (KV cache full)",
+    2: "decode aborted",
+    -1: "invalid input batch",
+}
+
+
+def run_sweep(
+    model_path: Path,
+    spec: SweepSpec,
+    *,
+    on_point: PointCallback = lambda _: None,
+    seed: int = 0,
+) -> SweepOutcome:
+    import llama_cpp
+    import llama_cpp.llama_cpp as llama
+
+    rng = random.Random(seed)
+    llama.llama_backend_init()
+    model_params = llama.llama_model_default_params()
+    model_params.n_gpu_layers = spec.n_gpu_layers
+    model = llama.llama_model_load_from_file(str(model_path).encode(), model_params)
+    if not model:
+        raise SweepFailed(f"llama.cpp could not load {model_path}")
+    threads = spec.n_threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    n_ctx = spec.context_size()
+    ctx_params = llama.llama_context_default_params()
+    ctx_params.n_ctx = n_ctx
+    ctx_params.n_batch = spec.n_batch
+    ctx_params.n_ubatch = spec.n_ubatch
+    ctx_params.n_seq_max = max(spec.npl)  # as batched-bench: enough sequences for the largest B
+    ctx_params.n_threads = threads
+    ctx_params.n_threads_batch = threads
+    ctx_params.flash_attn_type = _FLASH_ATTN[spec.flash_attn]
+    ctx_params.kv_unified = spec.kv_unified
+    ctx_params.swa_full = False  # the CLI's default; the library's is True
+    ctx_params.type_k = _ggml_type(llama, spec.cache_type_k)
+    ctx_params.type_v = _ggml_type(llama, spec.cache_type_v)
+    ctx = llama.llama_init_from_model(model, ctx_params)
+    if not ctx:
+        llama.llama_model_free(model)
+        raise SweepFailed(f"llama.cpp could not create a context of {n_ctx} cells")
+    try:
+        n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
+        n_kv_max = llama.llama_n_ctx(ctx)
+        # llama.cpp lowers n_batch to the context size: split by what it took, or a batch
+        # larger than that aborts the process (GGML_ASSERT in llama_decode).
+        n_batch = llama.llama_n_batch(ctx)
+        bench = _Bench(llama, ctx, n_batch=n_batch, n_vocab=n_vocab, rng=rng)
+        bench.warm_up()
+        outcome = SweepOutcome(
+            engine=EngineBuild(
+                backend=_backend(llama),
+                binding="llama-cpp-python",
+                binding_version=llama_cpp.__version__,
+            ),
+            settings=RunSettings(
+                n_ctx=n_kv_max,
+                n_batch=n_batch,
+                n_ubatch=llama.llama_n_ubatch(ctx),
+                flash_attn=spec.flash_attn,
+                kv_unified=spec.kv_unified,
+                pp_shared=spec.pp_shared,
+                tg_separate=False,
+                n_gpu_layers=spec.n_gpu_layers,
+                n_threads=threads,
+                n_threads_batch=threads,
+                cache_type_k=spec.cache_type_k,
+                cache_type_v=spec.cache_type_v,
+            ),
+        )
+        for pp, tg, pl in spec.grid():
+            result = bench.point(
+                pp,
+                tg,
+                pl,
+                shared=spec.pp_shared,
+                unified=spec.kv_unified,
+                n_kv_max=n_kv_max,
+                repeats=spec.repeats,
+            )
+            if isinstance(result, Point):
+                outcome.points.append(result)
+            else:
+                outcome.failures.append(result)
+            on_point(result)
+        return outcome
+    finally:
+        llama.llama_free(ctx)
+        llama.llama_model_free(model)
+
+
+def quiet_llama_logs() -> None:
+    """llama.cpp logs every tensor it loads to stderr; a sweep shows its own progress."""
+    import llama_cpp.llama_cpp as llama
+
+    global _silence  # the callback must outlive this call: llama.cpp keeps the pointer
+    _silence = llama.llama_log_callback(lambda level, text, user_data: None)
+    llama.llama_log_set(_silence, None)
+
+
+_silence: Any = None
+
+
+def _ggml_type(llama: Any, name: str) -> int:
+    value = getattr(llama, f"GGML_TYPE_{name.upper()}", None)
+    if value is None:
+        raise ValueError(f"unknown cache type {name!r} (f16, q8_0, q4_0, ...)")
+    return int(value)
+
+
+def _backend(llama: Any) -> str:
+    return "GPU" if llama.llama_supports_gpu_offload() else "CPU"
+
+
+class _Bench:
+    def __init__(
+        self, llama: Any, ctx: Any, *, n_batch: int, n_vocab: int, rng: random.Random
+    ) -> None:
+        self.llama = llama
+        self.ctx = ctx
+        self.memory = llama.llama_get_memory(ctx)
+        self.n_batch = n_batch
+        self.n_vocab = n_vocab
+        self.rng = rng
+
+    def _batch(self, tokens: list[tuple[int, int, int, bool]]) -> Any:
+        """A llama_batch of (token, pos, seq, wants logits)."""
+        batch = self.llama.llama_batch_init(len(tokens), 0, 1)
+        for i, (token, pos, seq, logits) in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = logits
+        batch.n_tokens = len(tokens)
+        return batch
+
+    def _pieces(self, batch: Any) -> list[Any]:
+        """Views of `batch` of at most n_batch tokens each (decode_helper's sub-batches)."""
+        llama = self.llama
+        pieces = []
+        for start in range(0, batch.n_tokens, self.n_batch):
+            piece = llama.llama_batch()
+            piece.n_tokens = min(self.n_batch, batch.n_tokens - start)
+            piece.token = ctypes.cast(
+                ctypes.addressof(batch.token.contents) + start * 4,
+                type(batch.token),
+            )
+            piece.embd = batch.embd
+            piece.pos = ctypes.cast(
+                ctypes.addressof(batch.pos.contents) + start * 4, type(batch.pos)
+            )
+            piece.n_seq_id = ctypes.cast(
+                ctypes.addressof(batch.n_seq_id.contents) + start * 4, type(batch.n_seq_id)
+            )
+            piece.seq_id = ctypes.cast(
+                ctypes.addressof(batch.seq_id.contents) + start * ctypes.sizeof(ctypes.c_void_p),
+                type(batch.seq_id),
+            )
+            piece.logits = ctypes.cast(
+                ctypes.addressof(batch.logits.contents) + start, type(batch.logits)
+            )
+            pieces.append(piece)
+        return pieces
+
+    def _decode(self, pieces: list[Any], *, synchronize: bool) -> int:
+        for piece in pieces:
+            status = int(self.llama.llama_decode(self.ctx, piece))
+            if status != 0:
+                return status
+            if synchronize:
+                self.llama.llama_synchronize(self.ctx)
+        return 0
+
+    def _token(self) -> int:
+        return self.rng.randrange(self.n_vocab)
+
+    def warm_up(self) -> None:
+        batch = self._batch([(self._token(), i, 0, False) for i in range(_WARMUP_TOKENS)])
+        try:
+            status = self._decode(self._pieces(batch), synchronize=True)
+        finally:
+            self.llama.llama_batch_free(batch)
+        if status != 0:
+            raise SweepFailed(f"warm-up decode failed: {_reason(status)}")
+        self.llama.llama_memory_clear(self.memory, False)
+
+    def point(
+        self, pp: int, tg: int, pl: int, *, shared: bool, unified: bool, n_kv_max: int, repeats: int
+    ) -> Point | FailedPoint:
+        n_kv = ((pp if unified else pl * pp) + pl * tg) if shared else pl * (pp + tg)
+        if n_kv > n_kv_max:
+            return FailedPoint(
+                pp=pp, tg=tg, b=pl, reason=f"needs {n_kv} KV cells, the context has {n_kv_max}"
+            )
+        samples = []
+        for _ in range(repeats):
+            timed = self._measure(pp, tg, pl, shared=shared, unified=unified)
+            if isinstance(timed, str):
+                return FailedPoint(pp=pp, tg=tg, b=pl, reason=timed)
+            samples.append(timed)
+        return _point(pp, tg, pl, n_kv, samples, shared=shared)
+
+    def _measure(
+        self, pp: int, tg: int, pl: int, *, shared: bool, unified: bool
+    ) -> tuple[float, float] | str:
+        llama = self.llama
+        prompts = 1 if shared else pl
+        prompt = self._batch(
+            [(self._token(), i, j, i == pp - 1) for j in range(prompts) for i in range(pp)]
+        )
+        step = self._batch([(0, pp, j, True) for j in range(pl)])
+        # Every TG step's tokens and positions, laid out before the timer starts.
+        tokens = (ctypes.c_int32 * (tg * pl))(*(self._token() for _ in range(tg * pl)))
+        positions = (ctypes.c_int32 * (tg * pl))(*(pp + i for i in range(tg) for _ in range(pl)))
+        prompt_pieces, step_pieces = self._pieces(prompt), self._pieces(step)
+        row = pl * 4
+        try:
+            llama.llama_memory_clear(self.memory, False)
+            t_pp_start = time.perf_counter()
+            if pp > 0 and (status := self._decode(prompt_pieces, synchronize=False)) != 0:
+                return _reason(status)
+            llama.llama_synchronize(self.ctx)
+            t_pp_end = time.perf_counter()
+
+            if shared:
+                for j in range(1, pl):
+                    llama.llama_memory_seq_cp(self.memory, 0, j, -1, -1)
+                if not unified:
+                    # batched-bench decodes one dummy token to apply the copy
+                    dummy = self._batch([(self._token(), pp, 0, True)])
+                    try:
+                        if (status := self._decode(self._pieces(dummy), synchronize=True)) != 0:
+                            return _reason(status)
+                    finally:
+                        llama.llama_batch_free(dummy)
+                    llama.llama_memory_seq_rm(self.memory, 0, pp, -1)
+
+            t_tg_start = time.perf_counter()
+            for i in range(tg):
+                ctypes.memmove(step.token, ctypes.addressof(tokens) + i * row, row)
+                ctypes.memmove(step.pos, ctypes.addressof(positions) + i * row, row)
+                if (status := self._decode(step_pieces, synchronize=True)) != 0:
+                    return _reason(status)
+            t_tg_end = time.perf_counter()
+        finally:
+            llama.llama_batch_free(prompt)
+            llama.llama_batch_free(step)
+        return t_pp_end - t_pp_start, t_tg_end - t_tg_start
+
+
+def _reason(status: int) -> str:
+    return f"llama_decode returned {status}: {_DECODE_ERRORS.get(status, 'fatal error')}"
+
+
+def _point(
+    pp: int, tg: int, pl: int, n_kv: int, samples: list[tuple[float, float]], *, shared: bool
+) -> Point:
+    """batched-bench's formulas, on the median of the repeats."""
+    import statistics
+
+    prompt_tokens = pp if shared else pl * pp
+    t_pp = statistics.median(s[0] for s in samples)
+    t_tg = statistics.median(s[1] for s in samples)
+    s_pp_all = [prompt_tokens / s[0] for s in samples if s[0] > 0]
+    s_tg_all = [pl * tg / s[1] for s in samples if s[1] > 0]
+    t = t_pp + t_tg
+    return Point(
+        pp=pp,
+        tg=tg,
+        b=pl,
+        n_kv=n_kv,
+        t_pp=t_pp,
+        s_pp=prompt_tokens / t_pp if t_pp > 0 else None,
+        t_tg=t_tg,
+        s_tg=pl * tg / t_tg if t_tg > 0 else None,
+        t=t,
+        s=(prompt_tokens + pl * tg) / t if t > 0 else None,
+        repeats=len(samples),
+        s_pp_stdev=statistics.stdev(s_pp_all) if len(s_pp_all) > 1 else None,
+        s_tg_stdev=statistics.stdev(s_tg_all) if len(s_tg_all) > 1 else None,
+    )

@@ -1,0 +1,152 @@
+"""A sweep in a child process, and the run report made of it.
+
+The engine runs in a process of its own (spawned, not forked): a crash in llama.cpp (a
+segfault, an abort) cannot take the agent down, and the weights are released when the
+sweep ends. Each point travels back as soon as it is measured, so a sweep that dies
+part-way keeps what it measured and records the failure for the rest.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import uuid
+from datetime import UTC, datetime
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from agent.runners import PointCallback, SweepFailed, SweepOutcome, SweepSpec
+from agent.wire import (
+    SCHEMA_VERSION,
+    EngineBuild,
+    FailedPoint,
+    HardwareFingerprint,
+    ModelInfo,
+    Point,
+    RunReport,
+    RunSettings,
+)
+
+__all__ = ["run_report", "sweep_in_child"]
+
+
+def sweep_in_child(
+    model_path: Path, spec: SweepSpec, *, on_point: PointCallback = lambda _: None
+) -> SweepOutcome:
+    """Runs the in-process runner in a child process. Raises SweepFailed (with the points
+    measured before) when the sweep cannot run or its process dies."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(str(model_path), spec, sender), daemon=True)
+    child.start()
+    sender.close()
+    points: list[Point] = []
+    failures: list[FailedPoint] = []
+    outcome: SweepOutcome | None = None
+    error: str | None = None
+    while True:
+        try:
+            kind, payload = receiver.recv()
+        except EOFError:
+            break  # the child is gone, finished or not
+        if kind == "point":
+            point = Point.model_validate_json(payload)
+            points.append(point)
+            on_point(point)
+        elif kind == "failure":
+            failure = FailedPoint.model_validate_json(payload)
+            failures.append(failure)
+            on_point(failure)
+        elif kind == "done":
+            engine, settings = payload
+            outcome = SweepOutcome(
+                EngineBuild.model_validate_json(engine),
+                RunSettings.model_validate_json(settings),
+                points,
+                failures,
+            )
+        else:
+            error = payload
+    child.join()
+    if outcome is not None:
+        return outcome
+    raise SweepFailed(error or _death(child.exitcode), points, failures)
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"the engine's process died of {signal.Signals(-exitcode).name}"
+    return f"the engine's process exited with status {exitcode}"
+
+
+def _child(model_path: str, spec: SweepSpec, sender: Connection) -> None:
+    from agent.runners.llama_inprocess import quiet_llama_logs, run_sweep
+
+    quiet_llama_logs()
+
+    def send(result: Point | FailedPoint) -> None:
+        sender.send(("point" if isinstance(result, Point) else "failure", result.model_dump_json()))
+
+    try:
+        outcome = run_sweep(Path(model_path), spec, on_point=send)
+    except Exception as exc:  # reported to the parent, which records the run as failed
+        sender.send(("error", f"{type(exc).__name__}: {exc}"))
+    else:
+        sender.send(
+            ("done", (outcome.engine.model_dump_json(), outcome.settings.model_dump_json()))
+        )
+    finally:
+        sender.close()
+
+
+def run_report(
+    *,
+    node: str,
+    model: ModelInfo,
+    spec: SweepSpec,
+    started_at: datetime,
+    outcome: SweepOutcome | None = None,
+    failure: SweepFailed | Exception | None = None,
+    hardware: HardwareFingerprint | None = None,
+    engine: EngineBuild | None = None,
+) -> RunReport:
+    """The report of a sweep: `outcome` when it ran to the end, `failure` when it did not
+    (the points measured before a crash are kept; the rest of the grid is failed)."""
+    if outcome is not None:
+        points, failures = outcome.points, outcome.failures
+        status = "partial" if failures else "ok"
+        error = None
+        settings, engine = outcome.settings, outcome.engine
+    else:
+        assert failure is not None
+        points = getattr(failure, "points", [])
+        measured = {(p.pp, p.tg, p.b) for p in points}
+        failed = list(getattr(failure, "failures", []))
+        failed_keys = {(f.pp, f.tg, f.b) for f in failed}
+        failures = failed + [
+            FailedPoint(pp=pp, tg=tg, b=b, reason=str(failure))
+            for pp, tg, b in spec.grid()
+            if (pp, tg, b) not in measured and (pp, tg, b) not in failed_keys
+        ]
+        status = "partial" if points else "failed"
+        error = str(failure)
+        settings = RunSettings()
+    if not points:
+        status = "failed"
+        error = error or "no point could be measured"
+    return RunReport(
+        schema_version=SCHEMA_VERSION,
+        run_id=uuid.uuid4(),
+        node=node,
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+        status=status,
+        error=error,
+        source="sweep",
+        engine=engine or EngineBuild(binding="llama-cpp-python"),
+        model=model,
+        settings=settings,
+        hardware=hardware,
+        points=points,
+        failures=failures,
+    )

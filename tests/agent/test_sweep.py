@@ -1,0 +1,91 @@
+"""Sweeps on a real llama.cpp (llama-cpp-python) with a real model: Gemma 3 270M Q4_K_M."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agent.runners import SweepFailed, SweepSpec
+from agent.sweep import run_report, sweep_in_child
+from agent.wire import FailedPoint, ModelInfo, Point
+
+SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4))
+
+
+def test_sweep_measures_the_batched_bench_table(gemma: Path) -> None:
+    seen: list[Point | FailedPoint] = []
+    outcome = sweep_in_child(gemma, SMALL, on_point=seen.append)
+    assert [p.b for p in outcome.points] == [1, 2, 4]
+    assert seen == outcome.points  # each point arrived as it was measured
+    for p in outcome.points:
+        assert p.n_kv == p.b * (32 + 4)
+        assert p.t_pp and p.t_tg and p.s_pp and p.s_tg
+        assert p.s_pp == pytest.approx(p.b * 32 / p.t_pp)
+        assert p.s_tg == pytest.approx(p.b * 4 / p.t_tg)
+        assert p.t == pytest.approx(p.t_pp + p.t_tg)
+        assert p.s == pytest.approx(p.b * 36 / p.t)
+    assert outcome.settings.n_ctx is not None and outcome.settings.n_ctx >= 4 * 36
+    assert outcome.settings.n_threads == psutil.cpu_count(logical=False)
+    assert (outcome.engine.binding, outcome.engine.backend) == ("llama-cpp-python", "CPU")
+
+
+def test_shared_prompt_in_a_unified_cache(gemma: Path) -> None:
+    spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 4), pp_shared=True, kv_unified=True)
+    outcome = sweep_in_child(gemma, spec)
+    four = outcome.points[1]
+    assert four.n_kv == 32 + 4 * 4  # one prompt for all four sequences
+    assert four.s_pp == pytest.approx(32 / four.t_pp)  # prefill counted once
+
+
+def test_repeats_give_the_median_and_the_spread(gemma: Path) -> None:
+    outcome = sweep_in_child(gemma, SweepSpec(npp=(16,), ntg=(4,), npl=(2,), repeats=3))
+    [point] = outcome.points
+    assert point.repeats == 3
+    assert point.s_tg_stdev is not None and point.s_pp_stdev is not None
+
+
+def test_points_that_do_not_fit_are_failures_and_the_sweep_goes_on(gemma: Path) -> None:
+    # 1,024 cells split over 4 sequences leaves 256 each: a 300-token sequence cannot fit.
+    spec = SweepSpec(npp=(296,), ntg=(4,), npl=(1, 4), n_ctx=1024)
+    outcome = sweep_in_child(gemma, spec)
+    reasons = {f.b: f.reason for f in outcome.failures}
+    assert "memory slot" in reasons[1]
+    assert reasons[4] == "needs 1200 KV cells, the context has 1024"
+    assert outcome.points == []
+
+
+def test_a_killed_engine_keeps_what_it_measured(gemma: Path) -> None:
+    spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4, 8))
+
+    def kill_after_first(_: Point | FailedPoint) -> None:
+        for child in psutil.Process().children():
+            if "spawn_main" in " ".join(child.cmdline()):  # the engine, not the resource tracker
+                child.kill()
+
+    with pytest.raises(SweepFailed, match="died of SIGKILL") as caught:
+        sweep_in_child(gemma, spec, on_point=kill_after_first)
+    assert [p.b for p in caught.value.points] == [1]
+
+    report = run_report(
+        node="n1",
+        model=ModelInfo(name="gemma"),
+        spec=spec,
+        started_at=datetime.now(UTC),
+        failure=caught.value,
+    )
+    assert report.status == "partial"
+    assert [(f.b, f.reason) for f in report.failures] == [
+        (2, "the engine's process died of SIGKILL"),
+        (4, "the engine's process died of SIGKILL"),
+        (8, "the engine's process died of SIGKILL"),
+    ]
+
+
+def test_a_corrupt_model_fails_the_sweep_clearly(tmp_path: Path) -> None:
+    corrupt = tmp_path / "broken.gguf"
+    corrupt.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(SweepFailed, match="could not load"):
+        sweep_in_child(corrupt, SMALL)
