@@ -195,7 +195,14 @@ def sweep(
     except ModelFileError as exc:
         info, failure = ModelInfo(name=name), exc
     else:
-        with Progress(console=err, transient=True) as progress:
+        from agent.daemon import sweep_lock
+
+        with (
+            sweep_lock(settings.spool.with_name("sweep.lock")) as acquired,
+            Progress(console=err, transient=True) as progress,
+        ):
+            if not acquired:
+                raise _fail("another sweep is running on this machine; try again later")
             task = progress.add_task(f"sweeping {name}", total=len(spec.grid()))
 
             def show(result: Point | FailedPoint) -> None:
@@ -244,6 +251,27 @@ def _deliver(run: RunReport, settings: AgentSettings, registry: str | None) -> N
         )
     if result.rejected:
         raise typer.Exit(1)
+
+
+@app.command()
+def daemon(
+    config: Annotated[Path, typer.Option("--config", help="agent.toml: [agent] and [[sweep]]")],
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the configured sweeps on their schedules and deliver every run, until stopped."""
+    import logging
+
+    from agent.daemon import ConfigError, Daemon, load_config
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        loaded = load_config(config)
+    except ConfigError as exc:
+        raise _fail(str(exc), code=2) from exc
+    Daemon(loaded).serve()
 
 
 @app.command()

@@ -1,0 +1,183 @@
+"""The daemon's parts: configuration, the lock, the busy guard, change detection, and
+sweeps on Gemma 3 270M delivered to a live registry."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agent.config import AgentSettings
+from agent.daemon import ConfigError, Daemon, DaemonConfig, SweepConfig, load_config, sweep_lock
+from tests.conftest import LiveRegistry
+
+GOOD = """
+[agent]
+node = "gpu-07"
+jitter_s = 120
+busy_cpu_percent = 70
+
+[[sweep]]
+name = "gemma-nightly"
+model = "/models/gemma.gguf"
+cron = "0 3 * * *"
+npl = [1, 2, 4, 8, 16]
+flash_attn = "on"
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    return path
+
+
+def test_config_reads_agent_and_sweeps(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, GOOD))
+    assert (config.node, config.jitter_s, config.busy_cpu_percent) == ("gpu-07", 120, 70)
+    [sweep] = config.sweeps
+    spec = sweep.spec()
+    assert (spec.npl, spec.flash_attn, spec.repeats, spec.npp) == (
+        (1, 2, 4, 8, 16),
+        "on",
+        3,
+        (128,),
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('cron = "0 3 * * *"', 'cron = "0 25 * * *"'), "sweep[0].cron"),
+        (("npl = [1, 2, 4, 8, 16]", "npl = [0, 2]"), "sweep[0].npl[0]"),
+        (('flash_attn = "on"', 'flash_attn = "maybe"'), "sweep[0].flash_attn"),
+        (("jitter_s = 120", "jiter_s = 120"), "agent.jiter_s: Extra inputs are not permitted"),
+        (('name = "gemma-nightly"', 'nam = "x"'), "sweep[0].name: Field required"),
+        (("[agent]", "[agnet]"), "unknown table(s) ['agnet']"),
+        (("[agent]", "[agent"), "is not valid TOML"),
+    ],
+)
+def test_a_bad_config_names_the_key(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(_write(tmp_path, GOOD.replace(*change)))
+
+
+def test_daemon_command_rejects_a_bad_config_at_start(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD.replace('cron = "0 3 * * *"', 'cron = "every night"'))
+    result = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "daemon", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "sweep[0].cron" in result.stderr
+
+
+def test_the_sweep_lock_holds_across_processes(tmp_path: Path) -> None:
+    lock = tmp_path / "sweep.lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from agent.daemon import sweep_lock\n"
+            "with sweep_lock(Path(sys.argv[1])) as got:\n"
+            "    print(got, flush=True); time.sleep(30)",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "True"
+        with sweep_lock(lock) as acquired:
+            assert acquired is False
+    finally:
+        holder.kill()
+        holder.communicate()
+    with sweep_lock(lock) as acquired:
+        assert acquired is True
+
+
+def _daemon(
+    tmp_path: Path,
+    model: Path,
+    registry_url: str = "http://127.0.0.1:9",
+    token: str | None = None,
+    load: tuple[float, float | None] = (5.0, None),
+) -> Daemon:
+    sweep = SweepConfig(
+        name="gemma", model=model, cron="0 3 * * *", npp=[32], ntg=[4], npl=[1, 2], repeats=1
+    )
+    config = DaemonConfig.model_validate(
+        {"node": "ci-node", "registry_url": registry_url, "token": token, "sweep": [sweep]}
+    )
+    settings = AgentSettings(spool=tmp_path / "state" / "spool.db", cache_dir=tmp_path / "cache")
+    return Daemon(config, settings, load=lambda: load)
+
+
+def test_a_busy_machine_postpones_the_sweep(tmp_path: Path, gemma: Path) -> None:
+    daemon = _daemon(tmp_path, gemma, load=(93.0, None))
+    assert daemon.run_sweep(daemon.config.sweeps[0], why="scheduled") == (
+        "postponed: CPU 93% busy (limit 80%)"
+    )
+    busy_gpu = _daemon(tmp_path, gemma, load=(10.0, 55.0))
+    assert "GPU 55% busy" in busy_gpu.run_sweep(busy_gpu.config.sweeps[0], why="scheduled")
+    assert daemon.spool.runs() == []
+
+
+def test_sweeps_are_delivered_and_changes_trigger_a_new_one(
+    live_registry: LiveRegistry, tmp_path: Path, gemma: Path
+) -> None:
+    model = tmp_path / "gemma.gguf"
+    shutil.copy(gemma, model)
+    daemon = _daemon(tmp_path, model, live_registry.url, live_registry.token("ci-node"))
+    [sweep] = daemon.config.sweeps
+    assert daemon.changed_since_last_success(sweep) == "no successful run yet"
+    assert daemon.run_sweep(sweep, why="first") == "ok"
+    assert live_registry.count("runs") == 1
+    assert daemon.changed_since_last_success(sweep) is None
+
+    os.utime(model)  # touched, same bytes: nothing changed
+    assert daemon.changed_since_last_success(sweep) is None
+    with model.open("ab") as f:  # a different file under the same name
+        f.write(b"\0")
+    assert "model_sha256" in (daemon.changed_since_last_success(sweep) or "")
+
+
+def test_a_killed_sweep_leaves_the_daemon_running_and_the_failure_reported(
+    live_registry: LiveRegistry, tmp_path: Path, gemma: Path
+) -> None:
+    daemon = _daemon(tmp_path, gemma, live_registry.url, live_registry.token("ci-node"))
+    [sweep] = daemon.config.sweeps
+    stop = threading.Event()
+
+    def kill_engines() -> None:
+        while not stop.is_set():
+            for child in psutil.Process().children():
+                if "spawn_main" in " ".join(child.cmdline()):
+                    child.kill()
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_engines, daemon=True)
+    killer.start()
+    try:
+        status = daemon.run_sweep(sweep, why="scheduled")
+    finally:
+        stop.set()
+        killer.join()
+    assert status == "failed"
+    with live_registry.client() as client:
+        [run] = client.get("/v1/runs").json()["data"]
+    assert run["status"] == "failed"
+    assert "died of SIGKILL" in run["error"]
+    assert daemon.run_sweep(sweep, why="again") == "ok"  # the daemon carries on
+    assert live_registry.count("runs") == 2
