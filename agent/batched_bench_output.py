@@ -24,6 +24,7 @@ __all__ = [
     "NoTableFound",
     "ParsedRun",
     "parse_batched_bench_output",
+    "parse_build",
 ]
 
 
@@ -123,6 +124,14 @@ def parse_batched_bench_output(text: str) -> list[ParsedRun]:
             "or --output-format jsonl records"
         )
     return runs
+
+
+def parse_build(text: str) -> EngineBuild:
+    """The llama.cpp build a log or `--version` output announces (number, commit, backend)."""
+    build = _BuildInfo()
+    for line in text.splitlines():
+        build.observe(line.strip())
+    return build.engine()
 
 
 class _BuildInfo:

@@ -21,9 +21,9 @@ from agent.errors import ClientError, RequestRejected
 from agent.fingerprint import take_fingerprint
 from agent.gguf_model import ModelFileError, describe_gguf
 from agent.importer import reports_from_output
-from agent.runners import SweepFailed, SweepOutcome, SweepSpec
+from agent.runners import SweepSpec
 from agent.spool import Spool
-from agent.sweep import run_report, sweep_in_child
+from agent.sweep import measure_run
 from agent.wire import FailedPoint, ModelInfo, Point, RunReport
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
@@ -184,51 +184,37 @@ def sweep(
         cache_type_v=cache_type_v,
         repeats=repeats,
     )
+    from agent.daemon import sweep_lock
+
     settings = AgentSettings()
-    started = datetime.now(UTC)
     name = model_name or model.name.removesuffix(".gguf")
-    hardware = take_fingerprint()
-    outcome: SweepOutcome | None = None
-    failure: Exception | None = None
-    try:
-        info = describe_gguf(model, name=name, sha256_cache=settings.cache_dir / "sha256.json")
-    except ModelFileError as exc:
-        info, failure = ModelInfo(name=name), exc
-    else:
-        from agent.daemon import sweep_lock
+    with (
+        sweep_lock(settings.spool.with_name("sweep.lock")) as acquired,
+        Progress(console=err, transient=True) as progress,
+    ):
+        if not acquired:
+            raise _fail("another sweep is running on this machine; try again later")
+        task = progress.add_task(f"sweeping {name}", total=len(spec.grid()))
 
-        with (
-            sweep_lock(settings.spool.with_name("sweep.lock")) as acquired,
-            Progress(console=err, transient=True) as progress,
-        ):
-            if not acquired:
-                raise _fail("another sweep is running on this machine; try again later")
-            task = progress.add_task(f"sweeping {name}", total=len(spec.grid()))
+        def show(result: Point | FailedPoint) -> None:
+            progress.advance(task)
+            if isinstance(result, FailedPoint):
+                progress.console.print(f"B={result.b} PP={result.pp}: {result.reason}")
 
-            def show(result: Point | FailedPoint) -> None:
-                progress.advance(task)
-                if isinstance(result, FailedPoint):
-                    progress.console.print(f"B={result.b} PP={result.pp}: {result.reason}")
-
-            try:
-                outcome = sweep_in_child(model, spec, on_point=show)
-            except SweepFailed as exc:
-                failure = exc
-    run = run_report(
-        node=node or settings.node,
-        model=info,
-        spec=spec,
-        started_at=started,
-        outcome=outcome,
-        failure=failure,
-        hardware=hardware,
-    )
+        run = measure_run(
+            model,
+            spec,
+            node=node or settings.node,
+            name=name,
+            sha256_cache=settings.cache_dir / "sha256.json",
+            on_point=show,
+        )
     if as_json:
         out.print_json(run.model_dump_json())
     else:
         out.print(curve_table(run.points, title=f"{name} on {run.node} ({run.status})"))
-    if failure is not None:
-        err.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
+    if run.error is not None:
+        err.print(f"[red]error:[/red] {run.error}", highlight=False, soft_wrap=True)
     if report:
         _deliver(run, settings, registry)
     if run.status == "failed":

@@ -26,12 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from agent.client import RegistryClient
 from agent.config import AgentSettings
-from agent.fingerprint import take_fingerprint
-from agent.gguf_model import ModelFileError, describe_gguf, sha256_of
-from agent.runners import SweepFailed, SweepOutcome, SweepSpec
+from agent.gguf_model import sha256_of
+from agent.runners import SweepSpec
 from agent.spool import Spool
-from agent.sweep import run_report, sweep_in_child
-from agent.wire import ModelInfo
+from agent.sweep import measure_run
 
 __all__ = ["ConfigError", "Daemon", "DaemonConfig", "SweepConfig", "load_config", "sweep_lock"]
 
@@ -253,28 +251,12 @@ class Daemon:
         return status
 
     def _sweep(self, sweep: SweepConfig) -> str:
-        started = datetime.now(UTC)
-        name = sweep.model_name or sweep.model.name.removesuffix(".gguf")
-        spec = sweep.spec()
-        outcome: SweepOutcome | None = None
-        failure: Exception | None = None
-        try:
-            model = describe_gguf(sweep.model, name=name, sha256_cache=self.sha256_cache)
-        except ModelFileError as exc:
-            model, failure = ModelInfo(name=name), exc
-        else:
-            try:
-                outcome = sweep_in_child(sweep.model, spec)
-            except SweepFailed as exc:
-                failure = exc
-        report = run_report(
+        report = measure_run(
+            sweep.model,
+            sweep.spec(),
             node=self.node,
-            model=model,
-            spec=spec,
-            started_at=started,
-            outcome=outcome,
-            failure=failure,
-            hardware=take_fingerprint(),
+            name=sweep.model_name,
+            sha256_cache=self.sha256_cache,
         )
         self.spool.add(report)
         log.info("sweep %s: run %s %s", sweep.name, report.run_id, report.status)

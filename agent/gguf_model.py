@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from agent.wire import ModelInfo
 
-__all__ = ["ModelFileError", "describe_gguf", "sha256_of"]
+__all__ = ["ModelFileError", "describe_gguf", "model_info", "sha256_of"]
 
 # Where a GGUF has no `<arch>.attention.sliding_window_pattern`, llama.cpp assumes a pattern
 # per architecture (every n-th layer attends globally); these are its defaults for the
@@ -56,8 +57,10 @@ def sha256_of(path: Path, *, cache: Path | None = None) -> str:
 def describe_gguf(
     path: Path, *, name: str | None = None, sha256_cache: Path | None = None
 ) -> ModelInfo:
-    """ModelInfo for a GGUF file; `name` defaults to the file name without `.gguf`."""
-    from gguf import GGUFReader, LlamaFileType
+    """ModelInfo for a GGUF file read with the `gguf` package (slow for large vocabularies:
+    sweeps take the same numbers from llama.cpp, which loads the model anyway);
+    `name` defaults to the file name without `.gguf`."""
+    from gguf import GGUFReader
 
     try:
         reader = GGUFReader(path)
@@ -65,14 +68,43 @@ def describe_gguf(
         raise ModelFileError(f"model file not found: {path}") from exc
     except (OSError, ValueError) as exc:
         raise ModelFileError(f"{path} is not a readable GGUF file: {exc}") from exc
+    metadata = {
+        key: _plain(field.contents())
+        for key, field in reader.fields.items()
+        if not key.startswith("tokenizer.")
+    }
+    return model_info(
+        metadata,
+        name=name or path.name.removesuffix(".gguf"),
+        sha256=sha256_of(path, cache=sha256_cache),
+        file_size=path.stat().st_size,
+        n_params=sum(int(t.n_elements) for t in reader.tensors),
+    )
 
-    meta = _Metadata(reader)
-    arch = meta.scalar("general.architecture")
+
+def model_info(
+    metadata: Mapping[str, Any],
+    *,
+    name: str,
+    sha256: str | None,
+    file_size: int | None,
+    n_params: int | None,
+) -> ModelInfo:
+    """The architecture numbers KV-cache maths needs, from GGUF metadata (key -> value), as
+    llama.cpp reads them. Raises ModelFileError when there is no architecture."""
+    from gguf import LlamaFileType
+
+    arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
-        raise ModelFileError(f"{path} has no general.architecture: not a model GGUF")
+        raise ModelFileError(f"{name} has no general.architecture: not a model GGUF")
 
     def key(suffix: str) -> Any:
-        return meta.scalar(f"{arch}.{suffix}")
+        value = metadata.get(f"{arch}.{suffix}")
+        if isinstance(value, list):
+            # Per-layer arrays (e.g. head_count_kv on some hybrids): the largest bounds memory.
+            numbers = [v for v in value if isinstance(v, int | float)]
+            return max(numbers) if numbers else None
+        return value
 
     n_layer = key("block_count")
     n_embd = key("embedding_length")
@@ -81,34 +113,33 @@ def describe_gguf(
     if n_head_kv is None:
         n_head_kv = n_head  # llama.cpp: no KV head count means no grouped-query attention
     head_dim = n_embd // n_head if n_embd and n_head else None
-    file_type = meta.scalar("general.file_type")
+    file_type = metadata.get("general.file_type")
     quantization = None
     if isinstance(file_type, int):
         try:
             quantization = LlamaFileType(file_type).name.removeprefix("MOSTLY_")
         except ValueError:
             quantization = None
-
     sliding_window = key("attention.sliding_window")
+    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
     return ModelInfo(
-        name=name or path.name.removesuffix(".gguf"),
-        sha256=sha256_of(path, cache=sha256_cache),
+        name=name,
+        sha256=sha256,
         quantization=quantization,
-        n_params=sum(int(t.n_elements) for t in reader.tensors),
-        file_size=path.stat().st_size,
+        n_params=n_params,
+        file_size=file_size,
         n_layer=n_layer,
         n_head_kv=n_head_kv,
         head_dim_k=key("attention.key_length") or head_dim,
         head_dim_v=key("attention.value_length") or head_dim,
         n_ctx_train=key("context_length"),
         sliding_window=sliding_window,
-        n_swa_layers=_count_swa_layers(meta, arch, n_layer) if sliding_window else None,
+        n_swa_layers=_count_swa_layers(pattern, arch, n_layer) if sliding_window else None,
     )
 
 
-def _count_swa_layers(meta: _Metadata, arch: str, n_layer: int | None) -> int | None:
+def _count_swa_layers(pattern: Any, arch: str, n_layer: int | None) -> int | None:
     """Layers that use the sliding window, as llama.cpp's set_swa_pattern decides them."""
-    pattern = meta.value(f"{arch}.attention.sliding_window_pattern")
     if isinstance(pattern, list):
         return sum(bool(is_swa) for is_swa in pattern)
     if pattern is None:
@@ -120,29 +151,7 @@ def _count_swa_layers(meta: _Metadata, arch: str, n_layer: int | None) -> int | 
     return sum(1 for il in range(n_layer) if il % pattern < pattern - 1)
 
 
-class _Metadata:
-    def __init__(self, reader: Any) -> None:
-        self._fields = reader.fields
-
-    def value(self, key: str) -> Any:
-        field = self._fields.get(key)
-        if field is None:
-            return None
-        contents = field.contents()
-        if isinstance(contents, list):
-            return [_plain(v) for v in contents]
-        return _plain(contents)
-
-    def scalar(self, key: str) -> Any:
-        value = self.value(key)
-        if isinstance(value, list):
-            # Per-layer arrays (e.g. head_count_kv on some hybrids): the largest bounds memory.
-            numbers = [v for v in value if isinstance(v, int | float)]
-            return max(numbers) if numbers else None
-        return value
-
-
 def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    return value
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.item() if hasattr(value, "item") else value

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from agent.fingerprint import take_fingerprint
+from agent.gguf_model import ModelFileError, sha256_of
 from agent.runners import PointCallback, SweepFailed, SweepOutcome, SweepSpec
 from agent.wire import (
     SCHEMA_VERSION,
@@ -27,17 +29,23 @@ from agent.wire import (
     RunSettings,
 )
 
-__all__ = ["run_report", "sweep_in_child"]
+__all__ = ["measure_run", "run_report", "sweep_in_child"]
 
 
 def sweep_in_child(
-    model_path: Path, spec: SweepSpec, *, on_point: PointCallback = lambda _: None
+    model_path: Path,
+    spec: SweepSpec,
+    *,
+    on_point: PointCallback = lambda _: None,
+    free_bytes: int | None = None,
 ) -> SweepOutcome:
     """Runs the in-process runner in a child process. Raises SweepFailed (with the points
     measured before) when the sweep cannot run or its process dies."""
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(str(model_path), spec, sender), daemon=True)
+    child = context.Process(
+        target=_child, args=(str(model_path), spec, free_bytes, sender), daemon=True
+    )
     child.start()
     sender.close()
     points: list[Point] = []
@@ -58,12 +66,13 @@ def sweep_in_child(
             failures.append(failure)
             on_point(failure)
         elif kind == "done":
-            engine, settings = payload
+            engine, settings, model = payload
             outcome = SweepOutcome(
                 EngineBuild.model_validate_json(engine),
                 RunSettings.model_validate_json(settings),
                 points,
                 failures,
+                ModelInfo.model_validate_json(model) if model else None,
             )
         else:
             error = payload
@@ -79,7 +88,7 @@ def _death(exitcode: int | None) -> str:
     return f"the engine's process exited with status {exitcode}"
 
 
-def _child(model_path: str, spec: SweepSpec, sender: Connection) -> None:
+def _child(model_path: str, spec: SweepSpec, free_bytes: int | None, sender: Connection) -> None:
     from agent.runners.llama_inprocess import quiet_llama_logs, run_sweep
 
     quiet_llama_logs()
@@ -88,15 +97,78 @@ def _child(model_path: str, spec: SweepSpec, sender: Connection) -> None:
         sender.send(("point" if isinstance(result, Point) else "failure", result.model_dump_json()))
 
     try:
-        outcome = run_sweep(Path(model_path), spec, on_point=send)
+        outcome = run_sweep(Path(model_path), spec, on_point=send, free_bytes=free_bytes)
     except Exception as exc:  # reported to the parent, which records the run as failed
         sender.send(("error", f"{type(exc).__name__}: {exc}"))
     else:
         sender.send(
-            ("done", (outcome.engine.model_dump_json(), outcome.settings.model_dump_json()))
+            (
+                "done",
+                (
+                    outcome.engine.model_dump_json(),
+                    outcome.settings.model_dump_json(),
+                    outcome.model.model_dump_json() if outcome.model else None,
+                ),
+            )
         )
     finally:
         sender.close()
+
+
+def measure_run(
+    model_path: Path,
+    spec: SweepSpec,
+    *,
+    node: str,
+    name: str | None = None,
+    sha256_cache: Path | None = None,
+    on_point: PointCallback = lambda _: None,
+) -> RunReport:
+    """A whole sweep as a run report, whatever happens: a missing or unreadable model and a
+    dead engine are failed (or partial) runs, never exceptions. The model's sha256 comes from
+    the cache when the file is unchanged; its architecture from llama.cpp, which loads it."""
+    started = datetime.now(UTC)
+    name = name or model_path.name.removesuffix(".gguf")
+    hardware = take_fingerprint()
+    try:
+        sha256 = sha256_of(model_path, cache=sha256_cache)
+    except FileNotFoundError:
+        failure = ModelFileError(f"model file not found: {model_path}")
+        return run_report(
+            node=node,
+            model=ModelInfo(name=name),
+            spec=spec,
+            started_at=started,
+            failure=failure,
+            hardware=hardware,
+        )
+    except OSError as exc:
+        failure = ModelFileError(f"cannot read {model_path}: {exc}")
+        return run_report(
+            node=node,
+            model=ModelInfo(name=name),
+            spec=spec,
+            started_at=started,
+            failure=failure,
+            hardware=hardware,
+        )
+    try:
+        outcome = sweep_in_child(model_path, spec, on_point=on_point)
+    except SweepFailed as exc:
+        return run_report(
+            node=node,
+            model=ModelInfo(name=name, sha256=sha256),
+            spec=spec,
+            started_at=started,
+            failure=exc,
+            hardware=hardware,
+        )
+    model = (outcome.model or ModelInfo(name=name)).model_copy(
+        update={"name": name, "sha256": sha256}
+    )
+    return run_report(
+        node=node, model=model, spec=spec, started_at=started, outcome=outcome, hardware=hardware
+    )
 
 
 def run_report(

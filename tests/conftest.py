@@ -46,6 +46,18 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def batched_bench() -> Path:
+    """llama-batched-bench of the llama.cpp that llama-cpp-python vendors, built once per
+    machine by scripts/build-batched-bench.sh (minutes the first time, then cached)."""
+    import subprocess
+
+    script = Path(__file__).parent.parent / "scripts" / "build-batched-bench.sh"
+    done = subprocess.run([str(script)], capture_output=True, text=True, timeout=3000)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
 def _migrated_sqlite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Migrate once; each test gets a copy of the file."""
     path = tmp_path_factory.mktemp("sqlite-template") / "registry.db"

@@ -6,13 +6,23 @@ shows progress and a crash part-way keeps what was measured.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agent.wire import EngineBuild, FailedPoint, Point, RunSettings
+from agent.kv_cache import fits
+from agent.wire import EngineBuild, FailedPoint, ModelInfo, Point, RunSettings
 
-__all__ = ["PointCallback", "SweepFailed", "SweepOutcome", "SweepSpec", "needed_cells"]
+__all__ = [
+    "PointCallback",
+    "SweepFailed",
+    "SweepOutcome",
+    "SweepSpec",
+    "needed_cells",
+    "plan_grid",
+    "point_from_samples",
+]
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,63 @@ class SweepOutcome:
     settings: RunSettings
     points: list[Point] = field(default_factory=list)
     failures: list[FailedPoint] = field(default_factory=list)
+    model: ModelInfo | None = None  # what the engine read from the model, when it did
+
+
+def plan_grid(
+    spec: SweepSpec, model: ModelInfo | None, free_bytes: int | None
+) -> tuple[list[tuple[int, int, int]], list[FailedPoint], int]:
+    """The points to run, those skipped because their KV cache cannot fit in `free_bytes`
+    beside the weights (with the reason), and the context size: the one asked for, or the
+    largest that the points to run need."""
+    runnable, skipped = [], []
+    for pp, tg, pl in spec.grid():
+        cells = spec.n_ctx or needed_cells(pp, tg, pl, spec)
+        reason = fits(
+            model,
+            n_ctx=cells,
+            n_seq=max(spec.npl),
+            n_ubatch=spec.n_ubatch,
+            cache_type_k=spec.cache_type_k,
+            cache_type_v=spec.cache_type_v,
+            free_bytes=free_bytes,
+        )
+        if reason is None:
+            runnable.append((pp, tg, pl))
+        else:
+            skipped.append(FailedPoint(pp=pp, tg=tg, b=pl, reason=f"skipped: {reason}"))
+    if spec.n_ctx is not None:
+        return runnable, skipped, spec.n_ctx
+    sizes = [needed_cells(pp, tg, pl, spec) for pp, tg, pl in runnable]
+    return runnable, skipped, max(sizes, default=spec.context_size())
+
+
+def point_from_samples(
+    pp: int, tg: int, pl: int, n_kv: int, samples: list[tuple[float, float]], *, shared: bool
+) -> Point:
+    """batched-bench's formulas on the median (T_PP, T_TG) of the repeats, with the spread
+    of S_PP and S_TG over them."""
+    prompt_tokens = pp if shared else pl * pp
+    t_pp = statistics.median(s[0] for s in samples)
+    t_tg = statistics.median(s[1] for s in samples)
+    s_pp_all = [prompt_tokens / s[0] for s in samples if s[0] > 0]
+    s_tg_all = [pl * tg / s[1] for s in samples if s[1] > 0]
+    t = t_pp + t_tg
+    return Point(
+        pp=pp,
+        tg=tg,
+        b=pl,
+        n_kv=n_kv,
+        t_pp=t_pp,
+        s_pp=prompt_tokens / t_pp if t_pp > 0 else None,
+        t_tg=t_tg,
+        s_tg=pl * tg / t_tg if t_tg > 0 else None,
+        t=t,
+        s=(prompt_tokens + pl * tg) / t if t > 0 else None,
+        repeats=len(samples),
+        s_pp_stdev=statistics.stdev(s_pp_all) if len(s_pp_all) > 1 else None,
+        s_tg_stdev=statistics.stdev(s_tg_all) if len(s_tg_all) > 1 else None,
+    )
 
 
 PointCallback = Callable[[Point | FailedPoint], None]

@@ -11,6 +11,7 @@ starts; between steps only the tokens and positions change, copied with memmove.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import random
 import time
@@ -19,7 +20,15 @@ from typing import Any
 
 import psutil
 
-from agent.runners import PointCallback, SweepFailed, SweepOutcome, SweepSpec
+from agent.gguf_model import model_info
+from agent.runners import (
+    PointCallback,
+    SweepFailed,
+    SweepOutcome,
+    SweepSpec,
+    plan_grid,
+    point_from_samples,
+)
 from agent.wire import EngineBuild, FailedPoint, Point, RunSettings
 
 __all__ = ["quiet_llama_logs", "run_sweep"]
@@ -38,8 +47,11 @@ def run_sweep(
     spec: SweepSpec,
     *,
     on_point: PointCallback = lambda _: None,
+    free_bytes: int | None = None,
     seed: int = 0,
 ) -> SweepOutcome:
+    """Loads the model, reads its architecture from llama.cpp, skips the points whose KV
+    cache cannot fit in `free_bytes` (default: the memory free now) and measures the rest."""
     import llama_cpp
     import llama_cpp.llama_cpp as llama
 
@@ -50,32 +62,34 @@ def run_sweep(
     model = llama.llama_model_load_from_file(str(model_path).encode(), model_params)
     if not model:
         raise SweepFailed(f"llama.cpp could not load {model_path}")
-    threads = spec.n_threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    n_ctx = spec.context_size()
-    ctx_params = llama.llama_context_default_params()
-    ctx_params.n_ctx = n_ctx
-    ctx_params.n_batch = spec.n_batch
-    ctx_params.n_ubatch = spec.n_ubatch
-    ctx_params.n_seq_max = max(spec.npl)  # as batched-bench: enough sequences for the largest B
-    ctx_params.n_threads = threads
-    ctx_params.n_threads_batch = threads
-    ctx_params.flash_attn_type = _FLASH_ATTN[spec.flash_attn]
-    ctx_params.kv_unified = spec.kv_unified
-    ctx_params.swa_full = False  # the CLI's default; the library's is True
-    ctx_params.type_k = _ggml_type(llama, spec.cache_type_k)
-    ctx_params.type_v = _ggml_type(llama, spec.cache_type_v)
-    ctx = llama.llama_init_from_model(model, ctx_params)
-    if not ctx:
-        llama.llama_model_free(model)
-        raise SweepFailed(f"llama.cpp could not create a context of {n_ctx} cells")
+    ctx = None
     try:
-        n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
-        n_kv_max = llama.llama_n_ctx(ctx)
-        # llama.cpp lowers n_batch to the context size: split by what it took, or a batch
-        # larger than that aborts the process (GGML_ASSERT in llama_decode).
-        n_batch = llama.llama_n_batch(ctx)
-        bench = _Bench(llama, ctx, n_batch=n_batch, n_vocab=n_vocab, rng=rng)
-        bench.warm_up()
+        info = model_info(
+            _metadata(llama, model),
+            name=model_path.name.removesuffix(".gguf"),
+            sha256=None,
+            file_size=model_path.stat().st_size,
+            n_params=int(llama.llama_model_n_params(model)),
+        )
+        if free_bytes is None:
+            free_bytes = _free_memory(llama, spec.n_gpu_layers)
+        grid, skipped, n_ctx = plan_grid(spec, info, free_bytes)
+        threads = spec.n_threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        ctx_params = llama.llama_context_default_params()
+        ctx_params.n_ctx = n_ctx
+        ctx_params.n_batch = spec.n_batch
+        ctx_params.n_ubatch = spec.n_ubatch
+        ctx_params.n_seq_max = max(spec.npl)  # as batched-bench: enough for the largest B
+        ctx_params.n_threads = threads
+        ctx_params.n_threads_batch = threads
+        ctx_params.flash_attn_type = _FLASH_ATTN[spec.flash_attn]
+        ctx_params.kv_unified = spec.kv_unified
+        ctx_params.swa_full = False  # the CLI's default; the library's is True
+        ctx_params.type_k = _ggml_type(llama, spec.cache_type_k)
+        ctx_params.type_v = _ggml_type(llama, spec.cache_type_v)
+        ctx = llama.llama_init_from_model(model, ctx_params) if grid else None
+        if grid and not ctx:
+            raise SweepFailed(f"llama.cpp could not create a context of {n_ctx} cells")
         outcome = SweepOutcome(
             engine=EngineBuild(
                 backend=_backend(llama),
@@ -83,9 +97,11 @@ def run_sweep(
                 binding_version=llama_cpp.__version__,
             ),
             settings=RunSettings(
-                n_ctx=n_kv_max,
-                n_batch=n_batch,
-                n_ubatch=llama.llama_n_ubatch(ctx),
+                n_ctx=llama.llama_n_ctx(ctx) if ctx else n_ctx,
+                # llama.cpp lowers n_batch to the context size: split by what it took, or
+                # a larger batch aborts the process (GGML_ASSERT in llama_decode).
+                n_batch=llama.llama_n_batch(ctx) if ctx else spec.n_batch,
+                n_ubatch=llama.llama_n_ubatch(ctx) if ctx else spec.n_ubatch,
                 flash_attn=spec.flash_attn,
                 kv_unified=spec.kv_unified,
                 pp_shared=spec.pp_shared,
@@ -96,15 +112,25 @@ def run_sweep(
                 cache_type_k=spec.cache_type_k,
                 cache_type_v=spec.cache_type_v,
             ),
+            model=info,
         )
-        for pp, tg, pl in spec.grid():
+        for failure in skipped:
+            outcome.failures.append(failure)
+            on_point(failure)
+        if not grid:
+            return outcome
+        n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
+        assert outcome.settings.n_batch is not None and outcome.settings.n_ctx is not None
+        bench = _Bench(llama, ctx, n_batch=outcome.settings.n_batch, n_vocab=n_vocab, rng=rng)
+        bench.warm_up()
+        for pp, tg, pl in grid:
             result = bench.point(
                 pp,
                 tg,
                 pl,
                 shared=spec.pp_shared,
                 unified=spec.kv_unified,
-                n_kv_max=n_kv_max,
+                n_kv_max=outcome.settings.n_ctx,
                 repeats=spec.repeats,
             )
             if isinstance(result, Point):
@@ -114,8 +140,56 @@ def run_sweep(
             on_point(result)
         return outcome
     finally:
-        llama.llama_free(ctx)
+        if ctx:
+            llama.llama_free(ctx)
         llama.llama_model_free(model)
+
+
+def _metadata(llama: Any, model: Any) -> dict[str, Any]:
+    """The model's GGUF metadata as llama.cpp read it (tokenizer arrays left out), with
+    numbers and arrays turned back into values."""
+    buffer = ctypes.create_string_buffer(1 << 16)
+    metadata: dict[str, Any] = {}
+    for i in range(llama.llama_model_meta_count(model)):
+        llama.llama_model_meta_key_by_index(model, i, buffer, len(buffer))
+        key = buffer.value.decode(errors="replace")
+        if key.startswith("tokenizer."):
+            continue
+        llama.llama_model_meta_val_str_by_index(model, i, buffer, len(buffer))
+        metadata[key] = _value(buffer.value.decode(errors="replace"))
+    return metadata
+
+
+def _value(text: str) -> Any:
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
+
+
+def _free_memory(llama: Any, n_gpu_layers: int) -> int | None:
+    """Memory the model and its KV cache can use: the GPU's when layers go there (NVML),
+    else the host's available memory."""
+    if n_gpu_layers != 0 and llama.llama_supports_gpu_offload():
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+                return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:  # no NVML: no check rather than a wrong one
+            return None
+    return int(psutil.virtual_memory().available)
 
 
 def quiet_llama_logs() -> None:
@@ -228,7 +302,7 @@ class _Bench:
             if isinstance(timed, str):
                 return FailedPoint(pp=pp, tg=tg, b=pl, reason=timed)
             samples.append(timed)
-        return _point(pp, tg, pl, n_kv, samples, shared=shared)
+        return point_from_samples(pp, tg, pl, n_kv, samples, shared=shared)
 
     def _measure(
         self, pp: int, tg: int, pl: int, *, shared: bool, unified: bool
@@ -280,32 +354,3 @@ class _Bench:
 
 def _reason(status: int) -> str:
     return f"llama_decode returned {status}: {_DECODE_ERRORS.get(status, 'fatal error')}"
-
-
-def _point(
-    pp: int, tg: int, pl: int, n_kv: int, samples: list[tuple[float, float]], *, shared: bool
-) -> Point:
-    """batched-bench's formulas, on the median of the repeats."""
-    import statistics
-
-    prompt_tokens = pp if shared else pl * pp
-    t_pp = statistics.median(s[0] for s in samples)
-    t_tg = statistics.median(s[1] for s in samples)
-    s_pp_all = [prompt_tokens / s[0] for s in samples if s[0] > 0]
-    s_tg_all = [pl * tg / s[1] for s in samples if s[1] > 0]
-    t = t_pp + t_tg
-    return Point(
-        pp=pp,
-        tg=tg,
-        b=pl,
-        n_kv=n_kv,
-        t_pp=t_pp,
-        s_pp=prompt_tokens / t_pp if t_pp > 0 else None,
-        t_tg=t_tg,
-        s_tg=pl * tg / t_tg if t_tg > 0 else None,
-        t=t,
-        s=(prompt_tokens + pl * tg) / t if t > 0 else None,
-        repeats=len(samples),
-        s_pp_stdev=statistics.stdev(s_pp_all) if len(s_pp_all) > 1 else None,
-        s_tg_stdev=statistics.stdev(s_tg_all) if len(s_tg_all) > 1 else None,
-    )

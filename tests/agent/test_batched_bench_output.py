@@ -6,7 +6,12 @@ import re
 
 import pytest
 
-from agent.batched_bench_output import BadRow, NoTableFound, parse_batched_bench_output
+from agent.batched_bench_output import (
+    BadRow,
+    NoTableFound,
+    parse_batched_bench_output,
+    parse_build,
+)
 from tests.conftest import FIXTURES
 
 
@@ -234,3 +239,20 @@ def test_an_invalid_row_names_its_line(row: str, message: str) -> None:
 def test_a_broken_jsonl_record_names_its_line() -> None:
     with pytest.raises(BadRow, match="line 2: not a JSON record"):
         parse_batched_bench_output('\n{"pp": 1, "tg": 2, "pl": 1, "speed_tg": oops}')
+
+
+@pytest.mark.parametrize(
+    ("text", "number", "commit"),
+    [
+        (
+            "version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU 12.2.0 for Linux",
+            1,
+            "0c1e570",
+        ),
+        ("version: 4589 (1d1e6a90)\nbuilt with cc (Debian 12.2.0) for x86_64", 4589, "1d1e6a90"),
+        ("nothing useful", None, None),
+    ],
+)
+def test_parse_build_from_version_output(text: str, number: int | None, commit: str | None) -> None:
+    build = parse_build(text)
+    assert (build.build_number, build.commit) == (number, commit)

@@ -89,3 +89,24 @@ def test_a_corrupt_model_fails_the_sweep_clearly(tmp_path: Path) -> None:
     corrupt.write_bytes(b"GGUF" + b"\0" * 64)
     with pytest.raises(SweepFailed, match="could not load"):
         sweep_in_child(corrupt, SMALL)
+
+
+def test_the_engine_reports_the_models_architecture(gemma: Path) -> None:
+    outcome = sweep_in_child(gemma, SweepSpec(npp=(16,), ntg=(2,), npl=(1,)))
+    assert outcome.model is not None
+    m = outcome.model
+    assert (m.n_layer, m.n_head_kv, m.head_dim_k, m.head_dim_v) == (18, 1, 256, 256)
+    assert (m.sliding_window, m.n_swa_layers, m.n_ctx_train) == (512, 15, 32768)
+    assert (m.quantization, m.n_params) == ("Q4_K_M", 268_098_176)
+
+
+def test_points_whose_kv_cache_cannot_fit_are_skipped_with_the_reason(gemma: Path) -> None:
+    # A unified cache sized per point: B=1 needs 260 cells (about 5 MB of KV), B=64 needs
+    # 16,640 (about 290 MB); with the weights' 253 MB, 300 MB free admits only B=1.
+    spec = SweepSpec(npp=(256,), ntg=(4,), npl=(1, 64), kv_unified=True)
+    outcome = sweep_in_child(gemma, spec, free_bytes=300 * 2**20)
+    assert [p.b for p in outcome.points] == [1]
+    [skipped] = outcome.failures
+    assert skipped.b == 64
+    assert skipped.reason.startswith("skipped: its KV cache for 16640 cells needs 0.29 GiB")
+    assert outcome.settings.n_ctx is not None and outcome.settings.n_ctx < 16640

