@@ -16,12 +16,20 @@ class CommandFailed(RuntimeError):
     """The program exited non-zero, or ran past its timeout."""
 
 
-def run(argv: list[str], *, timeout: float = 30.0) -> str:
-    """Standard output of `argv`. Raises CommandNotFound or CommandFailed."""
+def run(argv: list[str], *, timeout: float = 30.0, with_stderr: bool = False) -> str:
+    """Standard output of `argv` (and standard error, in order, with `with_stderr`: llama.cpp
+    prints its version there). Raises CommandNotFound or CommandFailed."""
     if shutil.which(argv[0]) is None:
         raise CommandNotFound(f"{argv[0]} is not installed")
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if with_stderr else subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
         raise CommandFailed(f"{' '.join(argv)} ran past {timeout:g} s") from exc
     if done.returncode != 0:

@@ -153,6 +153,10 @@ def sweep(
     cache_type_k: Annotated[str, typer.Option("--cache-type-k", "-ctk")] = "f16",
     cache_type_v: Annotated[str, typer.Option("--cache-type-v", "-ctv")] = "f16",
     repeats: Annotated[int, typer.Option(min=1, help="measure each point N times")] = 1,
+    binary: Annotated[
+        Path | None,
+        typer.Option(help="run this llama-batched-bench instead of llama.cpp in-process"),
+    ] = None,
     model_name: Annotated[
         str | None, typer.Option(help="display name [default: the file name]")
     ] = None,
@@ -208,6 +212,7 @@ def sweep(
             name=name,
             sha256_cache=settings.cache_dir / "sha256.json",
             on_point=show,
+            binary=binary,
         )
     if as_json:
         out.print_json(run.model_dump_json())

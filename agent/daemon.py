@@ -67,6 +67,9 @@ class SweepConfig(_Config):
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     repeats: int = Field(default=3, ge=1)
+    binary: Path | None = Field(
+        default=None, description="the node's llama-batched-bench, instead of in-process"
+    )
 
     @field_validator("cron")
     @classmethod
@@ -257,6 +260,7 @@ class Daemon:
             node=self.node,
             name=sweep.model_name,
             sha256_cache=self.sha256_cache,
+            binary=sweep.binary,
         )
         self.spool.add(report)
         log.info("sweep %s: run %s %s", sweep.name, report.run_id, report.status)

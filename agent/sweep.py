@@ -123,10 +123,12 @@ def measure_run(
     name: str | None = None,
     sha256_cache: Path | None = None,
     on_point: PointCallback = lambda _: None,
+    binary: Path | None = None,
 ) -> RunReport:
     """A whole sweep as a run report, whatever happens: a missing or unreadable model and a
     dead engine are failed (or partial) runs, never exceptions. The model's sha256 comes from
-    the cache when the file is unchanged; its architecture from llama.cpp, which loads it."""
+    the cache when the file is unchanged; its architecture from llama.cpp, which loads it.
+    With `binary`, the node's own llama-batched-bench runs the sweep instead."""
     started = datetime.now(UTC)
     name = name or model_path.name.removesuffix(".gguf")
     hardware = take_fingerprint()
@@ -153,7 +155,14 @@ def measure_run(
             hardware=hardware,
         )
     try:
-        outcome = sweep_in_child(model_path, spec, on_point=on_point)
+        if binary is not None:
+            from agent.runners import batched_bench_binary
+
+            outcome = batched_bench_binary.run_sweep(
+                batched_bench_binary.find_binary(binary), model_path, spec, on_point=on_point
+            )
+        else:
+            outcome = sweep_in_child(model_path, spec, on_point=on_point)
     except SweepFailed as exc:
         return run_report(
             node=node,

@@ -88,10 +88,13 @@ repeats = 1
         daemon.terminate()
         daemon.wait(timeout=30)
     print(f"idle daemon over {wall:.0f} s (after its start-up sweep):")
-    print(f"  RSS now {rss / 2**20:.1f} MB, peak {peak / 2**20:.1f} MB   target <= 60 MB "
-          f"{'ok' if peak <= 60 * 2**20 else 'MISS'}")
-    print(f"  CPU {cpu:.3f}% of one core              target < 0.5%   "
-          f"{'ok' if cpu < 0.5 else 'MISS'}")
+    print(
+        f"  RSS now {rss / 2**20:.1f} MB, peak {peak / 2**20:.1f} MB   target <= 60 MB "
+        f"{'ok' if peak <= 60 * 2**20 else 'MISS'}"
+    )
+    print(
+        f"  CPU {cpu:.3f}% of one core              target < 0.5%   {'ok' if cpu < 0.5 else 'MISS'}"
+    )
     print(f"  child processes while idle: {len(children)}")
     return 0
 

@@ -37,8 +37,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binary", required=True, help="llama-batched-bench to compare with")
     parser.add_argument("--model", help="GGUF file (default: Gemma 3 270M Q4_K_M, assembled)")
-    parser.add_argument("--pairs", type=int, default=15, help="interleaved fidelity pairs")
-    parser.add_argument("--overhead-pairs", type=int, default=8)
+    parser.add_argument("--pairs", type=int, default=15, help="fidelity pairs (0: skip)")
+    parser.add_argument("--overhead-pairs", type=int, default=8, help="overhead pairs (0: skip)")
     parser.add_argument("--npp", default="128")
     parser.add_argument("--ntg", default="32")
     parser.add_argument("--npl", default="1,2,4,8")
@@ -173,8 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     version = subprocess.run([args.binary, "--version"], capture_output=True, text=True)
     print(f"model {model.name}; binary: {(version.stdout + version.stderr).splitlines()[0]}")
     print(json.dumps({"npp": args.npp, "ntg": args.ntg, "npl": args.npl, "ctx": args.ctx}))
-    fidelity(args, model, spec)
-    overhead(args, model)
+    if args.pairs:
+        fidelity(args, model, spec)
+    if args.overhead_pairs:
+        overhead(args, model)
     return 0
 
 

@@ -1,0 +1,106 @@
+"""The external runner: the real llama-batched-bench, built from the llama.cpp that
+llama-cpp-python vendors (scripts/build-batched-bench.sh), on Gemma 3 270M."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.runners import SweepFailed, SweepSpec
+from agent.runners.batched_bench_binary import binary_build, find_binary, run_sweep
+from agent.wire import FailedPoint, Point
+from tests.conftest import LiveRegistry
+from tests.test_import_end_to_end import agent
+
+SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2))
+
+
+def test_version_gives_the_build(batched_bench: Path) -> None:
+    build = binary_build(batched_bench)
+    assert build.binding == "llama-batched-bench"
+    assert build.build_number is not None and build.commit
+
+
+def test_sweep_with_the_binary(batched_bench: Path, gemma: Path) -> None:
+    seen: list[Point | FailedPoint] = []
+    outcome = run_sweep(batched_bench, gemma, SMALL, on_point=seen.append)
+    assert [(p.b, p.n_kv) for p in outcome.points] == [(1, 36), (2, 72)]
+    assert seen == outcome.points
+    assert all(
+        p.s_tg and p.t_tg and p.s_tg == pytest.approx(p.b * 4 / p.t_tg, rel=1e-3)
+        for p in outcome.points
+    )
+    # -c 72 asked; llama.cpp rounds the context up (to 512 here) and the record says so
+    assert outcome.settings.n_ctx is not None and outcome.settings.n_ctx >= SMALL.context_size()
+    assert outcome.settings.cache_type_k == "f16"
+    assert outcome.engine.build_number is not None
+
+
+def test_repeats_take_the_median(batched_bench: Path, gemma: Path) -> None:
+    spec = SweepSpec(npp=(16,), ntg=(4,), npl=(2,), repeats=2)
+    [point] = run_sweep(batched_bench, gemma, spec).points
+    assert point.repeats == 2 and point.s_tg_stdev is not None
+
+
+def test_points_the_binary_skips_are_failures(batched_bench: Path, gemma: Path) -> None:
+    spec = SweepSpec(npp=(200,), ntg=(56,), npl=(1, 2), n_ctx=256, kv_unified=True)
+    outcome = run_sweep(batched_bench, gemma, spec)
+    assert [p.b for p in outcome.points] == [1]
+    [failure] = outcome.failures
+    assert (failure.b, failure.reason) == (
+        2,
+        "llama-batched-bench skipped it: more KV cells than the context has",
+    )
+
+
+def test_a_binary_that_dies_part_way_keeps_its_points(
+    batched_bench: Path, gemma: Path, tmp_path: Path
+) -> None:
+    # The real binary, killed as soon as it printed its first point.
+    wrapper = tmp_path / "dies-after-one-point"
+    wrapper.write_text(
+        f"""#!{sys.executable}
+import os, signal, subprocess, sys
+child = subprocess.Popen([{str(batched_bench)!r}, *sys.argv[1:]], stdout=subprocess.PIPE, text=True)
+for line in child.stdout:
+    print(line, end="", flush=True)
+    if line.startswith("{{"):
+        child.kill()
+        child.wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+    )
+    wrapper.chmod(0o755)
+    with pytest.raises(SweepFailed, match="exited with status -9") as caught:
+        run_sweep(wrapper, gemma, SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4)))
+    assert [p.b for p in caught.value.points] == [1]
+
+
+def test_a_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SweepFailed, match="not found"):
+        find_binary(tmp_path / "llama-batched-bench")
+
+
+def test_sweep_command_with_the_binary_reports_its_build(
+    live_registry: LiveRegistry, batched_bench: Path, gemma: Path, tmp_path: Path
+) -> None:
+    env = {
+        "FLEETBENCH_REGISTRY_URL": live_registry.url,
+        "FLEETBENCH_TOKEN": live_registry.token("ci-node"),
+        "FLEETBENCH_NODE": "ci-node",
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+    result = agent(
+        "sweep", "-m", str(gemma), "--binary", str(batched_bench), "--npp", "16", "--ntg", "4",
+        "--npl", "1,2", "--report", "--json", **env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["engine"]["binding"] == "llama-batched-bench"
+    assert report["engine"]["build_number"] == binary_build(batched_bench).build_number
+    assert [p["b"] for p in report["points"]] == [1, 2]
+    assert live_registry.count("runs") == 1
