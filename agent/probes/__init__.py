@@ -103,4 +103,4 @@ def run_probes(enabled: Iterable[str] | None = None) -> list[ProbeResult]:
 
 def _load_builtin_probes() -> None:
     # Importing a probe module registers it.
-    from agent.probes import apple, host, nvidia  # noqa: F401
+    from agent.probes import amd, apple, host, nvidia  # noqa: F401

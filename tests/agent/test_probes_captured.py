@@ -12,6 +12,7 @@ import pynvml
 import pytest
 
 from agent.probes import NoData
+from agent.probes.amd import AmdProbe, parse_rocm_smi
 from agent.probes.apple import AppleProbe, parse_system_profiler
 from agent.probes.nvidia import NvidiaProbe, cuda_version_text
 
@@ -185,3 +186,25 @@ def test_apple_virtual_mac_gives_a_plain_core_count() -> None:
 def test_apple_probe_on_linux_is_no_data() -> None:
     with pytest.raises(NoData, match="not macOS"):
         AppleProbe().collect()
+
+
+def test_amd_probe_reads_a_captured_mi250() -> None:
+    data = parse_rocm_smi((PROBES / "rocm-smi-a.json").read_text())
+    assert data == {
+        "driver_version": "6.2.4",
+        "gpus": [
+            {
+                "name": "AMD INSTINCT MI250 (MCM) OAM AC MBA",
+                "gpu_id": "0x740c",
+                "sku": "D65209",
+                "vbios": "113-D65209-073",
+                "power_cap_w": 560.0,
+                "pci_bus": "0000:2F:00.0",
+            }
+        ],
+    }
+
+
+def test_no_rocm_smi_here_is_no_data() -> None:
+    with pytest.raises(NoData, match="rocm-smi is not installed"):
+        AmdProbe().collect()

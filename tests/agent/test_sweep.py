@@ -1,4 +1,5 @@
-"""Sweeps on a real llama.cpp (llama-cpp-python) with a real model: Gemma 3 270M Q4_K_M."""
+"""Sweeps on a real llama.cpp (llama-cpp-python): a tiny generated llama GGUF for the
+mechanics, Gemma 3 270M Q4_K_M where a real model's numbers matter."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from agent.wire import FailedPoint, ModelInfo, Point
 SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4))
 
 
-def test_sweep_measures_the_batched_bench_table(gemma: Path) -> None:
+def test_sweep_measures_the_batched_bench_table(tiny_llama: Path) -> None:
     seen: list[Point | FailedPoint] = []
-    outcome = sweep_in_child(gemma, SMALL, on_point=seen.append)
+    outcome = sweep_in_child(tiny_llama, SMALL, on_point=seen.append)
     assert [p.b for p in outcome.points] == [1, 2, 4]
     assert seen == outcome.points  # each point arrived as it was measured
     for p in outcome.points:
@@ -32,25 +33,25 @@ def test_sweep_measures_the_batched_bench_table(gemma: Path) -> None:
     assert (outcome.engine.binding, outcome.engine.backend) == ("llama-cpp-python", "CPU")
 
 
-def test_shared_prompt_in_a_unified_cache(gemma: Path) -> None:
+def test_shared_prompt_in_a_unified_cache(tiny_llama: Path) -> None:
     spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 4), pp_shared=True, kv_unified=True)
-    outcome = sweep_in_child(gemma, spec)
+    outcome = sweep_in_child(tiny_llama, spec)
     four = outcome.points[1]
     assert four.n_kv == 32 + 4 * 4  # one prompt for all four sequences
     assert four.s_pp == pytest.approx(32 / four.t_pp)  # prefill counted once
 
 
-def test_repeats_give_the_median_and_the_spread(gemma: Path) -> None:
-    outcome = sweep_in_child(gemma, SweepSpec(npp=(16,), ntg=(4,), npl=(2,), repeats=3))
+def test_repeats_give_the_median_and_the_spread(tiny_llama: Path) -> None:
+    outcome = sweep_in_child(tiny_llama, SweepSpec(npp=(16,), ntg=(4,), npl=(2,), repeats=3))
     [point] = outcome.points
     assert point.repeats == 3
     assert point.s_tg_stdev is not None and point.s_pp_stdev is not None
 
 
-def test_points_that_do_not_fit_are_failures_and_the_sweep_goes_on(gemma: Path) -> None:
+def test_points_that_do_not_fit_are_failures_and_the_sweep_goes_on(tiny_llama: Path) -> None:
     # 1,024 cells split over 4 sequences leaves 256 each: a 300-token sequence cannot fit.
     spec = SweepSpec(npp=(296,), ntg=(4,), npl=(1, 4), n_ctx=1024)
-    outcome = sweep_in_child(gemma, spec)
+    outcome = sweep_in_child(tiny_llama, spec)
     reasons = {f.b: f.reason for f in outcome.failures}
     assert "memory slot" in reasons[1]
     assert reasons[4] == "needs 1200 KV cells, the context has 1024"

@@ -37,3 +37,61 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_tiny_llama(
+    path: Path,
+    *,
+    n_vocab: int = 64,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_ctx: int = 2048,
+) -> Path:
+    """A llama-architecture model that llama.cpp loads and runs (random f32 weights, a
+    64-token vocabulary): a sweep on it takes about a second."""
+    rng = np.random.default_rng(0)
+    w = GGUFWriter(path, "llama")
+    w.add_name("tiny-llama")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"t{i}".encode() for i in range(n_vocab - 3)]
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types([2, 3, 3] + [1] * (n_vocab - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+    def t(name: str, *shape: int) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float32))
+
+    head_dim = n_embd // n_head
+    t("token_embd.weight", n_vocab, n_embd)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    t("output.weight", n_vocab, n_embd)
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        t(f"blk.{i}.attn_q.weight", n_embd, n_embd)
+        t(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd)
+        t(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd)
+        t(f"blk.{i}.attn_output.weight", n_embd, n_embd)
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        t(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        t(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        t(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
