@@ -8,6 +8,7 @@ part-way keeps what it measured and records the failure for the rest.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import signal
 import uuid
@@ -129,31 +130,16 @@ def measure_run(
     dead engine are failed (or partial) runs, never exceptions. The model's sha256 comes from
     the cache when the file is unchanged; its architecture from llama.cpp, which loads it.
     With `binary`, the node's own llama-batched-bench runs the sweep instead."""
-    started = datetime.now(UTC)
     name = name or model_path.name.removesuffix(".gguf")
-    hardware = take_fingerprint()
+    report = functools.partial(
+        run_report, node=node, spec=spec, started_at=datetime.now(UTC), hardware=take_fingerprint()
+    )
     try:
         sha256 = sha256_of(model_path, cache=sha256_cache)
-    except FileNotFoundError:
-        failure = ModelFileError(f"model file not found: {model_path}")
-        return run_report(
-            node=node,
-            model=ModelInfo(name=name),
-            spec=spec,
-            started_at=started,
-            failure=failure,
-            hardware=hardware,
-        )
     except OSError as exc:
-        failure = ModelFileError(f"cannot read {model_path}: {exc}")
-        return run_report(
-            node=node,
-            model=ModelInfo(name=name),
-            spec=spec,
-            started_at=started,
-            failure=failure,
-            hardware=hardware,
-        )
+        missing = isinstance(exc, FileNotFoundError)
+        reason = f"model file not found: {model_path}" if missing else f"cannot read: {exc}"
+        return report(model=ModelInfo(name=name), failure=ModelFileError(reason))
     try:
         if binary is not None:
             from agent.runners import batched_bench_binary
@@ -164,20 +150,11 @@ def measure_run(
         else:
             outcome = sweep_in_child(model_path, spec, on_point=on_point)
     except SweepFailed as exc:
-        return run_report(
-            node=node,
-            model=ModelInfo(name=name, sha256=sha256),
-            spec=spec,
-            started_at=started,
-            failure=exc,
-            hardware=hardware,
-        )
+        return report(model=ModelInfo(name=name, sha256=sha256), failure=exc)
     model = (outcome.model or ModelInfo(name=name)).model_copy(
         update={"name": name, "sha256": sha256}
     )
-    return run_report(
-        node=node, model=model, spec=spec, started_at=started, outcome=outcome, hardware=hardware
-    )
+    return report(model=model, outcome=outcome)
 
 
 def run_report(
