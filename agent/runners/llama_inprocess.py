@@ -212,7 +212,28 @@ def _ggml_type(llama: Any, name: str) -> int:
 
 
 def _backend(llama: Any) -> str:
-    return "GPU" if llama.llama_supports_gpu_offload() else "CPU"
+    """The backend that runs the model: the first GPU device ggml registered (CUDA0 -> CUDA,
+    Metal, Vulkan0 -> Vulkan, ROCm0 -> ROCm), else CPU. llama-cpp-python does not bind ggml's
+    device registry, so it is read from the libggml it ships."""
+    import llama_cpp
+
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    found = [p for name in ("libggml.so", "libggml.dylib") if (p := lib_dir / name).exists()]
+    if not found:
+        return "GPU" if llama.llama_supports_gpu_offload() else "CPU"
+    ggml = ctypes.CDLL(str(found[0]))
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    ggml.ggml_backend_dev_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_type.restype = ctypes.c_int
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    for i in range(ggml.ggml_backend_dev_count()):
+        device = ggml.ggml_backend_dev_get(i)
+        if ggml.ggml_backend_dev_type(device) in (1, 2):  # GGML_BACKEND_DEVICE_TYPE_GPU, IGPU
+            return ggml.ggml_backend_dev_name(device).decode().rstrip("0123456789") or "GPU"
+    return "CPU"
 
 
 class _Bench:
