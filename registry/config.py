@@ -34,6 +34,16 @@ class RegistrySettings(BaseSettings):
     read_token_required: bool = Field(
         default=False, description="when true, every GET under /v1 needs a node token"
     )
+    stale_after_hours: float = Field(
+        default=48, gt=0, description="a node with no run for this long shows as stale"
+    )
+    webhook_url: str | None = Field(
+        default=None, description="POSTed a JSON body for each new regression (retried)"
+    )
+    public_url: str = Field(
+        default="http://127.0.0.1:8787",
+        description="the registry's address as people reach it, for links in webhooks",
+    )
 
     @property
     def sqlalchemy_url(self) -> str:

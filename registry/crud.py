@@ -8,7 +8,7 @@ import json
 import secrets
 import typing
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, selectinload
 
 from agent import wire
+from registry.history import build_label, refresh_regressions
 from registry.models import (
     EngineBuild,
     FailedPoint,
@@ -24,16 +25,19 @@ from registry.models import (
     Model,
     Node,
     NodeToken,
+    Regression,
     Run,
     RunPoint,
 )
-from registry.questions.placement import NodeChoice
+from registry.questions.hardware import summarize_hardware
+from registry.questions.placement import NodeChoice, NodeMemory
 
 __all__ = [
     "NodeSummary",
     "PlacementRows",
     "RunConflict",
     "create_node_token",
+    "curve_points",
     "find_models",
     "get_node",
     "get_run",
@@ -43,6 +47,7 @@ __all__ = [
     "list_runs",
     "model_name_key",
     "node_for_token",
+    "node_memories",
     "placement_rows",
 ]
 
@@ -59,6 +64,10 @@ class NodeSummary(NamedTuple):
     node: Node
     last_run_at: datetime | None
     runs: int
+    last_status: str | None  # of the latest run
+    engine: str | None  # the latest run's engine build
+    hardware: str | None  # the latest run's fingerprint, described
+    open_regressions: int  # not acknowledged
 
 
 def _now() -> datetime:
@@ -105,14 +114,59 @@ def node_for_token(session: Session, token: str) -> Node | None:
 
 
 def _node_summaries(session: Session, *conditions: ColumnElement[bool]) -> list[NodeSummary]:
+    latest = aliased(Run)
+    latest_id = (
+        select(Run.id)
+        .where(Run.node_id == Node.id)
+        .order_by(Run.started_at.desc(), Run.received_at.desc())
+        .limit(1)
+        .correlate(Node)
+        .scalar_subquery()
+    )
+    open_regressions = (
+        select(func.count(Regression.id))
+        .where(
+            Regression.node_id == Node.id,
+            Regression.acknowledged_at.is_(None),
+            Regression.change < 0,
+        )
+        .correlate(Node)
+        .scalar_subquery()
+    )
+    totals = (
+        select(Run.node_id, func.max(Run.started_at).label("last"), func.count(Run.id).label("n"))
+        .group_by(Run.node_id)
+        .subquery()
+    )
     statement = (
-        select(Node, func.max(Run.started_at), func.count(Run.id))
-        .outerjoin(Run, Run.node_id == Node.id)
+        select(
+            Node,
+            totals.c.last,
+            totals.c.n,
+            latest.status,
+            EngineBuild,
+            HardwareFingerprint.description,
+            open_regressions,
+        )
+        .outerjoin(totals, totals.c.node_id == Node.id)
+        .outerjoin(latest, latest.id == latest_id)
+        .outerjoin(EngineBuild, EngineBuild.id == latest.build_id)
+        .outerjoin(HardwareFingerprint, HardwareFingerprint.id == latest.fingerprint_id)
         .where(*conditions)
-        .group_by(Node.id)
         .order_by(Node.name)
     )
-    return [NodeSummary(node, last, runs) for node, last, runs in session.execute(statement)]
+    return [
+        NodeSummary(
+            node=node,
+            last_run_at=last,
+            runs=runs or 0,
+            last_status=status,
+            engine=build_label(build) if build is not None else None,
+            hardware=hardware,
+            open_regressions=regressions,
+        )
+        for node, last, runs, status, build, hardware, regressions in session.execute(statement)
+    ]
 
 
 def list_nodes(session: Session) -> list[NodeSummary]:
@@ -176,6 +230,8 @@ def ingest_report(session: Session, *, report: wire.RunReport, node: Node) -> tu
         if stored is None:
             raise
         return _as_retry(stored, digest), False
+    if run.status != "failed":
+        refresh_regressions(session, run=run)
     return run, True
 
 
@@ -250,13 +306,21 @@ def _fingerprint(
         return None
     seen = report.started_at
     hardware = report.hardware
+    summary = summarize_hardware(hardware.data)
     fingerprint = _get_or_create(
         session,
         select(HardwareFingerprint).where(
             HardwareFingerprint.node_id == node.id, HardwareFingerprint.hash == hardware.hash
         ),
         lambda: HardwareFingerprint(
-            node_id=node.id, hash=hardware.hash, data=hardware.data, first_seen=seen, last_seen=seen
+            node_id=node.id,
+            hash=hardware.hash,
+            data=hardware.data,
+            first_seen=seen,
+            last_seen=seen,
+            description=summary.description,
+            memory_bytes=summary.memory_bytes,
+            memory_kind=summary.memory_kind,
         ),
     )
     fingerprint.first_seen = min(fingerprint.first_seen, seen)
@@ -364,6 +428,7 @@ def placement_rows(
     prompt_tokens: int | None,
     min_tps_per_user: float,
     limit: int,
+    max_concurrency: Mapping[str, int] | None = None,
 ) -> PlacementRows:
     """Each node's choice from its latest successful run, at the smallest PP >= prompt_tokens
     when that is given: the largest B whose S_TG / B meets `min_tps_per_user` (ties: higher
@@ -372,10 +437,16 @@ def placement_rows(
 
     Chosen in SQL, one correlated probe per node and one pass: fetching every point of a
     1,000-node fleet into Python, or asking twice, costs more than placement's latency
-    budget (bench/placement_latency.py)."""
+    budget (bench/placement_latency.py).
+
+    `max_concurrency` caps B per node name (what fits its memory); nodes not named are
+    not capped."""
     latest = _latest_run_of_node(model_ids=model_ids, since=since)
     point = aliased(RunPoint)
     conditions: list[ColumnElement[bool]] = [point.run_id == Run.id, point.s_tg.is_not(None)]
+    if max_concurrency:
+        cap = case(dict(max_concurrency), value=Node.name, else_=None)
+        conditions.append(or_(cap.is_(None), point.b <= cap))
     if prompt_tokens is not None:
         shortest_long_enough = (
             select(func.min(RunPoint.pp))
@@ -399,7 +470,7 @@ def placement_rows(
             point.id,
         )
         .limit(1)
-        .correlate(Run)
+        .correlate(Run, Node)
     ).scalar_subquery()
     meets = case((RunPoint.s_tg >= min_tps_per_user * RunPoint.b, 1), else_=0)
     statement = (
@@ -465,3 +536,57 @@ def _longest_prompt(
         .limit(1)
     ).first()
     return (row[0], row[1]) if row is not None else None
+
+
+def node_memories(
+    session: Session,
+    *,
+    model_ids: Sequence[int],
+    since: datetime | None,
+    nodes: Sequence[str] | None = None,
+) -> list[NodeMemory]:
+    """For each node's latest successful run of the models (of `nodes` only, when given):
+    what checking its KV-cache fit needs."""
+    latest = _latest_run_of_node(model_ids=model_ids, since=since)
+    statement = (
+        select(
+            Node.name,
+            HardwareFingerprint.memory_bytes,
+            Model,
+            Run.cache_type_k,
+            Run.cache_type_v,
+            Run.n_ubatch,
+        )
+        .select_from(Node)
+        .join(Run, Run.id == latest)
+        .join(Model, Model.id == Run.model_id)
+        .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+    )
+    if nodes is not None:
+        statement = statement.where(Node.name.in_(nodes))
+    return [
+        NodeMemory(
+            node=name,
+            memory_bytes=memory,
+            model=wire.ModelInfo.model_validate(model, from_attributes=True),
+            cache_type_k=cache_k,
+            cache_type_v=cache_v,
+            n_ubatch=ubatch,
+        )
+        for name, memory, model, cache_k, cache_v, ubatch in session.execute(statement)
+    ]
+
+
+def curve_points(
+    session: Session, *, run_ids: Sequence[uuid.UUID]
+) -> dict[tuple[uuid.UUID, int, int], list[tuple[int, float]]]:
+    """The (B, S_TG) points of each run's curves, by (run, PP, TG)."""
+    curves: dict[tuple[uuid.UUID, int, int], list[tuple[int, float]]] = {}
+    rows = session.execute(
+        select(RunPoint.run_id, RunPoint.pp, RunPoint.tg, RunPoint.b, RunPoint.s_tg).where(
+            RunPoint.run_id.in_(run_ids), RunPoint.s_tg.is_not(None)
+        )
+    )
+    for run_id, pp, tg, b, s_tg in rows:
+        curves.setdefault((run_id, pp, tg), []).append((b, typing.cast(float, s_tg)))
+    return curves

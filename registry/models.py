@@ -32,6 +32,7 @@ __all__ = [
     "Model",
     "Node",
     "NodeToken",
+    "Regression",
     "Run",
     "RunPoint",
 ]
@@ -110,6 +111,11 @@ class HardwareFingerprint(Base):
     data: Mapped[dict[str, Any]]
     first_seen: Mapped[datetime]
     last_seen: Mapped[datetime]
+    # Read from `data` at ingest (registry.questions.hardware) so that placement's fit check
+    # and the fleet overview never parse fingerprints.
+    description: Mapped[str | None] = mapped_column(String(300))
+    memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    memory_kind: Mapped[str | None] = mapped_column(String(16))
 
 
 class EngineBuild(Base):
@@ -157,6 +163,8 @@ class Run(Base):
         # Placement takes each node's latest run of a model: one backward probe per node.
         Index("ix_runs_node_model_started", "node_id", "model_id", "started_at", "received_at"),
         Index("ix_runs_model_started", "model_id", "started_at"),
+        # The fleet overview takes each node's latest run of any model.
+        Index("ix_runs_node_started", "node_id", "started_at"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
@@ -229,3 +237,49 @@ class FailedPoint(Base):
     tg: Mapped[int]
     b: Mapped[int]
     reason: Mapped[str] = mapped_column(Text)
+
+
+class Regression(Base):
+    """A lasting step in one series (node x model x PP x TG x B x metric), found at ingest
+    by registry.questions.regressions; `first_run_id` is the first run after the step.
+    `notified_at` NULL with a webhook configured: not yet delivered (the outbox)."""
+
+    __tablename__ = "regressions"
+    __table_args__ = (
+        UniqueConstraint("node_id", "model_id", "pp", "tg", "b", "metric", "first_run_id"),
+        Index("ix_regressions_first_seen", "first_seen_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    pp: Mapped[int]
+    tg: Mapped[int]
+    b: Mapped[int]
+    metric: Mapped[str] = mapped_column(String(8))
+    before_value: Mapped[float]
+    after_value: Mapped[float]
+    change: Mapped[float]
+    noise: Mapped[float]
+    confidence: Mapped[float]
+    runs_before: Mapped[int]
+    runs_after: Mapped[int]
+    cause: Mapped[str] = mapped_column(Text)
+    cause_kinds: Mapped[list[str]] = mapped_column(JSON)
+    before_build: Mapped[str | None] = mapped_column(String(300))
+    after_build: Mapped[str | None] = mapped_column(String(300))
+    before_run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    first_run_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), index=True
+    )
+    first_seen_at: Mapped[datetime]
+    detected_at: Mapped[datetime]
+    acknowledged_at: Mapped[datetime | None]
+    note: Mapped[str | None] = mapped_column(Text)
+    notified_at: Mapped[datetime | None]
+    notify_attempts: Mapped[int] = mapped_column(default=0)
+    notify_after: Mapped[datetime | None]
+    notify_error: Mapped[str | None] = mapped_column(Text)
+
+    node: Mapped[Node] = relationship()
+    model: Mapped[Model] = relationship()

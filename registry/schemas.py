@@ -4,13 +4,14 @@ Named by role: XPublic for one thing, XsPublic(data, count) for a page of them."
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent import wire
-from registry.models import Run
+from registry.models import Regression, Run
+from registry.questions.health import Health
 
 __all__ = [
     "FingerprintPublic",
@@ -37,6 +38,11 @@ class NodePublic(_Public):
     created_at: datetime
     last_run_at: datetime | None
     runs: int
+    hardware: str | None = Field(description="the latest run's hardware, described")
+    engine: str | None = Field(description="the latest run's engine build")
+    last_status: wire.RunStatus | None
+    open_regressions: int = Field(description="regressions not acknowledged")
+    health: Health
 
 
 class NodesPublic(_Public):
@@ -124,3 +130,121 @@ def run_detail(run: Run) -> RunDetail:
             ],
         }
     )
+
+
+class RegressionPublic(_Public):
+    """A lasting step in one series; `change_pct` is negative when it got slower."""
+
+    id: int
+    node: str
+    model: str
+    pp: int
+    tg: int
+    b: int
+    metric: Literal["s_tg", "s_pp"]
+    kind: Literal["regression", "improvement"]
+    before: float = Field(description="mean of the runs before the step")
+    after: float = Field(description="mean of the runs after it")
+    change_pct: float
+    noise_pct: float = Field(description="the series' run-to-run standard deviation, %")
+    confidence: float = Field(description="1 - p of the step under the series' noise")
+    runs_before: int
+    runs_after: int
+    cause: str
+    cause_kinds: list[str]
+    before_build: str | None
+    after_build: str | None
+    first_run_id: UUID
+    first_seen_at: datetime
+    detected_at: datetime
+    acknowledged_at: datetime | None
+    note: str | None
+
+
+class RegressionsPublic(_Public):
+    data: list[RegressionPublic]
+    count: int
+
+
+class Acknowledgement(BaseModel):
+    note: str = Field(min_length=1, max_length=4000, description="why it is accepted")
+
+
+def regression_public(row: Regression) -> RegressionPublic:
+    return RegressionPublic(
+        id=row.id,
+        node=row.node.name,
+        model=row.model.name,
+        pp=row.pp,
+        tg=row.tg,
+        b=row.b,
+        metric="s_pp" if row.metric == "s_pp" else "s_tg",
+        kind="regression" if row.change < 0 else "improvement",
+        before=row.before_value,
+        after=row.after_value,
+        change_pct=round(100 * row.change, 3),
+        noise_pct=round(100 * row.noise, 3),
+        confidence=row.confidence,
+        runs_before=row.runs_before,
+        runs_after=row.runs_after,
+        cause=row.cause,
+        cause_kinds=row.cause_kinds,
+        before_build=row.before_build,
+        after_build=row.after_build,
+        first_run_id=row.first_run_id,
+        first_seen_at=row.first_seen_at,
+        detected_at=row.detected_at,
+        acknowledged_at=row.acknowledged_at,
+        note=row.note,
+    )
+
+
+class CurvePointPublic(BaseModel):
+    b: int
+    total_tps: float = Field(description="S_TG")
+    per_user_tps: float = Field(description="S_TG / B")
+    ms_per_token: float = Field(description="what one user waits per token: 1000 B / S_TG")
+    prefill_tps: float | None = Field(description="S_PP")
+    past_knee: bool
+
+
+class CurvePublic(BaseModel):
+    label: str = Field(description="the engine build")
+    build_number: int | None
+    commit: str | None
+    backend: str | None
+    binding_version: str | None
+    run_id: UUID
+    measured_at: datetime
+    pp: int
+    tg: int
+    knee: int | None = Field(description="the largest B before the gains per stream fade")
+    points: list[CurvePointPublic]
+
+
+class CurvesPublic(BaseModel):
+    node: str
+    model: str
+    knee_threshold: float
+    curves: list[CurvePublic] = Field(description="the latest run of each build, oldest first")
+
+
+class SeriesPointPublic(BaseModel):
+    run_id: UUID
+    started_at: datetime
+    value: float
+    build: str | None = Field(description="the llama.cpp build")
+    binding: str | None = Field(description="what ran llama.cpp, with its version")
+    fingerprint: str | None = Field(description="the hardware, described, and its hash")
+    change: str | None = Field(description="what changed since the previous run")
+
+
+class SeriesPublic(BaseModel):
+    node: str
+    model: str
+    pp: int
+    tg: int
+    b: int
+    metric: Literal["s_tg", "s_pp"]
+    points: list[SeriesPointPublic]
+    regressions: list[RegressionPublic]

@@ -1,36 +1,51 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from fastapi import APIRouter, HTTPException, status
 
 from registry import crud
-from registry.deps import ReadAccess, SessionDep
+from registry.config import RegistrySettings
+from registry.deps import ReadAccess, SessionDep, SettingsDep
+from registry.questions.health import node_health
 from registry.schemas import NodeDetail, NodePublic, NodesPublic
 
 router = APIRouter(prefix="/nodes", tags=["nodes"], dependencies=[ReadAccess])
 
 
-def _public(summary: crud.NodeSummary) -> dict[str, object]:
+def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, object]:
     return {
         "name": summary.node.name,
         "labels": summary.node.labels,
         "created_at": summary.node.created_at,
         "last_run_at": summary.last_run_at,
         "runs": summary.runs,
+        "hardware": summary.hardware,
+        "engine": summary.engine,
+        "last_status": summary.last_status,
+        "open_regressions": summary.open_regressions,
+        "health": node_health(
+            last_run_at=summary.last_run_at,
+            last_status=summary.last_status,
+            open_regressions=summary.open_regressions,
+            now=datetime.now(UTC),
+            stale_after=timedelta(hours=settings.stale_after_hours),
+        ),
     }
 
 
 @router.get("", response_model=NodesPublic)
-def read_nodes(session: SessionDep) -> NodesPublic:
-    """Every node, with when it last ran and how many runs it has reported."""
-    nodes = [NodePublic.model_validate(_public(s)) for s in crud.list_nodes(session)]
+def read_nodes(session: SessionDep, settings: SettingsDep) -> NodesPublic:
+    """Every node: its hardware and engine build, when it last ran, its health."""
+    nodes = [NodePublic.model_validate(_public(s, settings)) for s in crud.list_nodes(session)]
     return NodesPublic(data=nodes, count=len(nodes))
 
 
-@router.get("/{name}", response_model=NodeDetail)
-def read_node(name: str, session: SessionDep) -> NodeDetail:
+@router.get("/{name:path}", response_model=NodeDetail)
+def read_node(name: str, session: SessionDep, settings: SettingsDep) -> NodeDetail:
     """One node with the hardware fingerprints it has had, newest first."""
     found = crud.get_node(session, name)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {name!r} not found")
     summary, fingerprints = found
-    return NodeDetail.model_validate({**_public(summary), "fingerprints": fingerprints})
+    return NodeDetail.model_validate({**_public(summary, settings), "fingerprints": fingerprints})

@@ -1,0 +1,364 @@
+"""A node's history of a model: its series, the regressions found in them and its curves.
+
+Keyword-only functions over the tables, like registry.crud: they flush, never commit. The
+decisions (steps, knee) are pure functions in registry.questions; this module feeds them rows.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from sqlalchemy import ColumnElement, Select, func, select
+from sqlalchemy.orm import Session, selectinload
+
+from registry.models import EngineBuild, HardwareFingerprint, Node, Regression, Run, RunPoint
+from registry.questions.regressions import (
+    DetectionSettings,
+    SeriesRun,
+    Step,
+    describe_cause,
+    find_steps,
+)
+
+__all__ = [
+    "HISTORY_RUNS",
+    "METRICS",
+    "Curve",
+    "SeriesPoint",
+    "acknowledge_regression",
+    "binding_label",
+    "build_label",
+    "curves",
+    "list_regressions",
+    "refresh_regressions",
+    "series",
+]
+
+Metric = Literal["s_tg", "s_pp"]
+METRICS: tuple[Metric, ...] = ("s_tg", "s_pp")
+
+_MEDIAN_SE = math.sqrt(math.pi / 2)  # a median's standard error over a mean's
+
+# Runs of a node x model read back when a new one arrives: the detector looks at most
+# `lookback` runs behind a step and `window` after it, so older runs cannot change a verdict.
+HISTORY_RUNS = 60
+
+_SETTINGS = (
+    "n_ctx",
+    "n_batch",
+    "n_ubatch",
+    "flash_attn",
+    "kv_unified",
+    "pp_shared",
+    "tg_separate",
+    "n_gpu_layers",
+    "n_threads",
+    "n_threads_batch",
+    "cache_type_k",
+    "cache_type_v",
+)
+
+
+def build_label(build: EngineBuild) -> str:
+    """The llama.cpp build as people name it: `llama.cpp b11429 (d812350) Metal`."""
+    parts = [build.engine]
+    if build.build_number is not None:
+        parts.append(f"b{build.build_number}")
+    if build.commit:
+        parts.append(
+            f"({build.commit[:7]})" if build.build_number is not None else build.commit[:12]
+        )
+    if build.backend:
+        parts.append(build.backend)
+    return " ".join(parts)
+
+
+def binding_label(build: EngineBuild) -> str | None:
+    if not build.binding:
+        return None
+    return f"{build.binding} {build.binding_version}" if build.binding_version else build.binding
+
+
+def _settings_label(run: Run) -> str:
+    return " ".join(f"{k}={getattr(run, k)}" for k in _SETTINGS if getattr(run, k) is not None)
+
+
+def _hardware_label(fingerprint: HardwareFingerprint | None) -> str | None:
+    if fingerprint is None:
+        return None
+    return f"{fingerprint.description or 'hardware'} [{fingerprint.hash[:8]}]"
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    run: SeriesRun
+    b: int
+    metric: Metric
+
+
+def _history_runs(*, node_id: int, model_ids: Sequence[int], limit: int) -> Select[Any]:
+    return (
+        select(Run.id)
+        .where(Run.node_id == node_id, Run.model_id.in_(model_ids), Run.status != "failed")
+        .order_by(Run.started_at.desc(), Run.received_at.desc())
+        .limit(limit)
+    )
+
+
+def _series_runs(
+    session: Session,
+    *,
+    node_id: int,
+    model_ids: Sequence[int],
+    pp: int,
+    tg: int,
+    b: int | None = None,
+    limit: int = HISTORY_RUNS,
+) -> dict[tuple[int, Metric], list[SeriesRun]]:
+    """Each (B, metric) series of node x model x PP x TG over the node's latest `limit`
+    successful runs, oldest first."""
+    recent = _history_runs(node_id=node_id, model_ids=model_ids, limit=limit)
+    conditions: list[ColumnElement[bool]] = [
+        RunPoint.run_id.in_(recent.scalar_subquery()),
+        RunPoint.pp == pp,
+        RunPoint.tg == tg,
+    ]
+    if b is not None:
+        conditions.append(RunPoint.b == b)
+    rows = session.execute(
+        select(RunPoint, Run)
+        .join(Run, Run.id == RunPoint.run_id)
+        .where(*conditions)
+        .options(selectinload(Run.build), selectinload(Run.fingerprint))
+        .order_by(Run.started_at, Run.received_at, RunPoint.b)
+    ).all()
+    found: dict[tuple[int, Metric], list[SeriesRun]] = defaultdict(list)
+    for point, run in rows:
+        for metric in METRICS:
+            value = getattr(point, metric)
+            if value is None or value <= 0:
+                continue
+            stdev = getattr(point, f"{metric}_stdev")
+            found[(point.b, metric)].append(
+                SeriesRun(
+                    run_id=run.id,
+                    started_at=run.started_at,
+                    value=value,
+                    build=build_label(run.build),
+                    binding=binding_label(run.build),
+                    hardware=_hardware_label(run.fingerprint),
+                    settings=_settings_label(run),
+                    repeat_noise=(
+                        # the value is the median of the repeats: its standard error
+                        _MEDIAN_SE * stdev / value / math.sqrt(point.repeats)
+                        if stdev is not None and point.repeats > 1
+                        else None
+                    ),
+                )
+            )
+    return found
+
+
+# --- regressions -----------------------------------------------------------------------
+
+
+def refresh_regressions(
+    session: Session, *, run: Run, settings: DetectionSettings | None = None
+) -> list[Regression]:
+    """Re-examines the series `run` belongs to and stores what the detector finds now;
+    returns the regressions new since the last look. Steps the detector no longer sees (an
+    outlier that reverted) are dropped unless someone acknowledged them."""
+    settings = settings or DetectionSettings()
+    new: list[Regression] = []
+    for pp, tg in sorted({(p.pp, p.tg) for p in run.points}):
+        by_series = _series_runs(
+            session, node_id=run.node_id, model_ids=[run.model_id], pp=pp, tg=tg
+        )
+        found: dict[tuple[int, Metric, uuid.UUID], Step] = {}
+        earliest_judged: datetime | None = None
+        for (b, metric), runs in by_series.items():
+            if len(runs) > settings.min_history:
+                judged = runs[settings.min_history].started_at
+                earliest_judged = min(earliest_judged or judged, judged)
+            for step in find_steps(runs, settings):
+                found[(b, metric, step.first.run_id)] = step
+        if earliest_judged is None:
+            continue
+        stored = {
+            (r.b, r.metric, r.first_run_id): r
+            for r in session.scalars(
+                select(Regression).where(
+                    Regression.node_id == run.node_id,
+                    Regression.model_id == run.model_id,
+                    Regression.pp == pp,
+                    Regression.tg == tg,
+                    Regression.first_seen_at >= earliest_judged,
+                )
+            )
+        }
+        for key, regression in stored.items():
+            if key not in found and regression.acknowledged_at is None:
+                session.delete(regression)
+        for (b, metric, _), step in found.items():
+            row = stored.get((b, metric, step.first.run_id))
+            if row is None:
+                row = Regression(
+                    node_id=run.node_id,
+                    model_id=run.model_id,
+                    pp=pp,
+                    tg=tg,
+                    b=b,
+                    metric=metric,
+                    first_run_id=step.first.run_id,
+                    first_seen_at=step.first.started_at,
+                    detected_at=datetime.now(UTC),
+                    notify_attempts=0,
+                )
+                session.add(row)
+                new.append(row)
+            _record_step(row, step)
+    session.flush()
+    return new
+
+
+def _record_step(row: Regression, step: Step) -> None:
+    row.before_value = step.before
+    row.after_value = step.after
+    row.change = step.change
+    row.noise = step.noise
+    row.confidence = step.confidence
+    row.runs_before = step.runs_before
+    row.runs_after = step.runs_after
+    row.cause_kinds = list(step.cause_kinds)
+    row.cause = describe_cause(step.cause_kinds, step.before_run, step.first)
+    row.before_run_id = step.before_run.run_id
+    row.before_build = step.before_run.build
+    row.after_build = step.first.build
+
+
+def list_regressions(
+    session: Session,
+    *,
+    node: str | None = None,
+    model_ids: Sequence[int] | None = None,
+    since: datetime | None = None,
+    min_change: float | None = None,
+    include_improvements: bool = False,
+    include_acknowledged: bool = False,
+    series: tuple[int, int, int, str] | None = None,
+    limit: int = 1000,
+) -> tuple[Sequence[Regression], int]:
+    """Stored steps newest first (regressions only unless asked), with the total count.
+    `series` narrows to one (PP, TG, B, metric)."""
+    conditions: list[ColumnElement[bool]] = []
+    if node is not None:
+        conditions.append(Regression.node.has(Node.name == node))
+    if model_ids is not None:
+        conditions.append(Regression.model_id.in_(model_ids))
+    if since is not None:
+        conditions.append(Regression.first_seen_at >= since)
+    if min_change is not None:
+        conditions.append(func.abs(Regression.change) >= min_change)
+    if not include_improvements:
+        conditions.append(Regression.change < 0)
+    if not include_acknowledged:
+        conditions.append(Regression.acknowledged_at.is_(None))
+    if series is not None:
+        pp, tg, b, metric = series
+        conditions.extend(
+            [
+                Regression.pp == pp,
+                Regression.tg == tg,
+                Regression.b == b,
+                Regression.metric == metric,
+            ]
+        )
+    count = session.scalar(select(func.count(Regression.id)).where(*conditions)) or 0
+    rows = session.scalars(
+        select(Regression)
+        .where(*conditions)
+        .options(selectinload(Regression.node), selectinload(Regression.model))
+        .order_by(Regression.first_seen_at.desc(), Regression.id.desc())
+        .limit(limit)
+    ).all()
+    return rows, count
+
+
+def acknowledge_regression(session: Session, *, regression_id: int, note: str) -> Regression | None:
+    regression = session.get(Regression, regression_id)
+    if regression is None:
+        return None
+    regression.acknowledged_at = datetime.now(UTC)
+    regression.note = note
+    session.flush()
+    return regression
+
+
+# --- series and curves -----------------------------------------------------------------
+
+
+def series(
+    session: Session,
+    *,
+    node_id: int,
+    model_ids: Sequence[int],
+    pp: int,
+    tg: int,
+    b: int,
+    metric: Metric,
+    limit: int,
+) -> list[SeriesRun]:
+    """One series, oldest first, over the node's latest `limit` successful runs."""
+    by_series = _series_runs(
+        session, node_id=node_id, model_ids=model_ids, pp=pp, tg=tg, b=b, limit=limit
+    )
+    return by_series.get((b, metric), [])
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One batching curve: the latest run of one build at one (PP, TG)."""
+
+    run: Run
+    pp: int
+    tg: int
+    points: list[RunPoint]  # by B, each with an S_TG
+
+
+def curves(session: Session, *, node_id: int, model_ids: Sequence[int]) -> list[Curve]:
+    """For each engine build the node ran the model on, its latest successful run's curves
+    (one per PP x TG); oldest build first."""
+    newest_first = (
+        func.row_number()
+        .over(
+            partition_by=Run.build_id,
+            order_by=(Run.started_at.desc(), Run.received_at.desc()),
+        )
+        .label("rank")
+    )
+    ranked = (
+        select(Run.id, newest_first)
+        .where(Run.node_id == node_id, Run.model_id.in_(model_ids), Run.status != "failed")
+        .subquery()
+    )
+    runs = session.scalars(
+        select(Run)
+        .where(Run.id.in_(select(ranked.c.id).where(ranked.c.rank == 1)))
+        .options(selectinload(Run.build), selectinload(Run.points))
+        .order_by(Run.started_at, Run.received_at)
+    ).all()
+    found: list[Curve] = []
+    for run in runs:
+        groups: dict[tuple[int, int], list[RunPoint]] = defaultdict(list)
+        for point in run.points:
+            if point.s_tg is not None:
+                groups[(point.pp, point.tg)].append(point)
+        for (pp, tg), points in sorted(groups.items()):
+            found.append(Curve(run, pp, tg, sorted(points, key=lambda p: p.b)))
+    return found

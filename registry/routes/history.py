@@ -1,0 +1,210 @@
+"""A node's history: regressions, batching curves with their knee, one series over time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Response, status
+
+from registry import crud, history
+from registry.deps import NodeAuth, ReadAccess, SessionDep
+from registry.export import export_response
+from registry.models import Model, Node
+from registry.questions.knee import KNEE_THRESHOLD, find_knee
+from registry.questions.regressions import describe_cause
+from registry.schemas import (
+    Acknowledgement,
+    CurvePointPublic,
+    CurvePublic,
+    CurvesPublic,
+    RegressionPublic,
+    RegressionsPublic,
+    SeriesPointPublic,
+    SeriesPublic,
+    regression_public,
+)
+
+router = APIRouter(tags=["questions"])
+
+ModelQuery = Annotated[str, Query(min_length=1, description="display name or GGUF sha256")]
+
+
+def _node_and_models(session: SessionDep, node: str, model: str) -> tuple[Node, Sequence[Model]]:
+    found = crud.get_node(session, node)
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {node!r} not found")
+    models = crud.find_models(session, model)
+    if not models:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"model {model!r} not found")
+    return found[0].node, models
+
+
+@router.get("/regressions", response_model=RegressionsPublic, dependencies=[ReadAccess])
+def read_regressions(
+    session: SessionDep,
+    since: Annotated[datetime | None, Query(description="first seen at or after")] = None,
+    node: str | None = None,
+    model: Annotated[str | None, Query(description="display name or sha256")] = None,
+    min_change: Annotated[
+        float | None, Query(ge=0, allow_inf_nan=False, description="least |change|, percent")
+    ] = None,
+    include_improvements: bool = False,
+    include_acknowledged: bool = False,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> RegressionsPublic:
+    """Series that got slower (or faster) and stayed so, newest first, with the cause."""
+    model_ids = [m.id for m in crud.find_models(session, model)] if model is not None else None
+    rows, count = history.list_regressions(
+        session,
+        node=node,
+        model_ids=model_ids,
+        since=since,
+        min_change=min_change / 100 if min_change is not None else None,
+        include_improvements=include_improvements,
+        include_acknowledged=include_acknowledged,
+        limit=limit,
+    )
+    return RegressionsPublic(data=[regression_public(r) for r in rows], count=count)
+
+
+@router.post(
+    "/regressions/{regression_id}/acknowledge",
+    response_model=RegressionPublic,
+    responses={404: {"description": "no such regression"}},
+)
+def acknowledge(
+    regression_id: int, body: Acknowledgement, session: SessionDep, _node: NodeAuth
+) -> RegressionPublic:
+    """Accepts a regression (with a note): it is no longer listed by default nor makes its
+    node's health 'regressed'."""
+    row = history.acknowledge_regression(session, regression_id=regression_id, note=body.note)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail="regression not found")
+    public = regression_public(row)
+    session.commit()
+    return public
+
+
+@router.get("/curves", response_model=CurvesPublic, dependencies=[ReadAccess], responses={404: {}})
+def read_curves(
+    session: SessionDep,
+    node: str,
+    model: ModelQuery,
+    knee_threshold: Annotated[
+        float, Query(gt=0, le=1, description="share of S_TG(1) an added stream must add")
+    ] = KNEE_THRESHOLD,
+) -> CurvesPublic:
+    """The node's batching curves for the model, one per build, each with its knee."""
+    found_node, models = _node_and_models(session, node, model)
+    curves = []
+    for curve in history.curves(session, node_id=found_node.id, model_ids=[m.id for m in models]):
+        knee = find_knee([(p.b, p.s_tg or 0.0) for p in curve.points], knee_threshold)
+        build = curve.run.build
+        curves.append(
+            CurvePublic(
+                label=history.build_label(build),
+                build_number=build.build_number,
+                commit=build.commit,
+                backend=build.backend,
+                binding_version=history.binding_label(build),
+                run_id=curve.run.id,
+                measured_at=curve.run.started_at,
+                pp=curve.pp,
+                tg=curve.tg,
+                knee=knee,
+                points=[
+                    CurvePointPublic(
+                        b=p.b,
+                        total_tps=p.s_tg or 0.0,
+                        per_user_tps=(p.s_tg or 0.0) / p.b,
+                        ms_per_token=1000 * p.b / p.s_tg if p.s_tg else float("inf"),
+                        prefill_tps=p.s_pp,
+                        past_knee=knee is not None and p.b > knee,
+                    )
+                    for p in curve.points
+                ],
+            )
+        )
+    return CurvesPublic(
+        node=found_node.name, model=models[0].name, knee_threshold=knee_threshold, curves=curves
+    )
+
+
+@router.get(
+    "/series",
+    response_model=SeriesPublic,
+    dependencies=[ReadAccess],
+    responses={404: {}, 200: {"content": {"text/csv": {}}}},
+)
+def read_series(
+    session: SessionDep,
+    node: str,
+    model: ModelQuery,
+    pp: Annotated[int, Query(ge=0)],
+    tg: Annotated[int, Query(ge=0)],
+    b: Annotated[int, Query(ge=1)],
+    metric: Literal["s_tg", "s_pp"] = "s_tg",
+    limit: Annotated[int, Query(ge=1, le=100_000, description="latest runs")] = 1000,
+    format: Literal["json", "csv"] = "json",
+) -> SeriesPublic | Response:
+    """One series over time (oldest first), what changed between runs, and its steps."""
+    found_node, models = _node_and_models(session, node, model)
+    runs = history.series(
+        session,
+        node_id=found_node.id,
+        model_ids=[m.id for m in models],
+        pp=pp,
+        tg=tg,
+        b=b,
+        metric=metric,
+        limit=limit,
+    )
+    points = [
+        SeriesPointPublic(
+            run_id=run.run_id,
+            started_at=run.started_at,
+            value=run.value,
+            build=run.build,
+            binding=run.binding,
+            fingerprint=run.hardware,
+            change=(
+                describe_cause(kinds, previous, run)
+                if previous is not None and (kinds := run.changes_from(previous))
+                else None
+            ),
+        )
+        for previous, run in zip([None, *runs], runs, strict=False)
+    ]
+    rows, _ = history.list_regressions(
+        session,
+        node=found_node.name,
+        model_ids=[m.id for m in models],
+        include_improvements=True,
+        include_acknowledged=True,
+        series=(pp, tg, b, metric),
+    )
+    answer = SeriesPublic(
+        node=found_node.name,
+        model=models[0].name,
+        pp=pp,
+        tg=tg,
+        b=b,
+        metric=metric,
+        points=points,
+        regressions=[regression_public(r) for r in rows],
+    )
+    if format == "csv":
+        return _series_csv(answer)
+    return answer
+
+
+_SERIES_COLUMNS = ("node", "model", "pp", "tg", "b", "metric", *SeriesPointPublic.model_fields)
+
+
+def _series_csv(answer: SeriesPublic) -> Response:
+    fixed = answer.model_dump(include={"node", "model", "pp", "tg", "b", "metric"})
+    rows = [{**fixed, **point.model_dump()} for point in answer.points]
+    name = f"{answer.node}-{answer.model}-pp{answer.pp}-tg{answer.tg}-b{answer.b}-{answer.metric}"
+    return export_response(rows, columns=_SERIES_COLUMNS, format="csv", filename=name)

@@ -1,0 +1,183 @@
+"""The registry's pure questions: steps in a series, the knee, hardware memory, KV fit."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from agent.kv_cache import kv_cache_bytes
+from agent.wire import ModelInfo
+from registry.questions.hardware import summarize_hardware
+from registry.questions.knee import find_knee
+from registry.questions.placement import (
+    NodeMemory,
+    largest_fitting_concurrency,
+    why_fit_unchecked,
+)
+from registry.questions.regressions import SeriesRun, find_steps
+from tests.conftest import ARTICLE_TABLE
+
+GIB = 2**30
+START = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def series(*segments: tuple[str, list[float]], hardware: str = "M4 Pro") -> list[SeriesRun]:
+    """Runs of (build, values) segments, one run per value, hourly."""
+    runs = []
+    for build, values in segments:
+        for value in values:
+            runs.append(
+                SeriesRun(
+                    run_id=uuid.uuid4(),
+                    started_at=START + timedelta(hours=len(runs)),
+                    value=value,
+                    build=build,
+                    binding=None,
+                    hardware=hardware,
+                    settings="n_batch=2048",
+                )
+            )
+    return runs
+
+
+def noisy(centre: float, n: int, spread: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [centre * (1 + rng.gauss(0, spread)) for _ in range(n)]
+
+
+def test_a_15_percent_drop_after_a_build_change_is_a_regression_caused_by_the_build() -> None:
+    runs = series(("b11429", noisy(133.65, 6, 0.02, 1)), ("b11500", noisy(113.6, 2, 0.02, 2)))
+    [step] = find_steps(runs)
+    assert step.is_regression
+    assert step.change == pytest.approx(-0.15, abs=0.03)
+    assert step.cause_kinds == ("llama.cpp build",)
+    assert step.first is runs[6]
+    assert step.before_run is runs[5]
+    assert (step.runs_before, step.runs_after) == (6, 2)
+    assert step.confidence > 0.99
+
+
+def test_one_run_after_the_upgrade_is_not_yet_enough() -> None:
+    runs = series(("b11429", noisy(133.65, 6, 0.02, 1)), ("b11500", [113.6]))
+    assert find_steps(runs) == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_noise_alone_raises_nothing_even_across_builds(seed: int) -> None:
+    runs = series(
+        ("b11429", noisy(100, 12, 0.03, seed)), ("b11500", noisy(100, 12, 0.03, seed + 100))
+    )
+    assert find_steps(runs) == []
+
+
+def test_a_single_outlier_that_reverts_is_not_a_regression() -> None:
+    assert find_steps(series(("b1", [100] * 8 + [80] + [100] * 5))) == []
+    # even when it comes with an upgrade: the next run on the new build is back
+    assert find_steps(series(("b1", [100] * 8), ("b2", [80, 100, 100]))) == []
+
+
+def test_a_step_that_persisted_is_kept_after_a_later_build_recovers() -> None:
+    runs = series(("b1", [100, 101, 99, 100, 100, 101]), ("b2", [85, 84, 86]), ("b3", [100] * 4))
+    first, second = find_steps(runs)
+    assert first.is_regression and first.cause_kinds == ("llama.cpp build",)
+    assert first.first.build == "b2" and first.change == pytest.approx(-0.15, abs=0.01)
+    assert not second.is_regression and second.first.build == "b3"
+
+
+def test_a_step_nothing_explains_needs_three_runs_and_names_no_cause() -> None:
+    before = [100, 101, 99, 100, 100, 101, 99, 100]
+    assert find_steps(series(("b1", [*before, 85, 85]))) == []
+    [step] = find_steps(series(("b1", [*before, 85, 85, 86])))
+    assert step.cause_kinds == ()
+
+
+def test_a_change_below_the_threshold_is_ignored_however_clear() -> None:
+    assert find_steps(series(("b1", [100.0] * 8), ("b2", [97.0] * 4))) == []
+
+
+def test_a_driver_change_is_named_as_the_cause() -> None:
+    runs = series(("b1", [100.0] * 6)) + [
+        SeriesRun(
+            run_id=uuid.uuid4(),
+            started_at=START + timedelta(days=2, hours=i),
+            value=80.0,
+            build="b1",
+            binding=None,
+            hardware="H100 (driver 555.42)",
+            settings="n_batch=2048",
+        )
+        for i in range(2)
+    ]
+    [step] = find_steps(runs)
+    assert step.cause_kinds == ("hardware",)
+
+
+def test_knee_of_the_article_table_is_8() -> None:
+    assert find_knee([(b, s_tg) for b, _, s_tg in ARTICLE_TABLE]) == 8
+
+
+def test_knee_moves_with_the_threshold_and_handles_missing_b1() -> None:
+    curve = [(b, s_tg) for b, _, s_tg in ARTICLE_TABLE]
+    assert find_knee(curve, threshold=0.10) == 16  # 8 -> 16 adds 13% of S_TG(1)
+    assert find_knee(curve, threshold=0.50) == 1  # 1 -> 2 adds 49%
+    assert find_knee(curve[1:]) == 8
+    assert find_knee([]) is None
+
+
+def test_hardware_memory_budget_by_kind() -> None:
+    apple = summarize_hardware(
+        {"probes": {"apple": {"chip": "Apple M4 Pro", "memory_bytes": 24 * GIB}}}
+    )
+    assert apple.description == "Apple M4 Pro, 24 GiB"
+    assert apple.memory_bytes == 18 * GIB and apple.memory_kind == "unified"
+    gpus = {"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * GIB}
+    nvidia = summarize_hardware(
+        {
+            "probes": {
+                "nvidia": {"driver_version": "550.54.15", "gpus": [gpus, gpus]},
+                "host": {"cpu_model": "EPYC", "memory_bytes": 512 * GIB},
+            }
+        }
+    )
+    assert nvidia.description == "2x NVIDIA H100 80GB HBM3 (driver 550.54.15)"
+    assert nvidia.memory_bytes == 160 * GIB and nvidia.memory_kind == "gpu"
+    host = summarize_hardware({"probes": {"host": {"cpu_model": "EPYC", "memory_bytes": GIB}}})
+    assert (host.memory_bytes, host.memory_kind) == (GIB, "host")
+    assert summarize_hardware({}).memory_bytes is None
+
+
+NEMO = ModelInfo(
+    name="Mistral-Nemo-Instruct-2407-Q4_K_M",
+    n_layer=40,
+    n_head_kv=8,
+    head_dim_k=128,
+    head_dim_v=128,
+    file_size=7_477_207_552,
+)
+
+
+def test_article_kv_cache_sizes() -> None:
+    one_long = kv_cache_bytes(NEMO, n_ctx=20_480)
+    assert one_long is not None and one_long / GIB == pytest.approx(3.125)
+    many = kv_cache_bytes(NEMO, n_ctx=32 * 8_000, n_seq=32)
+    assert many is not None and many / GIB == pytest.approx(39.06, abs=0.01)
+
+
+def test_largest_fitting_concurrency_on_a_24_gib_m4_pro() -> None:
+    memory = NodeMemory("m4pro", 18 * GIB, NEMO, None, None, None)
+    assert why_fit_unchecked(memory) is None
+    # (18 GiB - 6.96 GiB of weights) / 1.22 GiB per 8,000-token user = 9.04
+    assert largest_fitting_concurrency(memory, tokens_per_user=8_000) == 9
+    assert largest_fitting_concurrency(memory, tokens_per_user=20_480) == 3
+    assert largest_fitting_concurrency(memory, tokens_per_user=10_000_000) == 0
+
+
+def test_fit_is_unchecked_without_the_numbers() -> None:
+    bare = ModelInfo(name="x")
+    assert "architecture" in (why_fit_unchecked(NodeMemory("n", GIB, bare, None, None, None)) or "")
+    assert "memory" in (why_fit_unchecked(NodeMemory("n", None, NEMO, None, None, None)) or "")
+    odd = NodeMemory("n", GIB, NEMO, "q3_weird", None, None)
+    assert "q3_weird" in (why_fit_unchecked(odd) or "")
