@@ -304,6 +304,10 @@ def placement(
     prompt_tokens: Annotated[
         int | None, typer.Option(help="only points measured with prompts at least this long")
     ] = None,
+    context_tokens: Annotated[
+        int | None,
+        typer.Option(help="tokens each user's conversation holds: refuse what would not fit"),
+    ] = None,
     max_age_days: Annotated[float | None, typer.Option(help="ignore older runs")] = None,
     limit: Annotated[
         int | None, typer.Option(help="list at most this many nodes [registry default: 100]")
@@ -320,6 +324,7 @@ def placement(
                 model=model,
                 min_tps_per_user=min_tps_per_user,
                 prompt_tokens=prompt_tokens,
+                context_tokens=context_tokens,
                 max_age_days=max_age_days,
                 limit=limit,
             )

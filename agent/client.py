@@ -53,16 +53,21 @@ class RegistryClient:
         model: str,
         min_tps_per_user: float,
         prompt_tokens: int | None = None,
+        context_tokens: int | None = None,
         max_age_days: float | None = None,
         limit: int | None = None,
     ) -> PlacementAnswer:
-        params: dict[str, Any] = {"model": model, "min_tps_per_user": min_tps_per_user}
-        if limit is not None:
-            params["limit"] = limit
-        if prompt_tokens is not None:
-            params["prompt_tokens"] = prompt_tokens
-        if max_age_days is not None:
-            params["max_age_days"] = max_age_days
+        optional = {
+            "prompt_tokens": prompt_tokens,
+            "context_tokens": context_tokens,
+            "max_age_days": max_age_days,
+            "limit": limit,
+        }
+        params: dict[str, Any] = {
+            "model": model,
+            "min_tps_per_user": min_tps_per_user,
+            **{k: v for k, v in optional.items() if v is not None},
+        }
         response = self._request("GET", "/v1/placement", params=params)
         return PlacementAnswer.model_validate_json(response.content)
 

@@ -47,10 +47,15 @@ def placement_table(answer: PlacementAnswer) -> Table:
         caption_justify="left",
     )
     table.add_column("node")
-    for header in ("B", "per user", "total", "prefill", "PP/TG", "build"):
+    for header in ("B", "per user", "total", "prefill", "PP/TG", "KV GiB", "build"):
         table.add_column(header, justify="right")
     table.add_column("measured")
+    table.add_column("notes")
     for c in answer.candidates:
+        notes = [
+            *(["past the knee"] if c.past_knee else []),
+            *(["fit not checked"] if answer.context_tokens and c.fit == "not checked" else []),
+        ]
         table.add_row(
             c.node,
             str(c.concurrency),
@@ -58,9 +63,13 @@ def placement_table(answer: PlacementAnswer) -> Table:
             _fmt(c.total_tps),
             _fmt(c.prefill_tps),
             f"{c.prompt_tokens}/{c.gen_tokens}",
+            _fmt(c.kv_cache_gib),
             "-" if c.llama_cpp_build is None else str(c.llama_cpp_build),
             c.measured_at.strftime("%Y-%m-%d"),
+            ", ".join(notes),
         )
+    for r in answer.rejected:
+        table.add_row(r.node, str(r.concurrency), *[""] * 8, f"refused: {r.reason}")
     return table
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "PlacementAnswer",
     "PlacementCandidate",
     "Point",
+    "RejectedConcurrency",
     "RunReceipt",
     "RunReport",
     "RunSettings",
@@ -256,6 +257,26 @@ class PlacementCandidate(BaseModel):
     llama_cpp_build: int | None
     measured_at: UTCDateTime
     run_id: UUID
+    past_knee: bool | None = Field(
+        default=None, description="the concurrency lies past the node's knee (None: unknown)"
+    )
+    kv_cache_gib: float | None = Field(
+        default=None,
+        description="KV cache of all users at this concurrency, at context_tokens each "
+        "(or the point's own PP + TG); None without the model's architecture numbers",
+    )
+    fit: Literal["fits", "not checked"] = Field(
+        default="not checked", description="whether weights + KV cache were checked to fit"
+    )
+
+
+class RejectedConcurrency(BaseModel):
+    """A concurrency that met the speed asked for but whose KV cache would not fit."""
+
+    node: str
+    concurrency: int
+    kv_cache_gib: float
+    reason: str
 
 
 class PlacementAnswer(BaseModel):
@@ -263,6 +284,10 @@ class PlacementAnswer(BaseModel):
 
     model: str
     min_tps_per_user: float
+    context_tokens: int | None = None
     count: int = Field(description="how many nodes qualify; `candidates` lists the first `limit`")
     candidates: list[PlacementCandidate] = Field(description="best total throughput first")
+    rejected: list[RejectedConcurrency] = Field(
+        default_factory=list, description="faster choices refused because they would not fit"
+    )
     reason: str

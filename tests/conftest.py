@@ -202,7 +202,7 @@ ARTICLE_MODEL = "Mistral-Nemo-Instruct-2407-Q4_K_M"
 def make_report(
     *,
     node: str = "m4pro",
-    model: str = ARTICLE_MODEL,
+    model: str | wire.ModelInfo = ARTICLE_MODEL,
     table: list[tuple[int, float, float]] | None = None,
     pp: int = 512,
     tg: int = 128,
@@ -221,7 +221,7 @@ def make_report(
         "node": node,
         "started_at": started_at or datetime(2026, 10, 16, 12, 0, tzinfo=UTC),
         "engine": wire.EngineBuild(build_number=build_number, backend="Metal"),
-        "model": wire.ModelInfo(name=model),
+        "model": model if isinstance(model, wire.ModelInfo) else wire.ModelInfo(name=model),
         "points": points,
     }
     fields.update(overrides)

@@ -58,6 +58,10 @@ def test_import_article_table_then_placement(live_registry: LiveRegistry) -> Non
     assert candidate["llama_cpp_build"] == 11429
     table = agent(*question, **env)
     assert "m4pro" in table.stdout and "133.65" in table.stdout
+    # an imported table carries no architecture numbers: fit cannot be checked, and says so
+    unchecked = agent(*question, "--context-tokens", "8000", **env)
+    assert unchecked.returncode == 0, unchecked.stderr
+    assert "fit not checked" in unchecked.stdout
 
 
 def test_import_several_tables_and_a_model_file(

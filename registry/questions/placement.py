@@ -15,9 +15,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from agent.wire import PlacementAnswer
+from agent.kv_cache import CACHE_TYPE_BYTES, kv_cache_bytes
+from agent.wire import ModelInfo, PlacementAnswer, RejectedConcurrency
 
-__all__ = ["NodeChoice", "answer_placement"]
+__all__ = [
+    "NodeChoice",
+    "NodeMemory",
+    "answer_placement",
+    "largest_fitting_concurrency",
+    "why_fit_unchecked",
+]
+
+_GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -34,10 +43,74 @@ class NodeChoice:
     b: int
     s_pp: float | None
     s_tg: float
+    knee: int | None = None  # of the curve the point lies on, when known
+    kv_cache_bytes: int | None = None
+    fit_checked: bool = False
 
     @property
     def per_user_tps(self) -> float:
         return self.s_tg / self.b
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """What checking a node's fit takes: the memory the weights and KV cache must share
+    (registry.questions.hardware), the model's architecture and the cache settings of the
+    node's latest run."""
+
+    node: str
+    memory_bytes: int | None
+    model: ModelInfo
+    cache_type_k: str | None
+    cache_type_v: str | None
+    n_ubatch: int | None
+
+    def kv_bytes(self, *, concurrency: int, tokens_per_user: int) -> int | None:
+        return kv_cache_bytes(
+            self.model,
+            n_ctx=concurrency * tokens_per_user,
+            n_seq=concurrency,
+            n_ubatch=self.n_ubatch or 512,
+            cache_type_k=self.cache_type_k or "f16",
+            cache_type_v=self.cache_type_v or "f16",
+        )
+
+    def fits(self, *, concurrency: int, tokens_per_user: int) -> bool:
+        kv = self.kv_bytes(concurrency=concurrency, tokens_per_user=tokens_per_user)
+        assert kv is not None and self.memory_bytes is not None and self.model.file_size
+        return kv + self.model.file_size <= self.memory_bytes
+
+
+def why_fit_unchecked(memory: NodeMemory) -> str | None:
+    """Why the fit of this node cannot be checked, or None when it can."""
+    if memory.memory_bytes is None:
+        return "its memory is unknown (no hardware fingerprint with a memory size)"
+    if memory.model.n_layer is None or memory.model.n_head_kv is None:
+        return "the model's architecture numbers are unknown"
+    if memory.model.file_size is None:
+        return "the model's file size is unknown"
+    for cache_type in (memory.cache_type_k, memory.cache_type_v):
+        if cache_type is not None and cache_type not in CACHE_TYPE_BYTES:
+            return f"its KV cache type {cache_type!r} is unknown"
+    return None
+
+
+def largest_fitting_concurrency(memory: NodeMemory, *, tokens_per_user: int) -> int:
+    """The most users whose KV caches of `tokens_per_user` each fit beside the weights
+    (0: not even one); `memory` must be checkable (why_fit_unchecked is None). The KV cache
+    only grows with the users, so a doubling then a bisection finds it."""
+    if not memory.fits(concurrency=1, tokens_per_user=tokens_per_user):
+        return 0
+    low, high = 1, 2
+    while high < 2**31 and memory.fits(concurrency=high, tokens_per_user=tokens_per_user):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if memory.fits(concurrency=middle, tokens_per_user=tokens_per_user):
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def answer_placement(
@@ -50,6 +123,9 @@ def answer_placement(
     prompt_tokens: int | None = None,
     longest_prompt: tuple[str, int] | None = None,
     max_age_days: float | None = None,
+    context_tokens: int | None = None,
+    rejected: Sequence[RejectedConcurrency] = (),
+    unchecked: Sequence[tuple[str, str]] = (),
 ) -> PlacementAnswer:
     """The answer for the nodes that qualify (`qualifying`: best total throughput first, the
     first of `qualifying_count`). When none does, the reason names the `fastest` point per
@@ -77,12 +153,22 @@ def answer_placement(
         reason = f"no successful run of {model} has been reported"
         if max_age_days is not None:
             reason += f" in the last {max_age_days:g} days"
+    if rejected:
+        reason += (
+            f"; {len(rejected)} faster choice(s) refused: their KV cache at "
+            f"{context_tokens} tokens per user would not fit"
+        )
+    if unchecked:
+        node, why = unchecked[0]
+        reason += f"; KV-cache fit not checked for {len(unchecked)} node(s) ({node}: {why})"
     return PlacementAnswer.model_validate(
         {
             "model": model,
             "min_tps_per_user": min_tps_per_user,
+            "context_tokens": context_tokens,
             "count": qualifying_count,
             "candidates": [_candidate(c) for c in qualifying],
+            "rejected": rejected,
             "reason": reason,
         }
     )
@@ -100,4 +186,7 @@ def _candidate(choice: NodeChoice) -> dict[str, object]:
         "llama_cpp_build": choice.llama_cpp_build,
         "measured_at": choice.measured_at,
         "run_id": choice.run_id,
+        "past_knee": choice.b > choice.knee if choice.knee is not None else None,
+        "kv_cache_gib": choice.kv_cache_bytes / _GIB if choice.kv_cache_bytes is not None else None,
+        "fit": "fits" if choice.fit_checked else "not checked",
     }

@@ -208,3 +208,87 @@ def test_placement_with_reads_closed_needs_a_token(database_url: str) -> None:
             )
     assert answer.status_code == 200
     assert [c["concurrency"] for c in answer.json()["candidates"]] == [8]
+
+
+NEMO = wire.ModelInfo(
+    name=ARTICLE_MODEL,
+    sha256=SHA,
+    n_layer=40,
+    n_head_kv=8,
+    head_dim_k=128,
+    head_dim_v=128,
+    file_size=7_477_207_552,
+)
+M4PRO_24GB = wire.HardwareFingerprint(
+    hash="a" * 64,
+    data={"probes": {"apple": {"chip": "Apple M4 Pro", "memory_bytes": 24 * 2**30}}},
+)
+
+
+def _report_article_with_architecture(registry: LiveRegistry) -> None:
+    token = registry.token("m4pro")
+    with registry.client(token) as client:
+        sent = make_report(model=NEMO, hardware=M4PRO_24GB)
+        assert post_report(client, sent).status_code == 201
+
+
+def test_context_tokens_reject_concurrencies_whose_kv_cache_does_not_fit(
+    live_registry: LiveRegistry,
+) -> None:
+    _report_article_with_architecture(live_registry)
+    # 32 users reach 6.05 tokens/s each, but 32 x 8,000 tokens of KV cache is 39 GiB
+    status, answer = _ask(
+        live_registry, model=ARTICLE_MODEL, min_tps_per_user=6, context_tokens=8000
+    )
+    assert status == 200
+    assert answer["context_tokens"] == 8000
+    [rejected] = answer["rejected"]  # type: ignore[misc]
+    assert (rejected["node"], rejected["concurrency"]) == ("m4pro", 32)
+    assert rejected["kv_cache_gib"] == pytest.approx(39.06, abs=0.01)
+    assert "at most 9 users fit" in rejected["reason"]
+    [candidate] = answer["candidates"]  # type: ignore[misc]
+    assert candidate["concurrency"] == 8  # the largest measured B <= 9
+    assert candidate["fit"] == "fits"
+    assert candidate["kv_cache_gib"] == pytest.approx(8 * 8000 * 160 * 1024 / 2**30)
+    assert candidate["past_knee"] is False
+    assert "refused" in answer["reason"]  # type: ignore[operator]
+
+
+def test_one_long_conversation_fits_and_reports_its_kv_cache(live_registry: LiveRegistry) -> None:
+    _report_article_with_architecture(live_registry)
+    status, answer = _ask(
+        live_registry, model=ARTICLE_MODEL, min_tps_per_user=25, context_tokens=20480
+    )
+    assert status == 200
+    [candidate] = answer["candidates"]  # type: ignore[misc]
+    assert candidate["concurrency"] == 1
+    assert candidate["kv_cache_gib"] == pytest.approx(3.125)
+    assert candidate["fit"] == "fits"
+    assert answer["rejected"] == []
+
+
+def test_nothing_fits_when_one_user_is_too_many(live_registry: LiveRegistry) -> None:
+    _report_article_with_architecture(live_registry)
+    status, answer = _ask(
+        live_registry, model=ARTICLE_MODEL, min_tps_per_user=6, context_tokens=200_000
+    )
+    assert status == 200
+    assert answer["candidates"] == []
+    [rejected] = answer["rejected"]  # type: ignore[misc]
+    assert "not even one user fits" in rejected["reason"]
+
+
+def test_fit_not_checked_without_architecture_numbers(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    with live_registry.client(token) as client:
+        assert post_report(client, make_report(hardware=M4PRO_24GB)).status_code == 201
+    status, answer = _ask(
+        live_registry, model=ARTICLE_MODEL, min_tps_per_user=6, context_tokens=8000
+    )
+    assert status == 200
+    [candidate] = answer["candidates"]  # type: ignore[misc]
+    assert candidate["concurrency"] == 32 and candidate["past_knee"] is True
+    assert candidate["fit"] == "not checked" and candidate["kv_cache_gib"] is None
+    assert "KV-cache fit not checked for 1 node(s) (m4pro: the model's architecture" in str(
+        answer["reason"]
+    )
