@@ -1,0 +1,118 @@
+"""Webhook notifications of new regressions, received by a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from registry.config import RegistrySettings
+from registry.db import session_factory
+from registry.models import Regression
+from registry.notify import WebhookNotifier
+from tests.conftest import LiveRegistry, running_registry
+from tests.registry.test_api_history import WOBBLE, post_history
+
+
+class Receiver:
+    """Answers each POST with the next status in `statuses` (then 200) and keeps the bodies."""
+
+    def __init__(self, statuses: list[int]) -> None:
+        self.statuses = statuses
+        self.bodies: list[dict[str, Any]] = []
+        self.attempts = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers["Content-Length"])
+                body = json.loads(self.rfile.read(length))
+                receiver.attempts += 1
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                if status == 200:
+                    receiver.bodies.append(body)
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_for(self, count: int, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.bodies) < count:
+            assert time.monotonic() < deadline, f"{len(self.bodies)} of {count} webhooks arrived"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    found = Receiver([])
+    yield found
+    found.server.shutdown()
+    found.server.server_close()
+
+
+def test_a_new_regression_reaches_the_webhook_with_a_link(
+    database_url: str, receiver: Receiver
+) -> None:
+    settings = RegistrySettings(
+        database_url=database_url,
+        webhook_url=receiver.url,
+        public_url="http://registry.example:8787",
+    )
+    with running_registry(settings) as registry:
+        post_history(registry, [(1, w) for w in WOBBLE[:5]] + [(2, 0.8), (2, 0.8)])
+        receiver.wait_for(12)
+        time.sleep(0.3)  # nothing more comes: each regression is sent once
+        assert len(receiver.bodies) == 12
+    eight = next(
+        b
+        for b in receiver.bodies
+        if (b["regression"]["metric"], b["regression"]["b"]) == ("s_tg", 8)
+    )
+    assert eight["event"] == "regression"
+    assert eight["regression"]["node"] == "m4pro"
+    assert eight["regression"]["cause_kinds"] == ["llama.cpp build"]
+    assert eight["regression"]["change_pct"] == pytest.approx(-20, abs=1.5)
+    assert eight["url"] == (
+        "http://registry.example:8787/series?node=m4pro&model=Mistral-Nemo-Instruct-2407-Q4_K_M"
+        "&pp=512&tg=128&b=8&metric=s_tg"
+    )
+
+
+def test_a_failed_delivery_is_retried_and_nothing_is_lost(
+    live_registry: LiveRegistry, receiver: Receiver
+) -> None:
+    post_history(live_registry, [(1, w) for w in WOBBLE[:5]] + [(2, 0.8), (2, 0.8)])
+    receiver.statuses = [500, 503]  # the receiver is down for the first two attempts
+    sessions = session_factory(live_registry.engine)
+    notifier = WebhookNotifier(
+        sessions, url=receiver.url, public_url="http://x", first_retry=0.05, max_retry=0.2
+    )
+    try:
+        assert notifier.deliver_due() == 10  # two of twelve failed and wait their turn
+        with sessions() as session:
+            waiting = session.scalars(
+                select(Regression).where(Regression.notified_at.is_(None))
+            ).all()
+            assert len(waiting) == 2
+            assert all(
+                r.notify_attempts == 1 and "HTTP 50" in (r.notify_error or "") for r in waiting
+            )
+        time.sleep(0.25)
+        assert notifier.deliver_due() == 2
+        assert notifier.deliver_due() == 0  # all delivered, once each
+    finally:
+        notifier.stop()
+    assert receiver.attempts == 14
+    assert len({b["regression"]["id"] for b in receiver.bodies}) == 12
