@@ -1,14 +1,16 @@
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from agent.wire import RunReceipt, RunReport
-from registry import crud
+from registry import crud, export
 from registry.deps import NodeAuth, ReadAccess, SessionDep
+from registry.metrics import MetricsDep
 from registry.schemas import RunDetail, RunsPublic, run_detail, run_public
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -26,9 +28,15 @@ router = APIRouter(prefix="/runs", tags=["runs"])
     },
 )
 def ingest_run(
-    report: RunReport, node: NodeAuth, session: SessionDep, response: Response
+    report: RunReport,
+    node: NodeAuth,
+    session: SessionDep,
+    request: Request,
+    response: Response,
+    metrics: MetricsDep,
 ) -> RunReceipt:
     """Store one sweep run; retrying with the same run id and body is always safe."""
+    begun = time.perf_counter()
     if report.node != node.name:
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
@@ -39,6 +47,9 @@ def ingest_run(
     except crud.RunConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
     session.commit()
+    metrics.ingested(report, created=created, seconds=time.perf_counter() - begun)
+    if created and request.app.state.notifier is not None:
+        request.app.state.notifier.wake()  # it may have found a regression
     if not created:
         response.status_code = status.HTTP_200_OK
     return RunReceipt(
@@ -72,3 +83,23 @@ def read_run(run_id: uuid.UUID, session: SessionDep) -> RunDetail:
     if run is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail="run not found")
     return run_detail(run)
+
+
+@router.get(
+    "/{run_id}/export",
+    dependencies=[ReadAccess],
+    response_class=Response,
+    responses={
+        200: {"content": {"text/csv": {}, "application/json": {}}, "description": "a download"},
+        404: {"description": "no such run"},
+    },
+)
+def export_run(
+    run_id: uuid.UUID, session: SessionDep, format: export.ExportFormat = "csv"
+) -> Response:
+    """One run's measured and failed points as CSV or a JSON array, one row per point
+    (registry/export.py says the columns)."""
+    run = crud.get_run(session, run_id)
+    if run is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail="run not found")
+    return export.run_export_response(run, format)
