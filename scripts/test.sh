@@ -24,6 +24,13 @@ pg_admin "CREATE DATABASE $DB"
 trap 'pg_admin "DROP DATABASE IF EXISTS $DB WITH (FORCE)"' EXIT
 export FLEETBENCH_TEST_POSTGRES_URL="postgresql+psycopg://postgres@127.0.0.1:5432/$DB"
 
+# The dashboard's browser tests drive Debian's Chromium (Playwright downloads no browser).
+if [ ! -x /usr/bin/chromium ]; then
+    echo "installing Debian's chromium for the dashboard tests" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null
+fi
+
 ruff check .
 ruff format --check .
 mypy

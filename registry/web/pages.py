@@ -1,0 +1,122 @@
+"""The dashboard's routes: static HTML pages, their scripts and styles, and plotly.js from
+the `plotly` package's own copy (no CDN). Every page fetches its data from `/v1` in the
+browser, so these routes read no database and need no token."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from functools import cache
+from pathlib import Path
+
+from fastapi import APIRouter, HTTPException, status
+from fastapi.responses import FileResponse
+
+__all__ = ["STATIC_DIR", "plotly_js_path", "router"]
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+# Scripts only from this origin; plotly sets inline styles and draws with data: images.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'; form-action 'self'"
+)
+_PAGE_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+_ASSET = re.compile(r"^[a-z][a-z0-9-]*\.(js|css)$")
+_MEDIA_TYPES = {"js": "text/javascript; charset=utf-8", "css": "text/css; charset=utf-8"}
+
+router = APIRouter(include_in_schema=False)
+
+
+@cache
+def plotly_js_path() -> Path | None:
+    """plotly.min.js inside the installed `plotly` package (found without importing it)."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "package_data" / "plotly.min.js"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _page(name: str) -> FileResponse:
+    return FileResponse(
+        STATIC_DIR / name, media_type="text/html; charset=utf-8", headers=_PAGE_HEADERS
+    )
+
+
+@router.get("/")
+def overview() -> FileResponse:
+    """The fleet: every node with its hardware, engine build, last run and health."""
+    return _page("index.html")
+
+
+@router.get("/nodes/{node}")
+def node_page(node: str) -> FileResponse:
+    """One node and the models it has run."""
+    return _page("curves.html")
+
+
+@router.get("/nodes/{node}/models/{model:path}")
+def node_model_page(node: str, model: str) -> FileResponse:
+    """One node's batching curves of one model, one line per llama.cpp build."""
+    return _page("curves.html")
+
+
+@router.get("/curves")
+def curves_page() -> FileResponse:
+    """The same page as /nodes/{node}/models/{model}, addressed by ?node=&model=."""
+    return _page("curves.html")
+
+
+@router.get("/placement")
+def placement_page() -> FileResponse:
+    """The placement question as a form; the answer as a table and a chart."""
+    return _page("placement.html")
+
+
+@router.get("/regressions")
+def regressions_page() -> FileResponse:
+    """Regressions (and improvements) the registry has detected."""
+    return _page("regressions.html")
+
+
+@router.get("/series")
+def series_page() -> FileResponse:
+    """One series' timeline with build changes marked."""
+    return _page("series.html")
+
+
+@router.get("/static/plotly.min.js")
+def plotly_js() -> FileResponse:
+    path = plotly_js_path()
+    if path is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, detail="plotly.min.js not found: install `plotly`"
+        )
+    return FileResponse(
+        path,
+        media_type=_MEDIA_TYPES["js"],
+        headers={"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff"},
+    )
+
+
+@router.get("/static/{name}")
+def asset(name: str) -> FileResponse:
+    """The dashboard's own scripts and styles (names checked: no other file is served)."""
+    found = _ASSET.match(name)
+    path = STATIC_DIR / name
+    if found is None or not path.is_file():
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no asset {name!r}")
+    return FileResponse(
+        path,
+        media_type=_MEDIA_TYPES[found.group(1)],
+        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
+    )

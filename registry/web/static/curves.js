@@ -1,0 +1,358 @@
+// One node (its models), or one node x model: the batching curves from GET /v1/curves,
+// one line per llama.cpp build, total and per-user decode speed on one chart, prefill beside.
+import {
+  ApiError,
+  api,
+  baseLayout,
+  COLORS,
+  concurrencyAxis,
+  curvesUrl,
+  done,
+  fmt,
+  h,
+  message,
+  params,
+  placementUrl,
+  plot,
+  plotText,
+  regressionsUrl,
+  replace,
+  showError,
+  timeElement,
+} from "./common.js";
+
+const statusBox = document.getElementById("status");
+
+/** node and model from /nodes/{node}[/models/{model}] or ?node=&model=. */
+function address() {
+  const path = window.location.pathname.split("/").map((part) => decodeURIComponent(part));
+  if (path[1] === "nodes" && path[2]) {
+    return { node: path[2], model: path[3] === "models" ? path.slice(4).join("/") || null : null };
+  }
+  const query = params();
+  return { node: query.node || null, model: query.model || null };
+}
+
+function setTitle(title, subtitle = "") {
+  document.getElementById("title").textContent = title;
+  document.getElementById("subtitle").textContent = subtitle;
+  document.title = `${title} · fleetbench`;
+}
+
+function fact(term, ...value) {
+  return [h("dt", {}, term), h("dd", {}, ...value)];
+}
+
+function dash() {
+  return h("span", { class: "muted" }, "—");
+}
+
+function engineText(engine) {
+  if (!engine) return null;
+  const parts = [engine.engine ?? "llama.cpp"];
+  if (engine.build_number !== null && engine.build_number !== undefined) {
+    parts.push(`b${engine.build_number}`);
+  }
+  if (engine.backend) parts.push(engine.backend);
+  return parts.join(" ");
+}
+
+/** GET /v1/nodes/{name}; a name with a slash cannot be addressed so: find it in the list. */
+async function nodeDetail(node) {
+  if (!node.includes("/")) return api(`/v1/nodes/${encodeURIComponent(node)}`);
+  const found = (await api("/v1/nodes")).data.find((n) => n.name === node);
+  if (!found) throw new ApiError(404, `404 Not Found: node ${JSON.stringify(node)} not found`);
+  return { ...found, fingerprints: [] };
+}
+
+async function showNode(node) {
+  setTitle(node, "node");
+  let detail;
+  let runs;
+  try {
+    [detail, runs] = await Promise.all([nodeDetail(node), api("/v1/runs", { node, limit: 1000 })]);
+  } catch (error) {
+    showError(statusBox, error);
+    done("error");
+    return;
+  }
+  const latest = detail.fingerprints?.[0];
+  replace(
+    document.getElementById("node-facts"),
+    fact("Health", detail.health ? healthBadge(detail.health) : dash()),
+    fact("Hardware", detail.hardware ?? dash()),
+    fact("Engine", detail.engine ?? dash()),
+    fact("Last run", timeElement(detail.last_run_at)),
+    fact("Runs", String(detail.runs)),
+    fact(
+      "Labels",
+      Object.keys(detail.labels ?? {}).length
+        ? Object.entries(detail.labels).map(([k, v]) => h("span", { class: "chip" }, `${k}=${v}`))
+        : dash(),
+    ),
+    fact(
+      "Fingerprint",
+      latest
+        ? [
+            h("code", { title: latest.hash }, latest.hash.slice(0, 16)),
+            ` · reported ${latest.first_seen.slice(0, 10)} to ${latest.last_seen.slice(0, 10)}`,
+          ]
+        : dash(),
+      detail.fingerprints?.length > 1
+        ? ` (${detail.fingerprints.length} fingerprints over time)`
+        : null,
+    ),
+    fact(
+      "Open regressions",
+      detail.open_regressions
+        ? h("a", { href: regressionsUrl({ node }) }, String(detail.open_regressions))
+        : detail.open_regressions === 0
+          ? "0"
+          : dash(),
+    ),
+  );
+  // Runs come newest first: the first of each model is its latest.
+  const models = new Map();
+  for (const run of runs.data ?? []) {
+    const entry = models.get(run.model);
+    if (entry) entry.runs += 1;
+    else models.set(run.model, { latest: run, runs: 1 });
+  }
+  const truncated = runs.count > (runs.data ?? []).length; // counts from the latest 1000 runs
+  const tbody = document.querySelector("#models tbody");
+  replace(
+    tbody,
+    [...models.entries()].map(([model, { latest: run, runs: count }]) =>
+      h(
+        "tr",
+        { dataset: { model } },
+        h("td", {}, h("a", { href: curvesUrl(node, model) }, model)),
+        h("td", { class: "num" }, truncated ? `${count}+` : String(count)),
+        h("td", {}, timeElement(run.started_at)),
+        h("td", {}, h("span", { class: `badge ${run.status}` }, run.status)),
+        h("td", {}, engineText(run.engine) ?? dash()),
+      ),
+    ),
+  );
+  document.getElementById("node-view").hidden = false;
+  if (models.size === 0) {
+    document.getElementById("models").hidden = true;
+    message(statusBox, "empty", `${node} has not reported any run yet.`);
+    done("empty");
+    return;
+  }
+  done();
+}
+
+function curveNames(curves) {
+  const shapes = new Set(curves.map((c) => `${c.pp}/${c.tg}`));
+  return curves.map((c) => (shapes.size > 1 ? `${c.label} · PP ${c.pp} TG ${c.tg}` : c.label));
+}
+
+/** Filled markers up to the knee, open ones past it. */
+function symbols(curve, shape) {
+  return curve.points.map((p) => (p.past_knee ? `${shape}-open` : shape));
+}
+
+function healthBadge(health) {
+  return h("span", { class: `badge ${health.replaceAll(" ", "-")}` }, health);
+}
+
+function decodeTraces(curves, names) {
+  const traces = [];
+  const annotations = [];
+  curves.forEach((curve, i) => {
+    const color = COLORS[i % COLORS.length];
+    const newest = i === curves.length - 1;
+    const name = plotText(names[i]);
+    const b = curve.points.map((p) => p.b);
+    traces.push({
+      type: "scatter",
+      mode: "lines+markers",
+      name: `${name}: total`,
+      legendgroup: String(i),
+      x: b,
+      y: curve.points.map((p) => p.total_tps),
+      line: { color, width: newest ? 3 : 1.5 },
+      marker: { color, size: 8, symbol: symbols(curve, "circle") },
+      hovertemplate: `${name}<br>B=%{x}: %{y:.2f} t/s total<extra></extra>`,
+    });
+    traces.push({
+      type: "scatter",
+      mode: "lines+markers",
+      name: `${name}: per user`,
+      legendgroup: String(i),
+      x: b,
+      y: curve.points.map((p) => p.per_user_tps),
+      yaxis: "y2",
+      line: { color, width: newest ? 2.5 : 1.2, dash: "dot" },
+      marker: { color, size: 6, symbol: symbols(curve, "square") },
+      hovertemplate: `${name}<br>B=%{x}: %{y:.2f} t/s per user<extra></extra>`,
+    });
+    const knee = curve.points.find((p) => p.b === curve.knee);
+    if (knee) {
+      traces.push({
+        type: "scatter",
+        mode: "markers",
+        name: `${name}: knee`,
+        legendgroup: String(i),
+        showlegend: false,
+        x: [knee.b],
+        y: [knee.total_tps],
+        marker: { color, size: 18, symbol: "star", line: { color: "#1f2328", width: 1 } },
+        hovertemplate: `${name}<br>knee at B=%{x}: %{y:.2f} t/s total<extra></extra>`,
+      });
+      annotations.push({
+        x: Math.log10(knee.b),
+        y: knee.total_tps,
+        text: `knee B=${knee.b}`,
+        showarrow: true,
+        arrowhead: 0,
+        ax: 0,
+        ay: -30 - 16 * i,
+        font: { color, size: 11 },
+      });
+    }
+  });
+  return { traces, annotations };
+}
+
+function prefillTraces(curves, names) {
+  return curves
+    .map((curve, i) => {
+      const points = curve.points.filter((p) => typeof p.prefill_tps === "number");
+      const name = plotText(names[i]);
+      return {
+        type: "scatter",
+        mode: "lines+markers",
+        name,
+        x: points.map((p) => p.b),
+        y: points.map((p) => p.prefill_tps),
+        line: { color: COLORS[i % COLORS.length], width: i === curves.length - 1 ? 3 : 1.5 },
+        hovertemplate: `${name}<br>B=%{x}: %{y:.2f} t/s prefill<extra></extra>`,
+      };
+    })
+    .filter((trace) => trace.x.length > 0);
+}
+
+function pointRows(curves, names) {
+  const rows = [];
+  curves.forEach((curve, i) => {
+    for (const p of curve.points) {
+      rows.push(
+        h(
+          "tr",
+          { dataset: { build: curve.label, b: String(p.b) } },
+          h("td", {}, names[i]),
+          h("td", { class: "num" }, `${curve.pp} / ${curve.tg}`),
+          h("td", { class: "num" }, String(p.b)),
+          h("td", { class: "num" }, fmt(p.total_tps)),
+          h("td", { class: "num" }, fmt(p.per_user_tps)),
+          h("td", { class: "num" }, fmt(p.ms_per_token, 1)),
+          h("td", { class: "num" }, fmt(p.prefill_tps)),
+          h(
+            "td",
+            {},
+            p.b === curve.knee
+              ? h("span", { class: "badge ok" }, "knee")
+              : p.past_knee
+                ? h("span", { class: "badge past-knee" }, "past knee")
+                : "",
+          ),
+          h("td", {}, timeElement(curve.measured_at)),
+        ),
+      );
+    }
+  });
+  return rows;
+}
+
+async function showCurves(node, model) {
+  setTitle(`${node} × ${model}`, "batching curves");
+  replace(
+    document.getElementById("breadcrumb"),
+    h("a", { href: "/" }, "Fleet"),
+    " / ",
+    h("a", { href: curvesUrl(node) }, node),
+  );
+  let answer;
+  try {
+    answer = await api("/v1/curves", { node, model });
+  } catch (error) {
+    showError(statusBox, error);
+    done("error");
+    return;
+  }
+  const curves = answer.curves ?? [];
+  setTitle(
+    `${answer.node} × ${answer.model}`,
+    `${curves.length} curve${curves.length === 1 ? "" : "s"} · the knee: the largest concurrency ` +
+      `before an added user brings less than ${Math.round(answer.knee_threshold * 100)}% ` +
+      "of a lone user's speed",
+  );
+  replace(
+    document.getElementById("links"),
+    h("a", { href: placementUrl({ model: answer.model }) }, "Ask placement for this model"),
+    " · ",
+    h("a", { href: regressionsUrl({ node: answer.node, model: answer.model }) }, "Regressions"),
+  );
+  if (curves.length === 0) {
+    message(statusBox, "empty", `No successful run of ${answer.model} on ${answer.node} yet.`);
+    done("empty");
+    return;
+  }
+  const names = curveNames(curves);
+  document.getElementById("curves-view").hidden = false;
+  replace(document.querySelector("#points tbody"), pointRows(curves, names));
+  const allB = curves.flatMap((c) => c.points.map((p) => p.b));
+  try {
+    const { traces, annotations } = decodeTraces(curves, names);
+    await plot(
+      "decode-chart",
+      traces,
+      baseLayout({
+        xaxis: concurrencyAxis(allB),
+        yaxis: { title: { text: "total decode tokens/s" }, rangemode: "tozero" },
+        yaxis2: {
+          title: { text: "tokens/s per user" },
+          overlaying: "y",
+          side: "right",
+          rangemode: "tozero",
+          showgrid: false,
+          tickmode: "auto",
+        },
+        annotations,
+      }),
+    );
+    const prefill = prefillTraces(curves, names);
+    if (prefill.length === 0) {
+      document.getElementById("prefill-chart").hidden = true;
+      message(document.getElementById("prefill-status"), "empty", "No prefill speed was measured.");
+    } else {
+      await plot(
+        "prefill-chart",
+        prefill,
+        baseLayout({
+          xaxis: concurrencyAxis(allB),
+          yaxis: { title: { text: "prefill tokens/s (S_PP)" }, rangemode: "tozero" },
+        }),
+      );
+    }
+  } catch (error) {
+    showError(statusBox, error);
+    done("error");
+    return;
+  }
+  done();
+}
+
+const { node, model } = address();
+if (!node) {
+  setTitle("Curves");
+  message(statusBox, "info", "Pick a node on the fleet page.");
+  done("empty");
+} else if (!model) {
+  showNode(node);
+} else {
+  showCurves(node, model);
+}

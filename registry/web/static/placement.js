@@ -1,0 +1,241 @@
+// The placement question as a form; the answer (GET /v1/placement) as a table and a chart.
+import {
+  formQuery,
+  api,
+  baseLayout,
+  COLORS,
+  curvesUrl,
+  done,
+  fmt,
+  h,
+  message,
+  params,
+  plot,
+  plotText,
+  replace,
+  showError,
+  timeElement,
+} from "./common.js";
+
+const FIELDS = [
+  "model",
+  "min_tps_per_user",
+  "prompt_tokens",
+  "context_tokens",
+  "max_age_days",
+  "limit",
+];
+
+const form = document.getElementById("question");
+const statusBox = document.getElementById("status");
+const answerBox = document.getElementById("answer");
+
+function dash() {
+  return h("span", { class: "muted" }, "—");
+}
+
+/** show(value), or a dash for a field this registry does not send. */
+function orDash(value, show) {
+  return value === undefined || value === null ? dash() : show(value);
+}
+
+function candidateRow(candidate, index, model) {
+  const pastKnee =
+    candidate.past_knee === true
+      ? h("span", { class: "badge past-knee" }, "past knee")
+      : candidate.past_knee === false
+        ? h("span", { class: "badge ok" }, "up to knee")
+        : dash();
+  return h(
+    "tr",
+    { dataset: { node: candidate.node } },
+    h("td", { class: "num" }, String(index + 1)),
+    h("td", {}, h("a", { href: curvesUrl(candidate.node, model) }, candidate.node)),
+    h("td", { class: "num" }, String(candidate.concurrency)),
+    h("td", { class: "num" }, fmt(candidate.per_user_tps)),
+    h("td", { class: "num" }, fmt(candidate.total_tps)),
+    h("td", { class: "num" }, fmt(candidate.prefill_tps)),
+    h("td", { class: "num nowrap" }, `${candidate.prompt_tokens} / ${candidate.gen_tokens}`),
+    h(
+      "td",
+      { class: "nowrap" },
+      candidate.llama_cpp_build === null ? dash() : `b${candidate.llama_cpp_build}`,
+    ),
+    h("td", {}, pastKnee),
+    h("td", { class: "num" }, orDash(candidate.kv_cache_gib, fmt)),
+    h(
+      "td",
+      {},
+      orDash(candidate.fit, (fit) =>
+        h("span", { class: fit === "fits" ? "badge fits" : "badge" }, fit),
+      ),
+    ),
+    h("td", {}, timeElement(candidate.measured_at)),
+  );
+}
+
+function drawChart(answer) {
+  const candidates = answer.candidates;
+  const names = candidates.map((c) => plotText(c.node));
+  const hover = candidates.map((c) => `${plotText(c.node)}<br>B=${c.concurrency}`);
+  const traces = [
+    {
+      type: "bar",
+      name: "total decode tokens/s",
+      x: names,
+      y: candidates.map((c) => c.total_tps),
+      text: hover,
+      textposition: "none",
+      hovertemplate: "%{text}<br>total %{y:.2f} t/s<extra></extra>",
+      marker: { color: COLORS[0] },
+    },
+    {
+      type: "scatter",
+      mode: "markers",
+      name: "per-user tokens/s",
+      x: names,
+      y: candidates.map((c) => c.per_user_tps),
+      yaxis: "y2",
+      text: hover,
+      hovertemplate: "%{text}<br>per user %{y:.2f} t/s<extra></extra>",
+      marker: { color: COLORS[1], size: 10, symbol: "diamond" },
+    },
+  ];
+  const layout = baseLayout({
+    title: {
+      text: plotText(
+        `${answer.model}: best total throughput at ≥ ${answer.min_tps_per_user} t/s per user`,
+      ),
+    },
+    xaxis: {
+      title: { text: "node (at its chosen concurrency)" },
+      type: "category",
+      automargin: true,
+    },
+    yaxis: { title: { text: "total decode tokens/s" }, rangemode: "tozero" },
+    yaxis2: {
+      title: { text: "per-user tokens/s" },
+      overlaying: "y",
+      side: "right",
+      rangemode: "tozero",
+      showgrid: false,
+      tickmode: "auto",
+    },
+    shapes: [
+      {
+        type: "line",
+        xref: "paper",
+        x0: 0,
+        x1: 1,
+        yref: "y2",
+        y0: answer.min_tps_per_user,
+        y1: answer.min_tps_per_user,
+        line: { color: COLORS[1], dash: "dash", width: 1 },
+      },
+    ],
+    annotations: [
+      {
+        xref: "paper",
+        x: 1,
+        xanchor: "right",
+        yref: "y2",
+        y: answer.min_tps_per_user,
+        yanchor: "bottom",
+        text: `asked: ${answer.min_tps_per_user} t/s per user`,
+        showarrow: false,
+        font: { color: COLORS[1], size: 11 },
+      },
+    ],
+  });
+  return plot("placement-chart", traces, layout);
+}
+
+async function ask(query) {
+  done("loading");
+  message(statusBox, "info", "Asking the registry…");
+  answerBox.hidden = true;
+  let answer;
+  try {
+    answer = await api("/v1/placement", query);
+  } catch (error) {
+    showError(statusBox, error);
+    done("error");
+    return;
+  }
+  replace(statusBox);
+  answerBox.hidden = false;
+  document.getElementById("reason").textContent = answer.reason;
+  const count = answer.candidates.length;
+  document.getElementById("count").textContent =
+    answer.count > count
+      ? `${answer.count} node(s) qualify; the ${count} with the highest total throughput are shown.`
+      : `${answer.count} node(s) qualify.`;
+  replace(
+    document.querySelector("#candidates tbody"),
+    answer.candidates.map((c, i) => candidateRow(c, i, answer.model)),
+  );
+  document.getElementById("candidates").hidden = count === 0;
+  const chartCard = document.getElementById("chart-card");
+  chartCard.hidden = count === 0;
+  const rejected = answer.rejected ?? [];
+  document.getElementById("rejected-section").hidden = rejected.length === 0;
+  replace(
+    document.querySelector("#rejected tbody"),
+    rejected.map((r) =>
+      h(
+        "tr",
+        {},
+        h("td", {}, h("a", { href: curvesUrl(r.node, answer.model) }, r.node)),
+        h("td", { class: "num" }, String(r.concurrency)),
+        h("td", { class: "num" }, r.kv_cache_gib === undefined ? dash() : fmt(r.kv_cache_gib)),
+        h("td", { class: "wide" }, r.reason),
+      ),
+    ),
+  );
+  if (count > 0) {
+    try {
+      await drawChart(answer);
+    } catch (error) {
+      showError(statusBox, error);
+      done("error");
+      return;
+    }
+  }
+  done(count > 0 ? "ready" : "empty");
+}
+
+function queryFromForm() {
+  return formQuery(form, FIELDS);
+}
+
+async function loadModels() {
+  try {
+    const models = await api("/v1/models");
+    replace(
+      document.getElementById("models"),
+      (models.data ?? []).map((m) => h("option", { value: m.name })),
+    );
+  } catch {
+    // Suggestions only: the form works without them.
+  }
+}
+
+form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const query = queryFromForm();
+  const search = new URLSearchParams(query).toString();
+  window.history.replaceState(null, "", `/placement${search ? `?${search}` : ""}`);
+  ask(query);
+});
+
+const initial = params();
+for (const field of FIELDS) {
+  if (initial[field] !== undefined) form.elements[field].value = initial[field];
+}
+loadModels();
+if (initial.model && initial.min_tps_per_user) {
+  ask(queryFromForm());
+} else {
+  message(statusBox, "info", "Name a model and the per-user speed it needs, then ask.");
+  done("idle");
+}
