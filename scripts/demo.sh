@@ -54,12 +54,19 @@ FLEETBENCH_TOKEN="$(fleetbench-registry token create --node "$NODE" 2>/dev/null)
     --report --registry "$URL"
 
 echo
-echo "== which node and concurrency gives at least 10 tokens/s per user on Gemma 3 270M?"
-fleetbench-agent placement --model gemma-3-270m-Q4_K_M --min-tps-per-user 10 --registry "$URL"
+echo "== which node and concurrency gives at least 10 tokens/s per user on Gemma 3 270M,"
+echo "   with 2,000 tokens of conversation per user (refusing what would not fit in memory)?"
+fleetbench-agent placement --model gemma-3-270m-Q4_K_M --min-tps-per-user 10 \
+    --context-tokens 2000 --registry "$URL"
+
+echo
+echo "== the knee of the article's curve: where each added user starts costing more than it adds"
+curl -fsS "$URL/v1/curves?node=m4pro&model=$MODEL" \
+    | python -c "import json, sys; c = json.load(sys.stdin)['curves'][0]; print(c['label'], 'knee at B =', c['knee'])"
 
 if [ "${1:-}" = "--serve" ]; then
-    echo "registry serving at $URL (API docs: $URL/docs); Ctrl-C stops it"
+    echo "registry serving at $URL: dashboard $URL/ (API docs: $URL/docs); Ctrl-C stops it"
     wait $REGISTRY_PID || true
 else
-    echo "done; to keep a registry running: fleetbench-registry serve (docs at $URL/docs)"
+    echo "done; to keep a registry running: fleetbench-registry serve (dashboard at /, docs at /docs)"
 fi

@@ -1,0 +1,179 @@
+"""How well does the regression detector find real drops, and how often does it cry wolf?
+
+A simulated fleet of series whose noise is real: run-to-run variation measured by repeated
+sweeps on this machine (bench/collect_noise.py). Each series is a history on one build, a
+build change, then a few runs on the new build, with the new build's runs slower by 5%, 10%
+or 20%, or not at all (noise only, where any step reported is a false alarm). A second set of
+noise-only series has no build change at all (the detector's unknown-cause path).
+
+Noise: each series picks one measured (B, metric) series and replays its relative
+deviations from their median in blocks of consecutive sweeps (a block bootstrap keeps the
+drift and the outliers a real machine has, not just their spread).
+
+A drop counts as detected when the detector reports a regression starting at the first run
+on the new build. Targets: >= 95% of 10% drops detected, <= 1% of noise-only series alarmed.
+
+    .venv/bin/python bench/regression_eval.py bench/data/noise-cpu-gemma3-270m.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from registry.questions.regressions import DetectionSettings, SeriesRun, find_steps
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("noise", type=Path, nargs="+", help="noise files (collect_noise.py)")
+    parser.add_argument("--series", type=int, default=1000, help="series per cell")
+    parser.add_argument("--history", default="8,20", help="runs before the change: min,max")
+    parser.add_argument("--after", default="2,3,5", help="runs after the change, per column")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--z-known", type=float, help="override DetectionSettings.z_known")
+    parser.add_argument("--z-unknown", type=float, help="override DetectionSettings.z_unknown")
+    parser.add_argument(
+        "--block", type=int, default=1, help="consecutive sweeps replayed together (1: iid)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="sweeps per run, median kept (agent --repeats)"
+    )
+    return parser.parse_args(argv)
+
+
+def load_noise(paths: Sequence[Path]) -> dict[str, list[float]]:
+    """Relative deviations from the median, in sweep order, per file x (PP, TG, B, metric)."""
+    found: dict[str, list[float]] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        values: dict[str, list[float]] = {}
+        for repeat in data["repeats"]:
+            for p in repeat["points"]:
+                for metric in ("s_tg", "s_pp"):
+                    if p.get(metric):
+                        key = f"{path.name} pp{p['pp']} tg{p['tg']} b{p['b']} {metric}"
+                        values.setdefault(key, []).append(p[metric])
+        for key, series in values.items():
+            centre = statistics.median(series)
+            found[key] = [v / centre - 1 for v in series]
+    return found
+
+
+def replay(deviations: list[float], n: int, block: int, rng: random.Random) -> list[float]:
+    """n deviations drawn as blocks of `block` consecutive measured sweeps."""
+    out: list[float] = []
+    while len(out) < n:
+        start = rng.randrange(0, max(1, len(deviations) - block + 1))
+        out.extend(deviations[start : start + block])
+    return out[:n]
+
+
+def make_series(builds: list[str], values: list[float], hardware: str = "node") -> list[SeriesRun]:
+    return [
+        SeriesRun(
+            run_id=uuid.uuid4(),
+            started_at=START + timedelta(hours=i),
+            value=value,
+            build=build,
+            binding=None,
+            hardware=hardware,
+            settings="",
+        )
+        for i, (build, value) in enumerate(zip(builds, values, strict=True))
+    ]
+
+
+def trial(
+    noise: list[float],
+    *,
+    before: int,
+    after: int,
+    drop: float,
+    build_change: bool,
+    settings: DetectionSettings,
+    block: int,
+    repeats: int,
+    rng: random.Random,
+) -> tuple[bool, bool]:
+    """(detected the drop at the change, reported anything else)."""
+    draws = [replay(noise, before + after, block, rng) for _ in range(repeats)]
+    deviations = [statistics.median(d) for d in zip(*draws, strict=True)]
+    centre = 100.0
+    values = [centre * (1 + d) * (1 - drop if i >= before else 1) for i, d in enumerate(deviations)]
+    builds = ["b1"] * before + (["b2"] * after if build_change else ["b1"] * after)
+    runs = make_series(builds, values)
+    steps = find_steps(runs, settings)
+    hit = any(s.first is runs[before] and s.is_regression for s in steps)
+    other = any(not (s.first is runs[before] and s.is_regression) for s in steps)
+    return hit, other
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    rng = random.Random(args.seed)
+    noise = load_noise(args.noise)
+    keys = sorted(noise)
+    settings = DetectionSettings()
+    if args.z_known is not None:
+        settings = replace(settings, z_known=args.z_known)
+    if args.z_unknown is not None:
+        settings = replace(settings, z_unknown=args.z_unknown)
+    low, high = (int(v) for v in args.history.split(","))
+    afters = [int(v) for v in args.after.split(",")]
+
+    spreads = sorted(statistics.pstdev(v) for v in noise.values())
+    print(
+        f"noise: {len(keys)} measured series, {min(len(v) for v in noise.values())}+ sweeps "
+        f"each; run-to-run standard deviation median {100 * statistics.median(spreads):.2f}%, "
+        f"range {100 * spreads[0]:.2f}-{100 * spreads[-1]:.2f}%"
+    )
+    print(
+        f"detector: min_change {settings.min_change:.0%}, z {settings.z_known:g} at a known "
+        f"change, {settings.z_unknown:g} otherwise, "
+        f"confirm {settings.confirm_known} runs after a known change, "
+        f"{settings.confirm_unknown} otherwise; history {low}-{high} runs; "
+        f"{args.repeats} sweep(s) per run; {args.series} series per cell\n"
+    )
+    header = "".join(f"{f'{a} runs after':>16}" for a in afters)
+    print(f"{'case':<38}{header}")
+    cases: list[tuple[str, float, bool, str]] = [
+        ("5% drop at a build change: detected", 0.05, True, "hit"),
+        ("10% drop at a build change: detected", 0.10, True, "hit"),
+        ("20% drop at a build change: detected", 0.20, True, "hit"),
+        ("noise only, build change: false alarms", 0.0, True, "any"),
+        ("noise only, no change: false alarms", 0.0, False, "any"),
+    ]
+    for label, drop, build_change, count in cases:
+        cells = []
+        for after in afters:
+            hits = 0
+            for _ in range(args.series):
+                hit, other = trial(
+                    noise[rng.choice(keys)],
+                    before=rng.randint(low, high),
+                    after=after,
+                    drop=drop,
+                    build_change=build_change,
+                    settings=settings,
+                    block=args.block,
+                    repeats=args.repeats,
+                    rng=rng,
+                )
+                hits += hit if count == "hit" else (hit or other)
+            cells.append(f"{100 * hits / args.series:15.1f}%")
+        print(f"{label:<38}{''.join(cells)}")
+    print("\ntargets: 10% drops >= 95% detected; noise-only false alarms <= 1%")
+
+
+if __name__ == "__main__":
+    main()
