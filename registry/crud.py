@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import ColumnElement, Double, case, cast, func, or_, select
+from sqlalchemy import ColumnElement, Double, and_, case, cast, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, selectinload
 
@@ -541,13 +541,17 @@ def _longest_prompt(
 def node_memories(
     session: Session,
     *,
-    model_ids: Sequence[int],
-    since: datetime | None,
-    nodes: Sequence[str] | None = None,
+    model_ids: Sequence[int] = (),
+    since: datetime | None = None,
+    run_ids: Sequence[uuid.UUID] | None = None,
 ) -> list[NodeMemory]:
-    """For each node's latest successful run of the models (of `nodes` only, when given):
-    what checking its KV-cache fit needs."""
-    latest = _latest_run_of_node(model_ids=model_ids, since=since)
+    """What checking a KV-cache fit needs, for each node's latest successful run of the
+    models or, given `run_ids`, for those runs (one index probe each)."""
+    which_run = (
+        Run.id.in_(run_ids)
+        if run_ids is not None
+        else Run.id == _latest_run_of_node(model_ids=model_ids, since=since)
+    )
     statement = (
         select(
             Node.name,
@@ -558,12 +562,10 @@ def node_memories(
             Run.n_ubatch,
         )
         .select_from(Node)
-        .join(Run, Run.id == latest)
+        .join(Run, and_(Run.node_id == Node.id, which_run))
         .join(Model, Model.id == Run.model_id)
         .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
     )
-    if nodes is not None:
-        statement = statement.where(Node.name.in_(nodes))
     return [
         NodeMemory(
             node=name,

@@ -62,15 +62,8 @@ def read_placement(
     unchecked: list[tuple[str, str]] = []
     if context_tokens is None:
         found = rows()
-        listed = [c.node for c in found.qualifying]
-        memories = (
-            {
-                m.node: m
-                for m in crud.node_memories(session, model_ids=model_ids, since=since, nodes=listed)
-            }
-            if listed
-            else {}
-        )
+        listed = [c.run_id for c in found.qualifying]
+        memories = {m.node: m for m in crud.node_memories(session, run_ids=listed)}
     else:
         memories = {
             m.node: m for m in crud.node_memories(session, model_ids=model_ids, since=since)
