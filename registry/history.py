@@ -15,8 +15,10 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, Select, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
+from agent import wire
 from registry.models import EngineBuild, HardwareFingerprint, Node, Regression, Run, RunPoint
 from registry.questions.regressions import (
     DetectionSettings,
@@ -30,11 +32,11 @@ __all__ = [
     "HISTORY_RUNS",
     "METRICS",
     "Curve",
-    "SeriesPoint",
     "acknowledge_regression",
     "binding_label",
     "build_label",
     "curves",
+    "get_regression",
     "list_regressions",
     "refresh_regressions",
     "series",
@@ -45,24 +47,9 @@ METRICS: tuple[Metric, ...] = ("s_tg", "s_pp")
 
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # a median's standard error over a mean's
 
-# Runs of a node x model read back when a new one arrives: the detector looks at most
-# `lookback` runs behind a step and `window` after it, so older runs cannot change a verdict.
+# Runs of a node x model read back when a new one arrives: enough for the detector's
+# `lookback` behind the candidates it judges again and the noise of the series.
 HISTORY_RUNS = 60
-
-_SETTINGS = (
-    "n_ctx",
-    "n_batch",
-    "n_ubatch",
-    "flash_attn",
-    "kv_unified",
-    "pp_shared",
-    "tg_separate",
-    "n_gpu_layers",
-    "n_threads",
-    "n_threads_batch",
-    "cache_type_k",
-    "cache_type_v",
-)
 
 
 def build_label(build: EngineBuild) -> str:
@@ -86,20 +73,14 @@ def binding_label(build: EngineBuild) -> str | None:
 
 
 def _settings_label(run: Run) -> str:
-    return " ".join(f"{k}={getattr(run, k)}" for k in _SETTINGS if getattr(run, k) is not None)
+    settings = wire.RunSettings.model_fields
+    return " ".join(f"{k}={getattr(run, k)}" for k in settings if getattr(run, k) is not None)
 
 
 def _hardware_label(fingerprint: HardwareFingerprint | None) -> str | None:
     if fingerprint is None:
         return None
     return f"{fingerprint.description or 'hardware'} [{fingerprint.hash[:8]}]"
-
-
-@dataclass(frozen=True)
-class SeriesPoint:
-    run: SeriesRun
-    b: int
-    metric: Metric
 
 
 def _history_runs(*, node_id: int, model_ids: Sequence[int], limit: int) -> Select[Any]:
@@ -170,61 +151,74 @@ def _series_runs(
 
 def refresh_regressions(
     session: Session, *, run: Run, settings: DetectionSettings | None = None
-) -> list[Regression]:
-    """Re-examines the series `run` belongs to and stores what the detector finds now;
-    returns the regressions new since the last look. Steps the detector no longer sees (an
-    outlier that reverted) are dropped unless someone acknowledged them."""
+) -> None:
+    """Judges again the candidates of each series of `run` whose runs after them include it
+    (from `window` runs before it on), with the steps stored before them fixed, and stores
+    what the detector finds now. A step it no longer sees there (an outlier that reverted) is
+    dropped unless someone acknowledged it; steps judged earlier are never touched."""
     settings = settings or DetectionSettings()
-    new: list[Regression] = []
     for pp, tg in sorted({(p.pp, p.tg) for p in run.points}):
         by_series = _series_runs(
             session, node_id=run.node_id, model_ids=[run.model_id], pp=pp, tg=tg
         )
-        found: dict[tuple[int, Metric, uuid.UUID], Step] = {}
-        earliest_judged: datetime | None = None
-        for (b, metric), runs in by_series.items():
-            if len(runs) > settings.min_history:
-                judged = runs[settings.min_history].started_at
-                earliest_judged = min(earliest_judged or judged, judged)
-            for step in find_steps(runs, settings):
-                found[(b, metric, step.first.run_id)] = step
-        if earliest_judged is None:
-            continue
-        stored = {
-            (r.b, r.metric, r.first_run_id): r
-            for r in session.scalars(
-                select(Regression).where(
-                    Regression.node_id == run.node_id,
-                    Regression.model_id == run.model_id,
-                    Regression.pp == pp,
-                    Regression.tg == tg,
-                    Regression.first_seen_at >= earliest_judged,
-                )
+        stored: dict[tuple[int, str], dict[uuid.UUID, Regression]] = defaultdict(dict)
+        for row in session.scalars(
+            select(Regression).where(
+                Regression.node_id == run.node_id,
+                Regression.model_id == run.model_id,
+                Regression.pp == pp,
+                Regression.tg == tg,
             )
-        }
-        for key, regression in stored.items():
-            if key not in found and regression.acknowledged_at is None:
-                session.delete(regression)
-        for (b, metric, _), step in found.items():
-            row = stored.get((b, metric, step.first.run_id))
-            if row is None:
-                row = Regression(
+        ):
+            stored[(row.b, row.metric)][row.first_run_id] = row
+        for (b, metric), runs in by_series.items():
+            position = next((i for i, r in enumerate(runs) if r.run_id == run.id), None)
+            if position is None:
+                continue  # this run has no value in this series (the point failed)
+            judge_from = max(1, position - settings.window + 1)
+            index = {r.run_id: i for i, r in enumerate(runs)}
+            rows = stored[(b, metric)]
+            known_steps = [index[k] for k in rows if k in index and index[k] < judge_from]
+            found = {
+                step.first.run_id: step
+                for step in find_steps(
+                    runs, settings, judge_from=judge_from, known_steps=known_steps
+                )
+            }
+            for first_run_id, row in rows.items():
+                judged = index.get(first_run_id, -1) >= judge_from
+                if judged and first_run_id not in found and row.acknowledged_at is None:
+                    session.delete(row)
+            for first_run_id, step in found.items():
+                _store_step(
+                    session,
+                    rows.get(first_run_id),
+                    step,
                     node_id=run.node_id,
                     model_id=run.model_id,
                     pp=pp,
                     tg=tg,
                     b=b,
                     metric=metric,
-                    first_run_id=step.first.run_id,
-                    first_seen_at=step.first.started_at,
-                    detected_at=datetime.now(UTC),
-                    notify_attempts=0,
                 )
-                session.add(row)
-                new.append(row)
-            _record_step(row, step)
     session.flush()
-    return new
+
+
+def _store_step(session: Session, row: Regression | None, step: Step, **series: Any) -> None:
+    """Updates the step's row, or inserts it with the `series` key (node_id, model_id, pp,
+    tg, b, metric); an insert that a concurrent ingest of the same series made first
+    (PostgreSQL) updates that row instead."""
+    if row is None:
+        key = {**series, "first_run_id": step.first.run_id}
+        row = Regression(**key, first_seen_at=step.first.started_at, detected_at=datetime.now(UTC))
+        row.notify_attempts = 0
+        _record_step(row, step)
+        try:
+            with session.begin_nested():
+                session.add(row)
+        except IntegrityError:
+            row = session.scalars(select(Regression).filter_by(**key)).one()
+    _record_step(row, step)
 
 
 def _record_step(row: Regression, step: Step) -> None:
@@ -290,14 +284,13 @@ def list_regressions(
     return rows, count
 
 
-def acknowledge_regression(session: Session, *, regression_id: int, note: str) -> Regression | None:
-    regression = session.get(Regression, regression_id)
-    if regression is None:
-        return None
+def get_regression(session: Session, regression_id: int) -> Regression | None:
+    return session.get(Regression, regression_id)
+
+
+def acknowledge_regression(regression: Regression, *, note: str) -> None:
     regression.acknowledged_at = datetime.now(UTC)
     regression.note = note
-    session.flush()
-    return regression
 
 
 # --- series and curves -----------------------------------------------------------------

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -49,12 +49,10 @@ __all__ = [
 CauseKind = Literal["llama.cpp build", "binding", "hardware", "settings"]
 CAUSE_KINDS: tuple[CauseKind, ...] = ("llama.cpp build", "binding", "hardware", "settings")
 
-# A median's standard error is sqrt(pi/2) = 1.2533 times a mean's.
 # For x, y independent normal with deviation sigma, |x - y| has median 0.9539 sigma and
 # mean 1.1284 sigma (2 / sqrt(pi)).
 _MEDIAN_DIFF_TO_SIGMA = 1 / 0.9539
 _MEAN_DIFF_TO_SIGMA = math.sqrt(math.pi) / 2
-_MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)
 
 
 @dataclass(frozen=True)
@@ -113,30 +111,45 @@ class Step:
         return self.change < 0
 
 
-def find_steps(runs: Sequence[SeriesRun], settings: DetectionSettings | None = None) -> list[Step]:
-    """The steps in one series (`runs` oldest first), oldest first."""
+def find_steps(
+    runs: Sequence[SeriesRun],
+    settings: DetectionSettings | None = None,
+    *,
+    judge_from: int = 0,
+    known_steps: Iterable[int] = (),
+) -> list[Step]:
+    """The steps in one series (`runs` oldest first), oldest first.
+
+    Runs before `judge_from` were judged before: there, `known_steps` (indices of steps found
+    then) mark where segments start and nothing is tested again, so a verdict never changes
+    because older runs dropped out of view. Steps are returned from `judge_from` on."""
     s = settings or DetectionSettings()
+    frozen = set(known_steps)
     known = [i > 0 and bool(runs[i].changes_from(runs[i - 1])) for i in range(len(runs))]
     steps: list[Step] = []
     step_starts: list[int] = []
     segment_start = 0
-    i = s.min_history
-    while i < len(runs):
+    for i in range(1, len(runs)):
+        if i < judge_from:
+            if i in frozen:
+                step_starts.append(i)
+                segment_start = i
+            continue
         before = runs[max(segment_start, i - s.lookback) : i]
         end = next((j for j in range(i + 1, len(runs)) if known[j]), len(runs))
         after = runs[i : min(end, i + s.window)]
+        # Right after a step the segment before a known change may be short: the series'
+        # noise is known from its whole history by then.
+        least_before = s.confirm_known if known[i] and segment_start > 0 else s.min_history
         needed = s.confirm_known if known[i] else s.confirm_unknown
-        step = None
-        if len(before) >= s.min_history and len(after) >= needed:
-            noise = _series_noise(runs[: i + len(after)], {*step_starts, i}, s)
-            step = _test_step(before, after, noise, s.z_known if known[i] else s.z_unknown, s)
+        if len(before) < least_before or len(after) < needed:
+            continue
+        noise = _series_noise(runs[: i + len(after)], {*step_starts, i}, s)
+        step = _test_step(before, after, noise, s.z_known if known[i] else s.z_unknown, s)
         if step is not None:
             steps.append(step)
             step_starts.append(i)
             segment_start = i
-            i += s.min_history
-        else:
-            i += 1
     return steps
 
 

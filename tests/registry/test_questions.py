@@ -125,6 +125,7 @@ def test_knee_moves_with_the_threshold_and_handles_missing_b1() -> None:
     assert find_knee(curve, threshold=0.50) == 1  # 1 -> 2 adds 49%
     assert find_knee(curve[1:]) == 8
     assert find_knee([]) is None
+    assert find_knee([*curve, (8, 100.0)]) == 8  # a B given twice counts with its best
 
 
 def test_hardware_memory_budget_by_kind() -> None:
@@ -181,3 +182,23 @@ def test_fit_is_unchecked_without_the_numbers() -> None:
     assert "memory" in (why_fit_unchecked(NodeMemory("n", None, NEMO, None, None, None)) or "")
     odd = NodeMemory("n", GIB, NEMO, "q3_weird", None, None)
     assert "q3_weird" in (why_fit_unchecked(odd) or "")
+
+
+def test_a_build_reverted_soon_after_a_step_is_blamed_at_the_revert() -> None:
+    runs = series(("b1", [100.0] * 10), ("b2", [120.0, 120.0]), ("b1", [100.0] * 10))
+    up, down = find_steps(runs)
+    assert up.first is runs[10] and up.change == pytest.approx(0.2)
+    assert down.first is runs[12] and down.change == pytest.approx(-1 / 6)
+    assert down.cause_kinds == ("llama.cpp build",)
+
+
+def test_a_step_judged_before_is_a_segment_start_for_later_runs() -> None:
+    runs = series(("b1", noisy(100, 30, 0.01, 5)), ("b2", noisy(80, 30, 0.01, 6)))
+    [step] = find_steps(runs)
+    assert step.first is runs[30]
+    # Each ingest judges only the latest runs' candidates. With the stored step fixed as a
+    # segment start, the runs before it never make a second, unexplained step behind it
+    # (without known_steps, 31, 32, ... would each look like one).
+    for end in range(36, 46):
+        assert find_steps(runs[:end], judge_from=end - 5, known_steps=[30]) == []
+        assert find_steps(runs[:end], judge_from=end - 5) != []
