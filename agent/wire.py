@@ -220,6 +220,17 @@ class RunReport(_Strict):
     points: list[Point] = Field(default_factory=list, max_length=100_000)
     failures: list[FailedPoint] = Field(default_factory=list, max_length=100_000)
 
+    @field_validator("points")
+    @classmethod
+    def _one_point_per_cell(cls, points: list[Point]) -> list[Point]:
+        seen: set[tuple[int, int, int]] = set()
+        for point in points:
+            cell = (point.pp, point.tg, point.b)
+            if cell in seen:
+                raise ValueError(f"PP={cell[0]} TG={cell[1]} B={cell[2]} is given twice")
+            seen.add(cell)
+        return points
+
     @model_validator(mode="after")
     def _status_matches_contents(self) -> RunReport:
         if self.status == "ok" and self.failures:

@@ -22,9 +22,13 @@ KNEE_THRESHOLD = 0.25
 
 
 def find_knee(curve: Sequence[tuple[int, float]], threshold: float = KNEE_THRESHOLD) -> int | None:
-    """The knee of a curve of (B, S_TG) points (any order; one S_TG per B), or None for an
-    empty curve. Without a B=1 point, the smallest B's per-user speed stands in for S_TG(1)."""
-    points = sorted(curve)
+    """The knee of a curve of (B, S_TG) points (any order; a B given twice counts with its
+    best S_TG), or None for an empty curve. Without a B=1 point, the smallest B's per-user
+    speed stands in for S_TG(1)."""
+    best: dict[int, float] = {}
+    for b, s in curve:
+        best[b] = max(s, best.get(b, s))
+    points = sorted(best.items())
     if not points:
         return None
     smallest_b, smallest_s = points[0]

@@ -19,14 +19,16 @@ from agent.kv_cache import CACHE_TYPE_BYTES, kv_cache_bytes
 from agent.wire import ModelInfo, PlacementAnswer, RejectedConcurrency
 
 __all__ = [
+    "GIB",
     "NodeChoice",
     "NodeMemory",
     "answer_placement",
     "largest_fitting_concurrency",
     "why_fit_unchecked",
+    "why_kv_unknown",
 ]
 
-_GIB = 2**30
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class NodeMemory:
     n_ubatch: int | None
 
     def kv_bytes(self, *, concurrency: int, tokens_per_user: int) -> int | None:
+        """The users' KV cache, or None when why_kv_unknown says why not."""
+        if why_kv_unknown(self) is not None:
+            return None
         return kv_cache_bytes(
             self.model,
             n_ctx=concurrency * tokens_per_user,
@@ -81,17 +86,25 @@ class NodeMemory:
         return kv + self.model.file_size <= self.memory_bytes
 
 
+def why_kv_unknown(memory: NodeMemory) -> str | None:
+    """Why the KV cache's size cannot be computed, or None when it can."""
+    model = memory.model
+    if not (model.n_layer and model.n_head_kv and model.head_dim_k and model.head_dim_v):
+        return "the model's architecture numbers are unknown"
+    for cache_type in (memory.cache_type_k, memory.cache_type_v):
+        if cache_type is not None and cache_type not in CACHE_TYPE_BYTES:
+            return f"its KV cache type {cache_type!r} is unknown"
+    return None
+
+
 def why_fit_unchecked(memory: NodeMemory) -> str | None:
     """Why the fit of this node cannot be checked, or None when it can."""
     if memory.memory_bytes is None:
         return "its memory is unknown (no hardware fingerprint with a memory size)"
-    if memory.model.n_layer is None or memory.model.n_head_kv is None:
-        return "the model's architecture numbers are unknown"
+    if (why := why_kv_unknown(memory)) is not None:
+        return why
     if memory.model.file_size is None:
         return "the model's file size is unknown"
-    for cache_type in (memory.cache_type_k, memory.cache_type_v):
-        if cache_type is not None and cache_type not in CACHE_TYPE_BYTES:
-            return f"its KV cache type {cache_type!r} is unknown"
     return None
 
 
@@ -143,6 +156,12 @@ def answer_placement(
             f"{fastest.per_user_tps:.2f} tokens/s per user ({fastest.s_tg:.2f} total, "
             f"prompt {fastest.pp} tokens)"
         )
+    elif rejected:
+        reason = (
+            f"no node meets {min_tps_per_user:g} tokens/s per user on {model} with "
+            f"{context_tokens} tokens of context per user: the KV cache of every concurrency "
+            "fast enough would not fit (see rejected)"
+        )
     elif prompt_tokens is not None and longest_prompt is not None:
         node, pp = longest_prompt
         reason = (
@@ -153,7 +172,7 @@ def answer_placement(
         reason = f"no successful run of {model} has been reported"
         if max_age_days is not None:
             reason += f" in the last {max_age_days:g} days"
-    if rejected:
+    if rejected and (qualifying or fastest is not None):
         reason += (
             f"; {len(rejected)} faster choice(s) refused: their KV cache at "
             f"{context_tokens} tokens per user would not fit"
@@ -187,6 +206,6 @@ def _candidate(choice: NodeChoice) -> dict[str, object]:
         "measured_at": choice.measured_at,
         "run_id": choice.run_id,
         "past_knee": choice.b > choice.knee if choice.knee is not None else None,
-        "kv_cache_gib": choice.kv_cache_bytes / _GIB if choice.kv_cache_bytes is not None else None,
+        "kv_cache_gib": choice.kv_cache_bytes / GIB if choice.kv_cache_bytes is not None else None,
         "fit": "fits" if choice.fit_checked else "not checked",
     }

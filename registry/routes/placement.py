@@ -12,6 +12,7 @@ from registry import crud
 from registry.deps import ReadAccess, SessionDep
 from registry.questions.knee import find_knee
 from registry.questions.placement import (
+    GIB,
     NodeChoice,
     NodeMemory,
     answer_placement,
@@ -20,8 +21,6 @@ from registry.questions.placement import (
 )
 
 router = APIRouter(tags=["questions"], dependencies=[ReadAccess])
-
-_GIB = 2**30
 
 
 @router.get("/placement", response_model=PlacementAnswer, responses={404: {}})
@@ -145,11 +144,11 @@ def _rejected(
             RejectedConcurrency(
                 node=choice.node,
                 concurrency=choice.b,
-                kv_cache_gib=kv / _GIB,
+                kv_cache_gib=kv / GIB,
                 reason=(
-                    f"{choice.b} users x {context_tokens} tokens need {kv / _GIB:.1f} GiB of KV "
-                    f"cache beside {weights / _GIB:.1f} GiB of weights; the node can give them "
-                    f"{budget / _GIB:.1f} GiB"
+                    f"{choice.b} users x {context_tokens} tokens need {kv / GIB:.1f} GiB of KV "
+                    f"cache beside {weights / GIB:.1f} GiB of weights; the node can give them "
+                    f"{budget / GIB:.1f} GiB"
                     + (f" (at most {cap} users fit)" if cap else " (not even one user fits)")
                 ),
             )

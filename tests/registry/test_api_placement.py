@@ -276,6 +276,40 @@ def test_nothing_fits_when_one_user_is_too_many(live_registry: LiveRegistry) -> 
     assert answer["candidates"] == []
     [rejected] = answer["rejected"]  # type: ignore[misc]
     assert "not even one user fits" in rejected["reason"]
+    assert str(answer["reason"]).startswith(
+        "no node meets 6 tokens/s per user on Mistral-Nemo-Instruct-2407-Q4_K_M with 200000 "
+        "tokens of context per user: the KV cache of every concurrency fast enough would not fit"
+    )
+
+
+@pytest.mark.parametrize(
+    ("model_changes", "settings_changes"),
+    [
+        ({"head_dim_k": None, "head_dim_v": None}, {}),  # layers and heads, no head sizes
+        ({"n_layer": 0}, {}),
+        ({}, {"cache_type_k": "q8_K"}),  # a cache type the KV maths does not know
+    ],
+)
+def test_models_the_kv_maths_cannot_size_are_answered_unchecked(
+    live_registry: LiveRegistry,
+    model_changes: dict[str, object],
+    settings_changes: dict[str, object],
+) -> None:
+    token = live_registry.token("m4pro")
+    with live_registry.client(token) as client:
+        sent = make_report(
+            model=NEMO.model_copy(update=model_changes),
+            hardware=M4PRO_24GB,
+            settings=wire.RunSettings(**settings_changes),  # type: ignore[arg-type]
+        )
+        assert post_report(client, sent).status_code == 201
+    for context in (None, 8000):
+        params = {"context_tokens": context} if context else {}
+        status, answer = _ask(live_registry, model=ARTICLE_MODEL, min_tps_per_user=6, **params)
+        assert status == 200, answer
+        [candidate] = answer["candidates"]  # type: ignore[misc]
+        assert candidate["concurrency"] == 32
+        assert candidate["kv_cache_gib"] is None and candidate["fit"] == "not checked"
 
 
 def test_fit_not_checked_without_architecture_numbers(live_registry: LiveRegistry) -> None:

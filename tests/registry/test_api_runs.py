@@ -143,6 +143,10 @@ def _without(field: str) -> dict[str, Any]:
             {**_valid_body(), "hardware": {"hash": "abcdef012345", "data": {"t": "NaN"}}},
             ["body", "hardware", "data"],
         ),
+        (
+            {**_valid_body(), "points": [*_valid_body()["points"], _valid_body()["points"][0]]},
+            ["body", "points"],
+        ),
     ],
     ids=[
         "nan",
@@ -161,6 +165,7 @@ def _without(field: str) -> dict[str, Any]:
         "unknown-source",
         "n_layer-too-large",
         "nan-in-hardware",
+        "same-cell-twice",
     ],
 )
 def test_ingest_rejects_bad_report_naming_the_field(
