@@ -40,6 +40,9 @@ class RegistrySettings(BaseSettings):
     webhook_url: str | None = Field(
         default=None, description="POSTed a JSON body for each new regression (retried)"
     )
+    webhook_max_age_days: float = Field(
+        default=7, gt=0, description="regressions whose first run is older are not sent"
+    )
     public_url: str = Field(
         default="http://127.0.0.1:8787",
         description="the registry's address as people reach it, for links in webhooks",

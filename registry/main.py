@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 from fastapi import APIRouter, FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
@@ -38,7 +39,12 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     engine = create_db_engine(settings.sqlalchemy_url)
     sessions = session_factory(engine)
     notifier = (
-        WebhookNotifier(sessions, url=settings.webhook_url, public_url=settings.public_url)
+        WebhookNotifier(
+            sessions,
+            url=settings.webhook_url,
+            public_url=settings.public_url,
+            max_age=timedelta(days=settings.webhook_max_age_days),
+        )
         if settings.webhook_url
         else None
     )

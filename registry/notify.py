@@ -2,9 +2,12 @@
 
 The regressions table is the outbox: a regression whose `notified_at` is NULL has not been
 delivered. A thread beside the server claims due rows one at a time (a lease in
-`notify_after`, so two registry processes never send the same one at once), POSTs each to the
-webhook and marks it delivered on a 2xx; any other answer, or none, is retried later with
-exponential backoff and jitter. A registry restart loses nothing: the rows wait in the table.
+`notify_after`, longer than a delivery can take, so two registry processes do not send the
+same one at once), POSTs each to the webhook and marks it delivered on a 2xx; any other
+answer, or none, is retried later with exponential backoff and jitter. A registry restart
+loses nothing: the rows wait in the table. Only regressions whose first run is recent
+(`max_age`) are sent: turning the webhook on, or importing old sweeps, does not page anyone
+about last year.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class WebhookNotifier:
         first_retry: float = 5.0,
         max_retry: float = 3600.0,
         poll_interval: float = 30.0,
+        max_age: timedelta = timedelta(days=7),
     ) -> None:
         self.sessions = sessions
         self.url = url
@@ -62,6 +66,10 @@ class WebhookNotifier:
         self.first_retry = first_retry
         self.max_retry = max_retry
         self.poll_interval = poll_interval
+        self.max_age = max_age
+        # httpx's timeout bounds each phase (connect, write, each read): a delivery can take
+        # a few of them, and the lease must outlast it.
+        self.lease = timedelta(seconds=6 * timeout)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -84,12 +92,12 @@ class WebhookNotifier:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # before the pass: a wake() during it brings another pass
             try:
                 self.deliver_due()
             except Exception:  # the database may be down: keep the thread, try again later
                 log.exception("webhook delivery pass failed")
             self._wake.wait(self.poll_interval)
-            self._wake.clear()
 
     def deliver_due(self) -> int:
         """One pass over the regressions due when it starts (one that fails waits for its
@@ -101,33 +109,36 @@ class WebhookNotifier:
         return delivered
 
     def _claim_next(self, *, due_by: datetime) -> int | None:
-        now = due_by
-        with self.sessions() as session:
-            begin_write(session)
-            due = session.scalar(
-                select(Regression.id)
-                .where(
-                    Regression.notified_at.is_(None),
-                    Regression.acknowledged_at.is_(None),
-                    Regression.change < 0,
-                    or_(Regression.notify_after.is_(None), Regression.notify_after <= now),
-                )
-                .order_by(Regression.detected_at, Regression.id)
-                .limit(1)
-            )
-            if due is None:
-                return None
-            lease = datetime.now(UTC) + timedelta(seconds=2 * self.timeout)
-            claimed = session.execute(
-                update(Regression)
-                .where(
-                    Regression.id == due,
-                    or_(Regression.notify_after.is_(None), Regression.notify_after <= now),
-                )
-                .values(notify_after=lease)
-            )
-            session.commit()
-            return due if claimed.rowcount == 1 else None  # type: ignore[attr-defined]
+        """A due regression now leased to this process, or None when none is due."""
+        is_due = or_(Regression.notify_after.is_(None), Regression.notify_after <= due_by)
+        while True:
+            with self.sessions() as session:
+                begin_write(session)
+                due = session.scalars(
+                    select(Regression.id)
+                    .where(
+                        Regression.notified_at.is_(None),
+                        Regression.acknowledged_at.is_(None),
+                        Regression.change < 0,
+                        Regression.first_seen_at >= due_by - self.max_age,
+                        is_due,
+                    )
+                    .order_by(Regression.detected_at, Regression.id)
+                    .limit(10)
+                ).all()
+                if not due:
+                    return None
+                lease = datetime.now(UTC) + self.lease
+                for regression_id in due:
+                    claimed = session.execute(
+                        update(Regression)
+                        .where(Regression.id == regression_id, is_due)
+                        .values(notify_after=lease)
+                    )
+                    if claimed.rowcount == 1:  # type: ignore[attr-defined]
+                        session.commit()
+                        return regression_id
+                session.commit()  # all taken by another process meanwhile: look again
 
     def _deliver(self, regression_id: int) -> int:
         with self.sessions() as session:
@@ -158,7 +169,7 @@ class WebhookNotifier:
                 regression.notified_at = now
                 regression.notify_error = None
             else:
-                backoff = min(self.max_retry, self.first_retry * 2**attempts)
+                backoff = min(self.max_retry, self.first_retry * 2 ** min(attempts, 30))
                 regression.notify_after = now + timedelta(
                     seconds=backoff * random.uniform(0.5, 1.0)
                 )

@@ -72,16 +72,25 @@ def read_regressions(
 @router.post(
     "/regressions/{regression_id}/acknowledge",
     response_model=RegressionPublic,
-    responses={404: {"description": "no such regression"}},
+    responses={
+        403: {"description": "the token belongs to another node"},
+        404: {"description": "no such regression"},
+    },
 )
 def acknowledge(
-    regression_id: int, body: Acknowledgement, session: SessionDep, _node: NodeAuth
+    regression_id: int, body: Acknowledgement, session: SessionDep, node: NodeAuth
 ) -> RegressionPublic:
-    """Accepts a regression (with a note): it is no longer listed by default nor makes its
-    node's health 'regressed'."""
-    row = history.acknowledge_regression(session, regression_id=regression_id, note=body.note)
+    """Accepts a regression (with a note), with the token of its node: it is no longer
+    listed by default nor makes its node's health 'regressed'."""
+    row = history.get_regression(session, regression_id)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail="regression not found")
+    if row.node_id != node.id:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail=f"this token belongs to node {node.name!r}, the regression to {row.node.name!r}",
+        )
+    history.acknowledge_regression(row, note=body.note)
     public = regression_public(row)
     session.commit()
     return public
@@ -119,7 +128,7 @@ def read_curves(
                         b=p.b,
                         total_tps=p.s_tg or 0.0,
                         per_user_tps=(p.s_tg or 0.0) / p.b,
-                        ms_per_token=1000 * p.b / p.s_tg if p.s_tg else float("inf"),
+                        ms_per_token=1000 * p.b / p.s_tg if p.s_tg else None,
                         prefill_tps=p.s_pp,
                         past_knee=knee is not None and p.b > knee,
                     )

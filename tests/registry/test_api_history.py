@@ -21,15 +21,20 @@ def scaled(factor: float) -> list[tuple[int, float, float]]:
     return [(b, s_pp * factor, s_tg * factor) for b, s_pp, s_tg in ARTICLE_TABLE]
 
 
-def post_history(registry: LiveRegistry, runs: list[tuple[int, float]], **report: Any) -> None:
-    """One run per (build number, speed factor), a day apart."""
+def post_history(
+    registry: LiveRegistry,
+    runs: list[tuple[int, float]],
+    start: datetime = DAY0,
+    **report: Any,
+) -> None:
+    """One run per (build number, speed factor), a day apart from `start`."""
     token = registry.token("m4pro")
     with registry.client(token) as client:
         for day, (build, factor) in enumerate(runs):
             sent = make_report(
                 table=scaled(factor),
                 build_number=build,
-                started_at=DAY0 + timedelta(days=day),
+                started_at=start + timedelta(days=day),
                 **report,
             )
             assert post_report(client, sent).status_code == 201
@@ -106,7 +111,10 @@ def test_acknowledged_regressions_stop_being_reported(live_registry: LiveRegistr
     with live_registry.client() as anonymous:
         refused = anonymous.post(f"/v1/regressions/{first['id']}/acknowledge", json={"note": "x"})
         assert refused.status_code == 401
-    token = live_registry.token("ops")
+    with live_registry.client(live_registry.token("other")) as stranger:
+        refused = stranger.post(f"/v1/regressions/{first['id']}/acknowledge", json={"note": "x"})
+        assert refused.status_code == 403
+    token = live_registry.token("m4pro")
     with live_registry.client(token) as client:
         done = client.post(
             f"/v1/regressions/{first['id']}/acknowledge", json={"note": "expected: new sampler"}
@@ -198,3 +206,24 @@ def test_node_health_stale_failing_and_hardware(live_registry: LiveRegistry) -> 
     nodes = {n["name"]: n for n in get(live_registry, "/v1/nodes")["data"]}
     assert nodes["h100"]["health"] == "failing"
     assert nodes["h100"]["last_status"] == "failed"
+
+
+def test_a_regression_a_later_build_recovered_stays_listed_but_the_node_is_healthy(
+    live_registry: LiveRegistry,
+) -> None:
+    now = datetime.now(UTC) - timedelta(days=11)  # the last run today: not stale
+    post_history(
+        live_registry,
+        [(1, w) for w in WOBBLE[:5]] + [(2, 0.8)] * 3 + [(3, w) for w in WOBBLE[:3]],
+        start=now,
+    )
+    assert get(live_registry, "/v1/regressions")["count"] == 12  # build 2 was slower
+    everything = get(live_registry, "/v1/regressions", include_improvements=True)
+    assert everything["count"] == 24  # and build 3 recovered
+    recovered = {(r["after_build"], r["kind"]) for r in everything["data"]}
+    assert recovered == {
+        ("llama.cpp b2 Metal", "regression"),
+        ("llama.cpp b3 Metal", "improvement"),
+    }
+    [node] = get(live_registry, "/v1/nodes")["data"]
+    assert (node["health"], node["open_regressions"]) == ("ok", 0)

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -18,6 +19,13 @@ from registry.models import Regression
 from registry.notify import WebhookNotifier
 from tests.conftest import LiveRegistry, running_registry
 from tests.registry.test_api_history import WOBBLE, post_history
+
+SLOWER_BUILD = [(1, w) for w in WOBBLE[:5]] + [(2, 0.8), (2, 0.8)]
+
+
+def recently() -> datetime:
+    """A start such that the regression's first run (day 5) was two days ago."""
+    return datetime.now(UTC) - timedelta(days=7)
 
 
 class Receiver:
@@ -71,7 +79,7 @@ def test_a_new_regression_reaches_the_webhook_with_a_link(
         public_url="http://registry.example:8787",
     )
     with running_registry(settings) as registry:
-        post_history(registry, [(1, w) for w in WOBBLE[:5]] + [(2, 0.8), (2, 0.8)])
+        post_history(registry, SLOWER_BUILD, start=recently())
         receiver.wait_for(12)
         time.sleep(0.3)  # nothing more comes: each regression is sent once
         assert len(receiver.bodies) == 12
@@ -93,7 +101,7 @@ def test_a_new_regression_reaches_the_webhook_with_a_link(
 def test_a_failed_delivery_is_retried_and_nothing_is_lost(
     live_registry: LiveRegistry, receiver: Receiver
 ) -> None:
-    post_history(live_registry, [(1, w) for w in WOBBLE[:5]] + [(2, 0.8), (2, 0.8)])
+    post_history(live_registry, SLOWER_BUILD, start=recently())
     receiver.statuses = [500, 503]  # the receiver is down for the first two attempts
     sessions = session_factory(live_registry.engine)
     notifier = WebhookNotifier(
@@ -116,3 +124,16 @@ def test_a_failed_delivery_is_retried_and_nothing_is_lost(
         notifier.stop()
     assert receiver.attempts == 14
     assert len({b["regression"]["id"] for b in receiver.bodies}) == 12
+
+
+def test_old_regressions_are_not_sent_when_the_webhook_is_turned_on(
+    live_registry: LiveRegistry, receiver: Receiver
+) -> None:
+    post_history(live_registry, SLOWER_BUILD)  # first slow run in early November
+    sessions = session_factory(live_registry.engine)
+    notifier = WebhookNotifier(sessions, url=receiver.url, public_url="http://x")
+    try:
+        assert notifier.deliver_due() == 0
+    finally:
+        notifier.stop()
+    assert receiver.attempts == 0
