@@ -67,7 +67,7 @@ class NodeSummary(NamedTuple):
     last_status: str | None  # of the latest run
     engine: str | None  # the latest run's engine build
     hardware: str | None  # the latest run's fingerprint, described
-    open_regressions: int  # not acknowledged
+    open_regressions: int  # not acknowledged, and no later step in their series
 
 
 def _now() -> datetime:
@@ -123,12 +123,28 @@ def _node_summaries(session: Session, *conditions: ColumnElement[bool]) -> list[
         .correlate(Node)
         .scalar_subquery()
     )
+    later = aliased(Regression)
+    later_step = (
+        select(later.id)
+        .where(
+            later.node_id == Regression.node_id,
+            later.model_id == Regression.model_id,
+            later.pp == Regression.pp,
+            later.tg == Regression.tg,
+            later.b == Regression.b,
+            later.metric == Regression.metric,
+            later.first_seen_at > Regression.first_seen_at,
+        )
+        .exists()
+    )
+    # Open: not acknowledged, and still the series' latest step (no later step since).
     open_regressions = (
         select(func.count(Regression.id))
         .where(
             Regression.node_id == Node.id,
             Regression.acknowledged_at.is_(None),
             Regression.change < 0,
+            ~later_step,
         )
         .correlate(Node)
         .scalar_subquery()
@@ -323,6 +339,10 @@ def _fingerprint(
             memory_kind=summary.memory_kind,
         ),
     )
+    if fingerprint.description is None:  # stored before summaries existed (migration 0003)
+        fingerprint.description = summary.description
+        fingerprint.memory_bytes = summary.memory_bytes
+        fingerprint.memory_kind = summary.memory_kind
     fingerprint.first_seen = min(fingerprint.first_seen, seen)
     fingerprint.last_seen = max(fingerprint.last_seen, seen)
     return fingerprint

@@ -6,7 +6,8 @@ The interface is plain so that any listing can reuse it (a run's points here, a 
   `datetime`, `UUID` or `None`; columns a row lacks are empty;
 - `rows_to_csv(columns, rows)` writes a header and one line per row (RFC 4180, CRLF line
   ends; `None` is an empty cell, floats are written so they read back exactly, datetimes
-  as ISO 8601 in UTC with a `Z`, booleans as `true`/`false`);
+  as ISO 8601 in UTC with a `Z`, booleans as `true`/`false`, and text that a spreadsheet
+  would take for a formula, starting with `=`, `+`, `-`, `@`, is prefixed with `'`);
 - `rows_to_json(columns, rows)` writes a JSON array of objects with exactly those keys, in
   that order (`None` is `null`);
 - `export_response(rows, columns=..., format="csv"|"json", filename=...)` returns either one
@@ -86,6 +87,9 @@ def _iso(moment: datetime) -> str:
     return zoned.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _csv_cell(value: Cell) -> str:
     if value is None:
         return ""
@@ -95,6 +99,9 @@ def _csv_cell(value: Cell) -> str:
         return repr(value)  # the shortest text that reads back as the same float
     if isinstance(value, datetime):
         return _iso(value)
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        # Names come from node reports: a spreadsheet would run `=...` as a formula.
+        return "'" + value
     return str(value)
 
 

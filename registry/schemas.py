@@ -203,7 +203,9 @@ class CurvePointPublic(BaseModel):
     b: int
     total_tps: float = Field(description="S_TG")
     per_user_tps: float = Field(description="S_TG / B")
-    ms_per_token: float = Field(description="what one user waits per token: 1000 B / S_TG")
+    ms_per_token: float | None = Field(
+        description="what one user waits per token: 1000 B / S_TG (None when S_TG is 0)"
+    )
     prefill_tps: float | None = Field(description="S_PP")
     past_knee: bool
 

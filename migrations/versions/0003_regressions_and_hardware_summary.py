@@ -1,5 +1,8 @@
 """regressions, and each fingerprint's hardware summary and memory
 
+Fingerprints stored before this revision get their summary from the next run that reports
+them (registry.crud), not here: a migration must not run application code that may change.
+
 Revision ID: 0003
 Revises: 0002
 Create Date: 2026-11-29 13:00:00
@@ -12,8 +15,6 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from registry.questions.hardware import summarize_hardware
-
 revision: str = "0003"
 down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
@@ -25,7 +26,6 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("description", sa.String(length=300), nullable=True))
         batch_op.add_column(sa.Column("memory_bytes", sa.BigInteger(), nullable=True))
         batch_op.add_column(sa.Column("memory_kind", sa.String(length=16), nullable=True))
-    _summarize_existing_fingerprints()
     with op.batch_alter_table("runs", schema=None) as batch_op:
         batch_op.create_index("ix_runs_node_started", ["node_id", "started_at"], unique=False)
 
@@ -96,29 +96,6 @@ def upgrade() -> None:
         batch_op.create_index("ix_regressions_first_seen", ["first_seen_at"], unique=False)
         batch_op.create_index(
             batch_op.f("ix_regressions_first_run_id"), ["first_run_id"], unique=False
-        )
-
-
-def _summarize_existing_fingerprints() -> None:
-    table = sa.table(
-        "hardware_fingerprints",
-        sa.column("id", sa.Integer()),
-        sa.column("data", sa.JSON()),
-        sa.column("description", sa.String()),
-        sa.column("memory_bytes", sa.BigInteger()),
-        sa.column("memory_kind", sa.String()),
-    )
-    connection = op.get_bind()
-    for fingerprint_id, data in connection.execute(sa.select(table.c.id, table.c.data)).all():
-        summary = summarize_hardware(data or {})
-        connection.execute(
-            table.update()
-            .where(table.c.id == fingerprint_id)
-            .values(
-                description=summary.description,
-                memory_bytes=summary.memory_bytes,
-                memory_kind=summary.memory_kind,
-            )
         )
 
 

@@ -224,3 +224,10 @@ def test_export_response_names_the_download() -> None:
     assert response.body == b"b\r\n8\r\n"
     assert safe_filename("fleetbench-run", "", "gpu 07", "x.y") == "fleetbench-run-gpu_07-x.y"
     assert safe_filename("") == "export"
+
+
+def test_text_a_spreadsheet_would_run_as_a_formula_is_quoted() -> None:
+    from registry.export import rows_to_csv
+
+    text = rows_to_csv(["node", "s_tg"], [{"node": "=HYPERLINK(1)", "s_tg": -1.5}])
+    assert text.splitlines()[1] == "'=HYPERLINK(1),-1.5"  # numbers stay numbers

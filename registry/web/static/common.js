@@ -205,7 +205,6 @@ export function placementUrl(params = {}) {
   return `/placement${query(params)}`;
 }
 
-/** The page's query parameters as a plain object. */
 /** The named fields of a form that are filled in, trimmed, as query parameters. */
 export function formQuery(form, names) {
   const data = new FormData(form);
@@ -217,6 +216,7 @@ export function formQuery(form, names) {
   return query;
 }
 
+/** The page's query parameters as a plain object. */
 export function params() {
   return Object.fromEntries(new URLSearchParams(window.location.search));
 }
