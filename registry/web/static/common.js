@@ -205,6 +205,23 @@ export function placementUrl(params = {}) {
   return `/placement${query(params)}`;
 }
 
+/** What `settle` gives for work that failed (and whose failure it has shown). */
+export const FAILED = Symbol("failed");
+
+/**
+ * Runs `work` (a function, sync or async) and gives its result; if it fails, shows why in
+ * `target`, marks the page as errored and gives FAILED, so that a caller only checks.
+ */
+export async function settle(target, work) {
+  try {
+    return await work();
+  } catch (error) {
+    showError(target, error);
+    done("error");
+    return FAILED;
+  }
+}
+
 /** The named fields of a form that are filled in, trimmed, as query parameters. */
 export function formQuery(form, names) {
   const data = new FormData(form);

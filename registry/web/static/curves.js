@@ -1,6 +1,8 @@
 // One node (its models), or one node x model: the batching curves from GET /v1/curves,
 // one line per llama.cpp build, total and per-user decode speed on one chart, prefill beside.
 import {
+  FAILED,
+  settle,
   ApiError,
   api,
   baseLayout,
@@ -275,14 +277,8 @@ async function showCurves(node, model) {
     " / ",
     h("a", { href: curvesUrl(node) }, node),
   );
-  let answer;
-  try {
-    answer = await api("/v1/curves", { node, model });
-  } catch (error) {
-    showError(statusBox, error);
-    done("error");
-    return;
-  }
+  const answer = await settle(statusBox, () => api("/v1/curves", { node, model }));
+  if (answer === FAILED) return;
   const curves = answer.curves ?? [];
   setTitle(
     `${answer.node} × ${answer.model}`,

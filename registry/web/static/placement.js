@@ -1,5 +1,7 @@
 // The placement question as a form; the answer (GET /v1/placement) as a table and a chart.
 import {
+  FAILED,
+  settle,
   formQuery,
   api,
   baseLayout,
@@ -154,14 +156,8 @@ async function ask(query) {
   done("loading");
   message(statusBox, "info", "Asking the registry…");
   answerBox.hidden = true;
-  let answer;
-  try {
-    answer = await api("/v1/placement", query);
-  } catch (error) {
-    showError(statusBox, error);
-    done("error");
-    return;
-  }
+  const answer = await settle(statusBox, () => api("/v1/placement", query));
+  if (answer === FAILED) return;
   replace(statusBox);
   answerBox.hidden = false;
   document.getElementById("reason").textContent = answer.reason;
@@ -193,13 +189,7 @@ async function ask(query) {
     ),
   );
   if (count > 0) {
-    try {
-      await drawChart(answer);
-    } catch (error) {
-      showError(statusBox, error);
-      done("error");
-      return;
-    }
+    if ((await settle(statusBox, () => drawChart(answer))) === FAILED) return;
   }
   done(count > 0 ? "ready" : "empty");
 }

@@ -1,6 +1,8 @@
 // One series over time (GET /v1/series), with each change of build, binding, hardware or
 // settings marked by a vertical line and its detected steps by a cross.
 import {
+  FAILED,
+  settle,
   formQuery,
   absoluteTime,
   api,
@@ -147,14 +149,8 @@ async function load(q) {
   done("loading");
   document.getElementById("series-view").hidden = true;
   message(statusBox, "info", "Loading…");
-  let series;
-  try {
-    series = await api("/v1/series", q);
-  } catch (error) {
-    showError(statusBox, error);
-    done("error");
-    return;
-  }
+  const series = await settle(statusBox, () => api("/v1/series", q));
+  if (series === FAILED) return;
   const metric = series.metric === "s_pp" ? "prefill" : "decode";
   const title = `${series.node} × ${series.model}`;
   document.getElementById("title").textContent = title;
@@ -186,13 +182,7 @@ async function load(q) {
   const regressions = series.regressions ?? [];
   document.getElementById("regressions-section").hidden = regressions.length === 0;
   replace(document.querySelector("#series-regressions tbody"), regressions.map(regressionRow));
-  try {
-    await chart(series);
-  } catch (error) {
-    showError(statusBox, error);
-    done("error");
-    return;
-  }
+  if ((await settle(statusBox, () => chart(series))) === FAILED) return;
   done();
 }
 
