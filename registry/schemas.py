@@ -4,12 +4,13 @@ Named by role: XPublic for one thing, XsPublic(data, count) for a page of them."
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent import wire
+from registry.history import Metric
 from registry.models import Regression, Run
 from registry.questions.health import Health
 
@@ -132,16 +133,21 @@ def run_detail(run: Run) -> RunDetail:
     )
 
 
-class RegressionPublic(_Public):
-    """A lasting step in one series; `change_pct` is negative when it got slower."""
+class SeriesKey(BaseModel):
+    """One series: a node's model at PP x TG x B, one metric."""
 
-    id: int
     node: str
     model: str
     pp: int
     tg: int
     b: int
-    metric: Literal["s_tg", "s_pp"]
+    metric: Metric
+
+
+class RegressionPublic(SeriesKey):
+    """A lasting step in one series; `change_pct` is negative when it got slower."""
+
+    id: int
     kind: Literal["regression", "improvement"]
     before: float = Field(description="mean of the runs before the step")
     after: float = Field(description="mean of the runs after it")
@@ -178,7 +184,7 @@ def regression_public(row: Regression) -> RegressionPublic:
         pp=row.pp,
         tg=row.tg,
         b=row.b,
-        metric="s_pp" if row.metric == "s_pp" else "s_tg",
+        metric=cast(Metric, row.metric),
         kind="regression" if row.change < 0 else "improvement",
         before=row.before_value,
         after=row.after_value,
@@ -241,12 +247,6 @@ class SeriesPointPublic(BaseModel):
     change: str | None = Field(description="what changed since the previous run")
 
 
-class SeriesPublic(BaseModel):
-    node: str
-    model: str
-    pp: int
-    tg: int
-    b: int
-    metric: Literal["s_tg", "s_pp"]
+class SeriesPublic(SeriesKey):
     points: list[SeriesPointPublic]
     regressions: list[RegressionPublic]

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
-from agent.kv_cache import CACHE_TYPE_BYTES, kv_cache_bytes
+from agent.kv_cache import CACHE_TYPE_BYTES, fits, kv_cache_bytes
 from agent.wire import ModelInfo, PlacementAnswer, RejectedConcurrency
 
 __all__ = [
@@ -67,23 +68,30 @@ class NodeMemory:
     cache_type_v: str | None
     n_ubatch: int | None
 
+    def _cache(self, concurrency: int, tokens_per_user: int) -> dict[str, Any]:
+        return {
+            "n_ctx": concurrency * tokens_per_user,
+            "n_seq": concurrency,
+            "n_ubatch": self.n_ubatch or 512,
+            "cache_type_k": self.cache_type_k or "f16",
+            "cache_type_v": self.cache_type_v or "f16",
+        }
+
     def kv_bytes(self, *, concurrency: int, tokens_per_user: int) -> int | None:
         """The users' KV cache, or None when why_kv_unknown says why not."""
         if why_kv_unknown(self) is not None:
             return None
-        return kv_cache_bytes(
-            self.model,
-            n_ctx=concurrency * tokens_per_user,
-            n_seq=concurrency,
-            n_ubatch=self.n_ubatch or 512,
-            cache_type_k=self.cache_type_k or "f16",
-            cache_type_v=self.cache_type_v or "f16",
-        )
+        return kv_cache_bytes(self.model, **self._cache(concurrency, tokens_per_user))
 
-    def fits(self, *, concurrency: int, tokens_per_user: int) -> bool:
-        kv = self.kv_bytes(concurrency=concurrency, tokens_per_user=tokens_per_user)
-        assert kv is not None and self.memory_bytes is not None and self.model.file_size
-        return kv + self.model.file_size <= self.memory_bytes
+    def shortfall(self, *, concurrency: int, tokens_per_user: int) -> str | None:
+        """Why these users' KV caches and the weights do not fit the node's memory (the
+        agent's own check, agent.kv_cache.fits), or None when they do; `memory` must be
+        checkable (why_fit_unchecked is None)."""
+        return fits(
+            self.model,
+            **self._cache(concurrency, tokens_per_user),
+            free_bytes=self.memory_bytes,
+        )
 
 
 def why_kv_unknown(memory: NodeMemory) -> str | None:
@@ -112,14 +120,18 @@ def largest_fitting_concurrency(memory: NodeMemory, *, tokens_per_user: int) -> 
     """The most users whose KV caches of `tokens_per_user` each fit beside the weights
     (0: not even one); `memory` must be checkable (why_fit_unchecked is None). The KV cache
     only grows with the users, so a doubling then a bisection finds it."""
-    if not memory.fits(concurrency=1, tokens_per_user=tokens_per_user):
+
+    def fit(concurrency: int) -> bool:
+        return memory.shortfall(concurrency=concurrency, tokens_per_user=tokens_per_user) is None
+
+    if not fit(1):
         return 0
     low, high = 1, 2
-    while high < 2**31 and memory.fits(concurrency=high, tokens_per_user=tokens_per_user):
+    while high < 2**31 and fit(high):
         low, high = high, high * 2
     while high - low > 1:
         middle = (low + high) // 2
-        if memory.fits(concurrency=middle, tokens_per_user=tokens_per_user):
+        if fit(middle):
             low = middle
         else:
             high = middle

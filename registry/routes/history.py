@@ -21,6 +21,7 @@ from registry.schemas import (
     CurvesPublic,
     RegressionPublic,
     RegressionsPublic,
+    SeriesKey,
     SeriesPointPublic,
     SeriesPublic,
     regression_public,
@@ -154,7 +155,7 @@ def read_series(
     pp: Annotated[int, Query(ge=0)],
     tg: Annotated[int, Query(ge=0)],
     b: Annotated[int, Query(ge=1)],
-    metric: Literal["s_tg", "s_pp"] = "s_tg",
+    metric: history.Metric = "s_tg",
     limit: Annotated[int, Query(ge=1, le=100_000, description="latest runs")] = 1000,
     format: Literal["json", "csv"] = "json",
 ) -> SeriesPublic | Response:
@@ -209,11 +210,11 @@ def read_series(
     return answer
 
 
-_SERIES_COLUMNS = ("node", "model", "pp", "tg", "b", "metric", *SeriesPointPublic.model_fields)
+_SERIES_COLUMNS = (*SeriesKey.model_fields, *SeriesPointPublic.model_fields)
 
 
 def _series_csv(answer: SeriesPublic) -> Response:
-    fixed = answer.model_dump(include={"node", "model", "pp", "tg", "b", "metric"})
+    fixed = answer.model_dump(include=set(SeriesKey.model_fields))
     rows = [{**fixed, **point.model_dump()} for point in answer.points]
     name = f"{answer.node}-{answer.model}-pp{answer.pp}-tg{answer.tg}-b{answer.b}-{answer.metric}"
     return export_response(rows, columns=_SERIES_COLUMNS, format="csv", filename=name)

@@ -138,19 +138,14 @@ def _rejected(
             continue
         memory = memories[choice.node]
         kv = memory.kv_bytes(concurrency=choice.b, tokens_per_user=context_tokens) or 0
-        weights = memory.model.file_size or 0
-        budget = memory.memory_bytes or 0
+        shortfall = memory.shortfall(concurrency=choice.b, tokens_per_user=context_tokens)
         refused.append(
             RejectedConcurrency(
                 node=choice.node,
                 concurrency=choice.b,
                 kv_cache_gib=kv / GIB,
-                reason=(
-                    f"{choice.b} users x {context_tokens} tokens need {kv / GIB:.1f} GiB of KV "
-                    f"cache beside {weights / GIB:.1f} GiB of weights; the node can give them "
-                    f"{budget / GIB:.1f} GiB"
-                    + (f" (at most {cap} users fit)" if cap else " (not even one user fits)")
-                ),
+                reason=f"{choice.b} users x {context_tokens} tokens: {shortfall}"
+                + (f" (at most {cap} users fit)" if cap else " (not even one user fits)"),
             )
         )
     return refused
