@@ -19,6 +19,8 @@ from sqlalchemy.orm import Session, aliased, selectinload
 from agent import wire
 from registry.history import build_label, refresh_regressions
 from registry.models import (
+    RUN_NEWEST_FIRST,
+    RUN_SUCCESSFUL,
     EngineBuild,
     FailedPoint,
     HardwareFingerprint,
@@ -39,6 +41,7 @@ __all__ = [
     "create_node_token",
     "curve_points",
     "find_models",
+    "find_node",
     "get_node",
     "get_run",
     "ingest_report",
@@ -86,13 +89,13 @@ def model_name_key(name: str) -> str:
 # --- nodes and tokens ------------------------------------------------------------------
 
 
-def _node_by_name(session: Session, name: str) -> Node | None:
+def find_node(session: Session, name: str) -> Node | None:
     return session.scalars(select(Node).where(Node.name == name)).one_or_none()
 
 
 def create_node_token(session: Session, *, node_name: str, labels: dict[str, str]) -> str:
     """A new token for the node (created if needed); returns the token, stored only hashed."""
-    node = _node_by_name(session, node_name)
+    node = find_node(session, node_name)
     if node is None:
         node = Node(name=node_name, labels=labels, created_at=_now())
         session.add(node)
@@ -118,7 +121,7 @@ def _node_summaries(session: Session, *conditions: ColumnElement[bool]) -> list[
     latest_id = (
         select(Run.id)
         .where(Run.node_id == Node.id)
-        .order_by(Run.started_at.desc(), Run.received_at.desc())
+        .order_by(*RUN_NEWEST_FIRST)
         .limit(1)
         .correlate(Node)
         .scalar_subquery()
@@ -149,22 +152,21 @@ def _node_summaries(session: Session, *conditions: ColumnElement[bool]) -> list[
         .correlate(Node)
         .scalar_subquery()
     )
-    totals = (
-        select(Run.node_id, func.max(Run.started_at).label("last"), func.count(Run.id).label("n"))
-        .group_by(Run.node_id)
-        .subquery()
+    # Each node's own runs only (ix_runs_node_started), never an aggregate over all runs.
+    run_count = (
+        select(func.count(Run.id)).where(Run.node_id == Node.id).correlate(Node).scalar_subquery()
     )
     statement = (
         select(
             Node,
-            totals.c.last,
-            totals.c.n,
+            latest.started_at,
+            run_count,
             latest.status,
             EngineBuild,
             HardwareFingerprint.description,
             open_regressions,
         )
-        .outerjoin(totals, totals.c.node_id == Node.id)
+        .select_from(Node)
         .outerjoin(latest, latest.id == latest_id)
         .outerjoin(EngineBuild, EngineBuild.id == latest.build_id)
         .outerjoin(HardwareFingerprint, HardwareFingerprint.id == latest.fingerprint_id)
@@ -206,7 +208,7 @@ def get_node(session: Session, name: str) -> tuple[NodeSummary, list[HardwareFin
 # --- ingest ----------------------------------------------------------------------------
 
 
-def report_sha256(report: wire.RunReport) -> str:
+def _report_sha256(report: wire.RunReport) -> str:
     return _sha256(report.model_dump_json())
 
 
@@ -214,7 +216,7 @@ def ingest_report(session: Session, *, report: wire.RunReport, node: Node) -> tu
     """Store the report as a run of `node`. Returns (run, created); a report already stored
     with the same body returns (that run, False). Raises RunConflict for the same run id
     with a different body."""
-    digest = report_sha256(report)
+    digest = _report_sha256(report)
     existing = session.get(Run, report.run_id)
     if existing is not None:
         return _as_retry(existing, digest), False
@@ -421,10 +423,10 @@ def _latest_run_of_node(*, model_ids: Sequence[int], since: datetime | None) -> 
         .where(
             Run.node_id == Node.id,
             Run.model_id.in_(model_ids),
-            Run.status != "failed",
+            RUN_SUCCESSFUL,
             *([Run.started_at >= since] if since is not None else []),
         )
-        .order_by(Run.started_at.desc(), Run.received_at.desc(), Run.id)
+        .order_by(*RUN_NEWEST_FIRST)
         .limit(1)
         .correlate(Node)
         .scalar_subquery()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
@@ -12,9 +12,9 @@ from sqlalchemy.orm import Session
 from registry import crud
 from registry.config import RegistrySettings
 from registry.db import begin_write
-from registry.models import Node
+from registry.models import Model, Node
 
-__all__ = ["NodeAuth", "ReadAccess", "SessionDep", "SettingsDep"]
+__all__ = ["NodeAuth", "ReadAccess", "SessionDep", "SettingsDep", "models_or_404", "node_or_404"]
 
 _bearer = HTTPBearer(
     auto_error=False, description="a node token from `fleetbench-registry token create`"
@@ -62,3 +62,18 @@ def _read_access(settings: SettingsDep, session: SessionDep, credentials: _Crede
 
 NodeAuth = Annotated[Node, Depends(_authenticated_node)]
 ReadAccess = Depends(_read_access)
+
+
+def node_or_404(session: Session, name: str) -> Node:
+    node = crud.find_node(session, name)
+    if node is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {name!r} not found")
+    return node
+
+
+def models_or_404(session: Session, model: str) -> Sequence[Model]:
+    """The models a display name or sha256 names (several files may share a name)."""
+    models = crud.find_models(session, model)
+    if not models:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"model {model!r} not found")
+    return models

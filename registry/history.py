@@ -12,14 +12,23 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from sqlalchemy import ColumnElement, Select, func, select
+from sqlalchemy import ColumnElement, and_, func, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from agent import wire
-from registry.models import EngineBuild, HardwareFingerprint, Node, Regression, Run, RunPoint
+from registry.models import (
+    RUN_NEWEST_FIRST,
+    RUN_SUCCESSFUL,
+    EngineBuild,
+    HardwareFingerprint,
+    Node,
+    Regression,
+    Run,
+    RunPoint,
+)
 from registry.questions.regressions import (
     DetectionSettings,
     SeriesRun,
@@ -83,13 +92,7 @@ def _hardware_label(fingerprint: HardwareFingerprint | None) -> str | None:
     return f"{fingerprint.description or 'hardware'} [{fingerprint.hash[:8]}]"
 
 
-def _history_runs(*, node_id: int, model_ids: Sequence[int], limit: int) -> Select[Any]:
-    return (
-        select(Run.id)
-        .where(Run.node_id == node_id, Run.model_id.in_(model_ids), Run.status != "failed")
-        .order_by(Run.started_at.desc(), Run.received_at.desc())
-        .limit(limit)
-    )
+Cell = tuple[int, int, int, Metric]  # PP, TG, B, metric: one series of a node's model
 
 
 def _series_runs(
@@ -97,44 +100,45 @@ def _series_runs(
     *,
     node_id: int,
     model_ids: Sequence[int],
-    pp: int,
-    tg: int,
-    b: int | None = None,
+    points: ColumnElement[bool],
     limit: int = HISTORY_RUNS,
-) -> dict[tuple[int, Metric], list[SeriesRun]]:
-    """Each (B, metric) series of node x model x PP x TG over the node's latest `limit`
-    successful runs, oldest first."""
-    recent = _history_runs(node_id=node_id, model_ids=model_ids, limit=limit)
-    conditions: list[ColumnElement[bool]] = [
-        RunPoint.run_id.in_(recent.scalar_subquery()),
-        RunPoint.pp == pp,
-        RunPoint.tg == tg,
-    ]
-    if b is not None:
-        conditions.append(RunPoint.b == b)
+) -> dict[Cell, list[SeriesRun]]:
+    """Each series of the node's model whose `points` match, over the node's latest `limit`
+    successful runs, oldest first; one query, each run's labels made once."""
+    recent = (
+        select(Run.id)
+        .where(Run.node_id == node_id, Run.model_id.in_(model_ids), RUN_SUCCESSFUL)
+        .order_by(*RUN_NEWEST_FIRST)
+        .limit(limit)
+    )
     rows = session.execute(
         select(RunPoint, Run)
         .join(Run, Run.id == RunPoint.run_id)
-        .where(*conditions)
+        .where(RunPoint.run_id.in_(recent.scalar_subquery()), points)
         .options(selectinload(Run.build), selectinload(Run.fingerprint))
         .order_by(Run.started_at, Run.received_at, RunPoint.b)
     ).all()
-    found: dict[tuple[int, Metric], list[SeriesRun]] = defaultdict(list)
+    labels: dict[uuid.UUID, dict[str, str | None]] = {}
+    found: dict[Cell, list[SeriesRun]] = defaultdict(list)
     for point, run in rows:
+        if run.id not in labels:
+            labels[run.id] = {
+                "build": build_label(run.build),
+                "binding": binding_label(run.build),
+                "hardware": _hardware_label(run.fingerprint),
+                "settings": _settings_label(run),
+            }
         for metric in METRICS:
             value = getattr(point, metric)
             if value is None or value <= 0:
                 continue
             stdev = getattr(point, f"{metric}_stdev")
-            found[(point.b, metric)].append(
+            found[(point.pp, point.tg, point.b, metric)].append(
                 SeriesRun(
                     run_id=run.id,
                     started_at=run.started_at,
                     value=value,
-                    build=build_label(run.build),
-                    binding=binding_label(run.build),
-                    hardware=_hardware_label(run.fingerprint),
-                    settings=_settings_label(run),
+                    **labels[run.id],
                     repeat_noise=(
                         # the value is the median of the repeats: its standard error
                         _MEDIAN_SE * stdev / value / math.sqrt(point.repeats)
@@ -157,50 +161,50 @@ def refresh_regressions(
     what the detector finds now. A step it no longer sees there (an outlier that reverted) is
     dropped unless someone acknowledged it; steps judged earlier are never touched."""
     settings = settings or DetectionSettings()
-    for pp, tg in sorted({(p.pp, p.tg) for p in run.points}):
-        by_series = _series_runs(
-            session, node_id=run.node_id, model_ids=[run.model_id], pp=pp, tg=tg
+    cells = sorted({(p.pp, p.tg) for p in run.points})
+    by_series = _series_runs(
+        session,
+        node_id=run.node_id,
+        model_ids=[run.model_id],
+        points=tuple_(RunPoint.pp, RunPoint.tg).in_(cells),
+    )
+    stored: dict[Cell, dict[uuid.UUID, Regression]] = defaultdict(dict)
+    for row in session.scalars(
+        select(Regression).where(
+            Regression.node_id == run.node_id,
+            Regression.model_id == run.model_id,
+            tuple_(Regression.pp, Regression.tg).in_(cells),
         )
-        stored: dict[tuple[int, str], dict[uuid.UUID, Regression]] = defaultdict(dict)
-        for row in session.scalars(
-            select(Regression).where(
-                Regression.node_id == run.node_id,
-                Regression.model_id == run.model_id,
-                Regression.pp == pp,
-                Regression.tg == tg,
+    ):
+        stored[(row.pp, row.tg, row.b, cast(Metric, row.metric))][row.first_run_id] = row
+    for (pp, tg, b, metric), runs in by_series.items():
+        index = {r.run_id: i for i, r in enumerate(runs)}
+        position = index.get(run.id)
+        if position is None:
+            continue  # this run has no value in this series (the point failed)
+        judge_from = max(1, position - settings.window + 1)
+        rows = stored[(pp, tg, b, metric)]
+        known_steps = [index[k] for k in rows if k in index and index[k] < judge_from]
+        found = {
+            step.first.run_id: step
+            for step in find_steps(runs, settings, judge_from=judge_from, known_steps=known_steps)
+        }
+        for first_run_id, row in rows.items():
+            judged = index.get(first_run_id, -1) >= judge_from
+            if judged and first_run_id not in found and row.acknowledged_at is None:
+                session.delete(row)
+        for first_run_id, step in found.items():
+            _store_step(
+                session,
+                rows.get(first_run_id),
+                step,
+                node_id=run.node_id,
+                model_id=run.model_id,
+                pp=pp,
+                tg=tg,
+                b=b,
+                metric=metric,
             )
-        ):
-            stored[(row.b, row.metric)][row.first_run_id] = row
-        for (b, metric), runs in by_series.items():
-            position = next((i for i, r in enumerate(runs) if r.run_id == run.id), None)
-            if position is None:
-                continue  # this run has no value in this series (the point failed)
-            judge_from = max(1, position - settings.window + 1)
-            index = {r.run_id: i for i, r in enumerate(runs)}
-            rows = stored[(b, metric)]
-            known_steps = [index[k] for k in rows if k in index and index[k] < judge_from]
-            found = {
-                step.first.run_id: step
-                for step in find_steps(
-                    runs, settings, judge_from=judge_from, known_steps=known_steps
-                )
-            }
-            for first_run_id, row in rows.items():
-                judged = index.get(first_run_id, -1) >= judge_from
-                if judged and first_run_id not in found and row.acknowledged_at is None:
-                    session.delete(row)
-            for first_run_id, step in found.items():
-                _store_step(
-                    session,
-                    rows.get(first_run_id),
-                    step,
-                    node_id=run.node_id,
-                    model_id=run.model_id,
-                    pp=pp,
-                    tg=tg,
-                    b=b,
-                    metric=metric,
-                )
     session.flush()
 
 
@@ -208,17 +212,17 @@ def _store_step(session: Session, row: Regression | None, step: Step, **series: 
     """Updates the step's row, or inserts it with the `series` key (node_id, model_id, pp,
     tg, b, metric); an insert that a concurrent ingest of the same series made first
     (PostgreSQL) updates that row instead."""
-    if row is None:
-        key = {**series, "first_run_id": step.first.run_id}
-        row = Regression(**key, first_seen_at=step.first.started_at, detected_at=datetime.now(UTC))
-        row.notify_attempts = 0
+    if row is not None:
         _record_step(row, step)
-        try:
-            with session.begin_nested():
-                session.add(row)
-        except IntegrityError:
-            row = session.scalars(select(Regression).filter_by(**key)).one()
+        return
+    key = {**series, "first_run_id": step.first.run_id}
+    row = Regression(**key, first_seen_at=step.first.started_at, detected_at=datetime.now(UTC))
     _record_step(row, step)
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        _record_step(session.scalars(select(Regression).filter_by(**key)).one(), step)
 
 
 def _record_step(row: Regression, step: Step) -> None:
@@ -309,9 +313,13 @@ def series(
 ) -> list[SeriesRun]:
     """One series, oldest first, over the node's latest `limit` successful runs."""
     by_series = _series_runs(
-        session, node_id=node_id, model_ids=model_ids, pp=pp, tg=tg, b=b, limit=limit
+        session,
+        node_id=node_id,
+        model_ids=model_ids,
+        points=and_(RunPoint.pp == pp, RunPoint.tg == tg, RunPoint.b == b),
+        limit=limit,
     )
-    return by_series.get((b, metric), [])
+    return by_series.get((pp, tg, b, metric), [])
 
 
 @dataclass(frozen=True)
@@ -331,13 +339,13 @@ def curves(session: Session, *, node_id: int, model_ids: Sequence[int]) -> list[
         func.row_number()
         .over(
             partition_by=Run.build_id,
-            order_by=(Run.started_at.desc(), Run.received_at.desc()),
+            order_by=RUN_NEWEST_FIRST,
         )
         .label("rank")
     )
     ranked = (
         select(Run.id, newest_first)
-        .where(Run.node_id == node_id, Run.model_id.in_(model_ids), Run.status != "failed")
+        .where(Run.node_id == node_id, Run.model_id.in_(model_ids), RUN_SUCCESSFUL)
         .subquery()
     )
     runs = session.scalars(

@@ -47,7 +47,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent import wire
 from registry.deps import ReadAccess
-from registry.models import EngineBuild, Model, Node, Run, RunPoint
+from registry.models import (
+    RUN_NEWEST_FIRST,
+    RUN_SUCCESSFUL,
+    EngineBuild,
+    Model,
+    Node,
+    Run,
+    RunPoint,
+)
 
 __all__ = [
     "INGEST_ROUTE",
@@ -175,11 +183,11 @@ def latest_points_statement() -> Select[Any]:
             func.row_number()
             .over(
                 partition_by=(Run.node_id, Run.model_id),
-                order_by=(Run.started_at.desc(), Run.received_at.desc(), Run.id),
+                order_by=RUN_NEWEST_FIRST,
             )
             .label("rank"),
         )
-        .where(Run.status != "failed")
+        .where(RUN_SUCCESSFUL)
         .subquery("ranked")
     )
     return (

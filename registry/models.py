@@ -25,6 +25,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
+    "RUN_NEWEST_FIRST",
+    "RUN_SUCCESSFUL",
     "Base",
     "EngineBuild",
     "FailedPoint",
@@ -204,6 +206,12 @@ class Run(Base):
     failures: Mapped[list[FailedPoint]] = relationship(
         order_by="FailedPoint.id", cascade="all, delete-orphan", passive_deletes=True
     )
+
+
+# How a node's runs are ordered newest first everywhere (ties: the later received, then id),
+# and which runs have a curve to offer.
+RUN_NEWEST_FIRST = (Run.started_at.desc(), Run.received_at.desc(), Run.id)
+RUN_SUCCESSFUL = Run.status != "failed"
 
 
 class RunPoint(Base):

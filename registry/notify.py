@@ -24,25 +24,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from registry.db import begin_write
 from registry.models import Regression
-from registry.schemas import regression_public
+from registry.schemas import SeriesKey, regression_public
 
 __all__ = ["WebhookNotifier", "series_link"]
 
 log = logging.getLogger("fleetbench.registry.notify")
 
 
-def series_link(public_url: str, regression: Regression) -> str:
-    """The dashboard page of the regression's series."""
-    query = urlencode(
-        {
-            "node": regression.node.name,
-            "model": regression.model.name,
-            "pp": regression.pp,
-            "tg": regression.tg,
-            "b": regression.b,
-            "metric": regression.metric,
-        }
-    )
+def series_link(public_url: str, series: SeriesKey) -> str:
+    """The dashboard page of a series."""
+    query = urlencode(series.model_dump(include=set(SeriesKey.model_fields)))
     return f"{public_url.rstrip('/')}/series?{query}"
 
 
@@ -145,10 +136,11 @@ class WebhookNotifier:
             regression = session.get(Regression, regression_id)
             if regression is None:  # withdrawn meanwhile
                 return 0
+            public = regression_public(regression)
             body = {
                 "event": "regression",
-                "regression": regression_public(regression).model_dump(mode="json"),
-                "url": series_link(self.public_url, regression),
+                "regression": public.model_dump(mode="json"),
+                "url": series_link(self.public_url, public),
             }
             attempts = regression.notify_attempts
         error: str | None = None

@@ -15,15 +15,25 @@ from registry.models import Regression, Run
 from registry.questions.health import Health
 
 __all__ = [
+    "Acknowledgement",
+    "CurvePointPublic",
+    "CurvePublic",
+    "CurvesPublic",
     "FingerprintPublic",
     "ModelPublic",
     "ModelsPublic",
     "NodeDetail",
     "NodePublic",
     "NodesPublic",
+    "RegressionPublic",
+    "RegressionsPublic",
     "RunDetail",
     "RunPublic",
     "RunsPublic",
+    "SeriesKey",
+    "SeriesPointPublic",
+    "SeriesPublic",
+    "regression_public",
     "run_detail",
     "run_public",
 ]
@@ -42,7 +52,9 @@ class NodePublic(_Public):
     hardware: str | None = Field(description="the latest run's hardware, described")
     engine: str | None = Field(description="the latest run's engine build")
     last_status: wire.RunStatus | None
-    open_regressions: int = Field(description="regressions not acknowledged")
+    open_regressions: int = Field(
+        description="regressions not acknowledged that no later step in their series ended"
+    )
     health: Health
 
 

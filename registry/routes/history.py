@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from registry import crud, history
-from registry.deps import NodeAuth, ReadAccess, SessionDep
+from registry.deps import NodeAuth, ReadAccess, SessionDep, models_or_404, node_or_404
 from registry.export import export_response
 from registry.models import Model, Node
 from registry.questions.knee import KNEE_THRESHOLD, find_knee
@@ -33,13 +33,7 @@ ModelQuery = Annotated[str, Query(min_length=1, description="display name or GGU
 
 
 def _node_and_models(session: SessionDep, node: str, model: str) -> tuple[Node, Sequence[Model]]:
-    found = crud.get_node(session, node)
-    if found is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {node!r} not found")
-    models = crud.find_models(session, model)
-    if not models:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"model {model!r} not found")
-    return found[0].node, models
+    return node_or_404(session, node), models_or_404(session, model)
 
 
 @router.get("/regressions", response_model=RegressionsPublic, dependencies=[ReadAccess])
@@ -110,7 +104,7 @@ def read_curves(
     found_node, models = _node_and_models(session, node, model)
     curves = []
     for curve in history.curves(session, node_id=found_node.id, model_ids=[m.id for m in models]):
-        knee = find_knee([(p.b, p.s_tg or 0.0) for p in curve.points], knee_threshold)
+        knee = find_knee([(p.b, cast(float, p.s_tg)) for p in curve.points], knee_threshold)
         build = curve.run.build
         curves.append(
             CurvePublic(
@@ -127,8 +121,8 @@ def read_curves(
                 points=[
                     CurvePointPublic(
                         b=p.b,
-                        total_tps=p.s_tg or 0.0,
-                        per_user_tps=(p.s_tg or 0.0) / p.b,
+                        total_tps=cast(float, p.s_tg),
+                        per_user_tps=cast(float, p.s_tg) / p.b,
                         ms_per_token=1000 * p.b / p.s_tg if p.s_tg else None,
                         prefill_tps=p.s_pp,
                         past_knee=knee is not None and p.b > knee,

@@ -1,15 +1,16 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi import APIRouter, Query, Response
 from sqlalchemy.orm import Session
 
 from agent.wire import PlacementAnswer, RejectedConcurrency
 from registry import crud
-from registry.deps import ReadAccess, SessionDep
+from registry.deps import ReadAccess, SessionDep, models_or_404
 from registry.questions.knee import find_knee
 from registry.questions.placement import (
     GIB,
@@ -40,9 +41,7 @@ def read_placement(
 ) -> Response:
     """Which node and concurrency meets `min_tps_per_user` decode tokens/s per user and,
     given `context_tokens`, holds every user's KV cache beside the weights?"""
-    models = crud.find_models(session, model)
-    if not models:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"model {model!r} not found")
+    models = models_or_404(session, model)
     model_ids = [m.id for m in models]
     since = datetime.now(UTC) - timedelta(days=max_age_days) if max_age_days else None
 
@@ -59,6 +58,7 @@ def read_placement(
 
     rejected: list[RejectedConcurrency] = []
     unchecked: list[tuple[str, str]] = []
+    caps: dict[str, int] = {}  # the most users that fit, by node (fit checked)
     if context_tokens is None:
         found = rows()
         listed = [c.run_id for c in found.qualifying]
@@ -67,18 +67,22 @@ def read_placement(
         memories = {
             m.node: m for m in crud.node_memories(session, model_ids=model_ids, since=since)
         }
-        unchecked = [(n, why) for n, m in memories.items() if (why := why_fit_unchecked(m))]
-        caps = {
-            n: largest_fitting_concurrency(m, tokens_per_user=context_tokens)
-            for n, m in memories.items()
-            if why_fit_unchecked(m) is None
-        }
-        found = rows(caps)
-        rejected = _rejected(rows().qualifying, caps, memories, context_tokens)
+        # Nodes alike (hardware, model, cache settings) share one answer.
+        fitting = functools.cache(
+            lambda m: largest_fitting_concurrency(m, tokens_per_user=context_tokens)
+        )
+        for node, memory in memories.items():
+            if (why := why_fit_unchecked(memory)) is not None:
+                unchecked.append((node, why))
+            else:
+                caps[node] = fitting(dataclasses.replace(memory, node=""))
+        uncapped = rows()
+        found = rows(caps) if caps else uncapped
+        rejected = _rejected(uncapped.qualifying, caps, memories, context_tokens)
     answer = answer_placement(
         model=models[0].name,
         min_tps_per_user=min_tps_per_user,
-        qualifying=_with_knee_and_fit(session, found.qualifying, memories, context_tokens),
+        qualifying=_with_knee_and_fit(session, found.qualifying, memories, context_tokens, caps),
         qualifying_count=found.qualifying_count,
         fastest=found.fastest,
         prompt_tokens=prompt_tokens,
@@ -98,8 +102,10 @@ def _with_knee_and_fit(
     choices: list[NodeChoice],
     memories: dict[str, NodeMemory],
     context_tokens: int | None,
+    caps: dict[str, int],
 ) -> list[NodeChoice]:
-    """The choices with the knee of their curve and their users' KV cache size."""
+    """The choices with the knee of their curve, their users' KV cache size and whether
+    their fit was checked (their node has a cap)."""
     curves = crud.curve_points(session, run_ids=[c.run_id for c in choices])
     enriched = []
     for choice in choices:
@@ -114,11 +120,7 @@ def _with_knee_and_fit(
                     if memory is not None
                     else None
                 ),
-                fit_checked=(
-                    context_tokens is not None
-                    and memory is not None
-                    and why_fit_unchecked(memory) is None
-                ),
+                fit_checked=choice.node in caps,
             )
         )
     return enriched

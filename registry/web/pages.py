@@ -58,21 +58,12 @@ def overview() -> FileResponse:
     return _page("index.html")
 
 
-@router.get("/nodes/{node}")
-def node_page(node: str) -> FileResponse:
-    """One node and the models it has run."""
-    return _page("curves.html")
-
-
-@router.get("/nodes/{node}/models/{model:path}")
-def node_model_page(node: str, model: str) -> FileResponse:
-    """One node's batching curves of one model, one line per llama.cpp build."""
-    return _page("curves.html")
-
-
 @router.get("/curves")
+@router.get("/nodes/{node}")
+@router.get("/nodes/{node}/models/{model:path}")
 def curves_page() -> FileResponse:
-    """The same page as /nodes/{node}/models/{model}, addressed by ?node=&model=."""
+    """A node and the models it has run, or its batching curves of one model (one line per
+    llama.cpp build): addressed by path or by ?node=&model=; the page reads which."""
     return _page("curves.html")
 
 

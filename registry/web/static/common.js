@@ -149,7 +149,7 @@ export function absoluteTime(iso) {
   return `${date.toISOString().slice(0, 16).replace("T", " ")} UTC`;
 }
 
-export function relativeTime(iso, now = Date.now()) {
+function relativeTime(iso, now = Date.now()) {
   if (!iso) return "never";
   const seconds = (now - new Date(iso).getTime()) / 1000;
   if (Number.isNaN(seconds)) return String(iso);
@@ -203,6 +203,31 @@ export function regressionsUrl(params = {}) {
 
 export function placementUrl(params = {}) {
   return `/placement${query(params)}`;
+}
+
+/** A muted dash where a value is missing. */
+export function dash() {
+  return h("span", { class: "muted" }, "—");
+}
+
+/** A badge styled by its kind ("no runs" -> class "no-runs"). */
+export function badge(text, kind = text) {
+  return h("span", { class: `badge ${String(kind).replaceAll(" ", "-")}` }, text);
+}
+
+/** A node's labels as key=value chips. */
+export function labelChips(labels) {
+  return Object.entries(labels ?? {}).map(([key, value]) => {
+    const text = typeof value === "string" ? value : JSON.stringify(value);
+    return h("span", { class: "chip" }, `${key}=${text}`);
+  });
+}
+
+/** The page's heading, subtitle and window title. */
+export function setTitle(title, subtitle = "") {
+  document.getElementById("title").textContent = title;
+  document.getElementById("subtitle").textContent = subtitle;
+  document.title = `${title} · fleetbench`;
 }
 
 /** What `settle` gives for work that failed (and whose failure it has shown). */
@@ -259,7 +284,7 @@ export function plotText(value) {
     .replaceAll(">", "&gt;");
 }
 
-export const PLOT_CONFIG = {
+const PLOT_CONFIG = {
   displaylogo: false,
   responsive: true,
   modeBarButtonsToRemove: ["lasso2d", "select2d", "autoScale2d"],

@@ -1,17 +1,19 @@
 // One node (its models), or one node x model: the batching curves from GET /v1/curves,
 // one line per llama.cpp build, total and per-user decode speed on one chart, prefill beside.
 import {
-  FAILED,
-  settle,
-  ApiError,
   api,
+  ApiError,
+  badge,
   baseLayout,
   COLORS,
   concurrencyAxis,
   curvesUrl,
+  dash,
   done,
+  FAILED,
   fmt,
   h,
+  labelChips,
   message,
   params,
   placementUrl,
@@ -19,6 +21,8 @@ import {
   plotText,
   regressionsUrl,
   replace,
+  setTitle,
+  settle,
   showError,
   timeElement,
 } from "./common.js";
@@ -35,18 +39,8 @@ function address() {
   return { node: query.node || null, model: query.model || null };
 }
 
-function setTitle(title, subtitle = "") {
-  document.getElementById("title").textContent = title;
-  document.getElementById("subtitle").textContent = subtitle;
-  document.title = `${title} · fleetbench`;
-}
-
 function fact(term, ...value) {
   return [h("dt", {}, term), h("dd", {}, ...value)];
-}
-
-function dash() {
-  return h("span", { class: "muted" }, "—");
 }
 
 function engineText(engine) {
@@ -81,16 +75,14 @@ async function showNode(node) {
   const latest = detail.fingerprints?.[0];
   replace(
     document.getElementById("node-facts"),
-    fact("Health", detail.health ? healthBadge(detail.health) : dash()),
+    fact("Health", detail.health ? badge(detail.health) : dash()),
     fact("Hardware", detail.hardware ?? dash()),
     fact("Engine", detail.engine ?? dash()),
     fact("Last run", timeElement(detail.last_run_at)),
     fact("Runs", String(detail.runs)),
     fact(
       "Labels",
-      Object.keys(detail.labels ?? {}).length
-        ? Object.entries(detail.labels).map(([k, v]) => h("span", { class: "chip" }, `${k}=${v}`))
-        : dash(),
+      Object.keys(detail.labels ?? {}).length ? labelChips(detail.labels) : dash(),
     ),
     fact(
       "Fingerprint",
@@ -154,10 +146,6 @@ function curveNames(curves) {
 /** Filled markers up to the knee, open ones past it. */
 function symbols(curve, shape) {
   return curve.points.map((p) => (p.past_knee ? `${shape}-open` : shape));
-}
-
-function healthBadge(health) {
-  return h("span", { class: `badge ${health.replaceAll(" ", "-")}` }, health);
 }
 
 function decodeTraces(curves, names) {

@@ -1,9 +1,12 @@
 // The fleet overview: one GET /v1/nodes, one table row per node (no per-node requests).
 import {
   api,
+  badge,
   curvesUrl,
+  dash,
   done,
   h,
+  labelChips,
   message,
   regressionsUrl,
   replace,
@@ -35,17 +38,6 @@ function healthRank(node) {
   return rank === -1 ? HEALTH_ORDER.length : rank;
 }
 
-function badge(text, kind = text) {
-  return h("span", { class: `badge ${String(kind).replaceAll(" ", "-")}` }, text);
-}
-
-function labelChips(labels) {
-  return Object.entries(labels ?? {}).map(([key, value]) => {
-    const text = typeof value === "string" ? value : JSON.stringify(value);
-    return h("span", { class: "chip" }, `${key}=${text}`);
-  });
-}
-
 function renderRow(node) {
   const health = healthOf(node);
   const regressions = node.open_regressions;
@@ -53,9 +45,9 @@ function renderRow(node) {
     "tr",
     { dataset: { node: node.name } },
     h("td", {}, h("a", { href: curvesUrl(node.name) }, node.name)),
-    h("td", {}, health ? badge(health) : h("span", { class: "muted" }, "—")),
-    h("td", {}, node.hardware ?? h("span", { class: "muted" }, "—")),
-    h("td", {}, node.engine ?? h("span", { class: "muted" }, "—")),
+    h("td", {}, health ? badge(health) : dash()),
+    h("td", {}, node.hardware ?? dash()),
+    h("td", {}, node.engine ?? dash()),
     h(
       "td",
       {},
@@ -67,7 +59,7 @@ function renderRow(node) {
       "td",
       { class: "num" },
       regressions === undefined || regressions === null
-        ? h("span", { class: "muted" }, "—")
+        ? dash()
         : regressions > 0
           ? h("a", { href: regressionsUrl({ node: node.name }) }, String(regressions))
           : "0",

@@ -1,21 +1,22 @@
 // The placement question as a form; the answer (GET /v1/placement) as a table and a chart.
 import {
-  FAILED,
-  settle,
-  formQuery,
   api,
   baseLayout,
   COLORS,
   curvesUrl,
+  dash,
   done,
+  FAILED,
   fmt,
+  formQuery,
   h,
   message,
   params,
+  placementUrl,
   plot,
   plotText,
   replace,
-  showError,
+  settle,
   timeElement,
 } from "./common.js";
 
@@ -31,10 +32,6 @@ const FIELDS = [
 const form = document.getElementById("question");
 const statusBox = document.getElementById("status");
 const answerBox = document.getElementById("answer");
-
-function dash() {
-  return h("span", { class: "muted" }, "—");
-}
 
 /** show(value), or a dash for a field this registry does not send. */
 function orDash(value, show) {
@@ -183,7 +180,7 @@ async function ask(query) {
         {},
         h("td", {}, h("a", { href: curvesUrl(r.node, answer.model) }, r.node)),
         h("td", { class: "num" }, String(r.concurrency)),
-        h("td", { class: "num" }, r.kv_cache_gib === undefined ? dash() : fmt(r.kv_cache_gib)),
+        h("td", { class: "num" }, orDash(r.kv_cache_gib, fmt)),
         h("td", { class: "wide" }, r.reason),
       ),
     ),
@@ -213,8 +210,7 @@ async function loadModels() {
 form.addEventListener("submit", (event) => {
   event.preventDefault();
   const query = queryFromForm();
-  const search = new URLSearchParams(query).toString();
-  window.history.replaceState(null, "", `/placement${search ? `?${search}` : ""}`);
+  window.history.replaceState(null, "", placementUrl(query));
   ask(query);
 });
 

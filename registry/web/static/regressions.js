@@ -5,16 +5,19 @@ import {
   done,
   fmt,
   fmtPct,
+  formQuery,
   h,
   message,
   METRICS,
   params,
+  regressionsUrl,
   replace,
   seriesUrl,
   showError,
   timeElement,
 } from "./common.js";
 
+const TEXT_FIELDS = ["node", "model", "since", "min_change"];
 const FLAGS = ["include_improvements", "include_acknowledged"];
 
 const form = document.getElementById("filters");
@@ -70,13 +73,8 @@ function regressionRow(r) {
 }
 
 function filtersFromForm() {
-  const data = new FormData(form);
-  const filters = {};
-  for (const key of ["node", "model", "since", "min_change"]) {
-    const value = String(data.get(key) ?? "").trim();
-    if (value !== "") filters[key] = value;
-  }
-  for (const flag of FLAGS) if (data.get(flag)) filters[flag] = "true";
+  const filters = formQuery(form, TEXT_FIELDS);
+  for (const flag of FLAGS) if (form.elements[flag].checked) filters[flag] = "true";
   return filters;
 }
 
@@ -126,7 +124,7 @@ async function load(filters) {
 }
 
 const initial = params();
-for (const key of ["node", "model", "since", "min_change"]) {
+for (const key of TEXT_FIELDS) {
   if (initial[key] !== undefined) form.elements[key].value = initial[key];
 }
 for (const flag of FLAGS) form.elements[flag].checked = initial[flag] === "true";
@@ -134,8 +132,7 @@ for (const flag of FLAGS) form.elements[flag].checked = initial[flag] === "true"
 form.addEventListener("submit", (event) => {
   event.preventDefault();
   const filters = filtersFromForm();
-  const search = new URLSearchParams(filters).toString();
-  window.history.replaceState(null, "", `/regressions${search ? `?${search}` : ""}`);
+  window.history.replaceState(null, "", regressionsUrl(filters));
   load(filters);
 });
 

@@ -1,17 +1,17 @@
 // One series over time (GET /v1/series), with each change of build, binding, hardware or
 // settings marked by a vertical line and its detected steps by a cross.
 import {
-  FAILED,
-  settle,
-  formQuery,
   absoluteTime,
   api,
   baseLayout,
   COLORS,
   curvesUrl,
+  dash,
   done,
+  FAILED,
   fmt,
   fmtPct,
+  formQuery,
   h,
   message,
   METRICS,
@@ -20,7 +20,8 @@ import {
   plotText,
   regressionsUrl,
   replace,
-  showError,
+  seriesUrl,
+  settle,
   timeElement,
 } from "./common.js";
 
@@ -28,10 +29,6 @@ const KEYS = ["node", "model", "pp", "tg", "b", "metric"];
 
 const form = document.getElementById("series-form");
 const statusBox = document.getElementById("status");
-
-function dash() {
-  return h("span", { class: "muted" }, "—");
-}
 
 function query() {
   return formQuery(form, KEYS);
@@ -139,7 +136,7 @@ function pointRow(p) {
     h("td", { class: "nowrap" }, absoluteTime(p.started_at)),
     h("td", { class: "num" }, fmt(p.value)),
     h("td", {}, p.build ?? dash()),
-    h("td", {}, p.binding ?? p.binding_version ?? dash()),
+    h("td", {}, p.binding ?? dash()),
     h("td", {}, p.fingerprint ?? dash()),
     h("td", {}, p.change ? h("strong", {}, p.change) : ""),
   );
@@ -193,7 +190,7 @@ for (const key of KEYS) {
 form.addEventListener("submit", (event) => {
   event.preventDefault();
   const q = query();
-  window.history.replaceState(null, "", `/series?${new URLSearchParams(q)}`);
+  window.history.replaceState(null, "", seriesUrl(q));
   load(q);
 });
 const q = query();
