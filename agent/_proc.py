@@ -13,7 +13,11 @@ class CommandNotFound(FileNotFoundError):
 
 
 class CommandFailed(RuntimeError):
-    """The program exited non-zero, or ran past its timeout."""
+    """The program exited non-zero, or ran past its timeout; `output` is what it printed."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
 
 
 def run(argv: list[str], *, timeout: float = 30.0, with_stderr: bool = False) -> str:
@@ -35,6 +39,7 @@ def run(argv: list[str], *, timeout: float = 30.0, with_stderr: bool = False) ->
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise CommandFailed(
-            f"{' '.join(argv)} exited {done.returncode}: {detail[-1] if detail else ''}"
+            f"{' '.join(argv)} exited {done.returncode}: {detail[-1] if detail else ''}",
+            output=done.stdout,
         )
     return done.stdout

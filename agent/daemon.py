@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from agent import _proc
 from agent.client import RegistryClient
 from agent.config import AgentSettings
 from agent.gguf_model import sha256_of
@@ -96,6 +97,20 @@ class SweepConfig(_Config):
             cache_type_v=self.cache_type_v,
             repeats=self.repeats,
         )
+
+
+def _engine_identity(binary: Path | None) -> dict[str, str]:
+    if binary is None:
+        import importlib.metadata
+
+        return {"llama-cpp-python": importlib.metadata.version("llama-cpp-python")}
+    from agent.runners import batched_bench_binary
+
+    try:
+        build = batched_bench_binary.binary_build(binary)
+    except (_proc.CommandNotFound, _proc.CommandFailed):
+        return {"llama-batched-bench": "missing"}
+    return {"llama-batched-bench": f"{build.build_number} {build.commit} {build.backend}"}
 
 
 class DaemonConfig(_Config):
@@ -284,16 +299,14 @@ class Daemon:
     # --- changes since the last success ---------------------------------------------------
 
     def _identity(self, sweep: SweepConfig) -> dict[str, str]:
-        import importlib.metadata
-
+        """What a sweep's results depend on besides the machine: the engine (the binary's
+        build, or llama-cpp-python's version, which fixes the llama.cpp it vendors) and the
+        model file."""
         try:
             model = sha256_of(sweep.model, cache=self.sha256_cache)
         except OSError:
             model = "missing"
-        return {
-            "llama-cpp-python": importlib.metadata.version("llama-cpp-python"),
-            "model_sha256": model,
-        }
+        return {**_engine_identity(sweep.binary), "model_sha256": model}
 
     def changed_since_last_success(self, sweep: SweepConfig) -> str | None:
         """Why the sweep should run now: its build or model changed since it last succeeded

@@ -35,13 +35,14 @@ def kv_cache_bytes(
     cache_type_v: str = "f16",
 ) -> int | None:
     """KV bytes of a context of `n_ctx` cells for `n_seq` sequences; None when the model
-    lacks the numbers (layers, KV heads, head sizes) to say."""
+    lacks the numbers (layers, KV heads, head sizes) to say, or a cache type is unknown."""
     if not (model.n_layer and model.n_head_kv and model.head_dim_k and model.head_dim_v):
         return None
-    per_cell_per_layer = model.n_head_kv * (
-        model.head_dim_k * CACHE_TYPE_BYTES[cache_type_k]
-        + model.head_dim_v * CACHE_TYPE_BYTES[cache_type_v]
-    )
+    bytes_k = CACHE_TYPE_BYTES.get(cache_type_k.lower())
+    bytes_v = CACHE_TYPE_BYTES.get(cache_type_v.lower())
+    if bytes_k is None or bytes_v is None:
+        return None  # a cache type this table does not know: no estimate, not an error
+    per_cell_per_layer = model.n_head_kv * (model.head_dim_k * bytes_k + model.head_dim_v * bytes_v)
     swa_layers = (model.n_swa_layers or 0) if model.sliding_window else 0
     full_layers = model.n_layer - swa_layers
     swa_cells = n_ctx

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from agent import _proc
 from agent.fingerprint import take_fingerprint
 from agent.gguf_model import ModelFileError, sha256_of
 from agent.runners import PointCallback, SweepFailed, SweepOutcome, SweepSpec
@@ -139,7 +140,9 @@ def measure_run(
     except OSError as exc:
         missing = isinstance(exc, FileNotFoundError)
         reason = f"model file not found: {model_path}" if missing else f"cannot read: {exc}"
-        return report(model=ModelInfo(name=name), failure=ModelFileError(reason))
+        return report(
+            model=ModelInfo(name=name), failure=ModelFileError(reason), engine=_engine(binary)
+        )
     try:
         if binary is not None:
             from agent.runners import batched_bench_binary
@@ -150,11 +153,26 @@ def measure_run(
         else:
             outcome = sweep_in_child(model_path, spec, on_point=on_point)
     except SweepFailed as exc:
-        return report(model=ModelInfo(name=name, sha256=sha256), failure=exc)
+        return report(
+            model=ModelInfo(name=name, sha256=sha256), failure=exc, engine=_engine(binary)
+        )
     model = (outcome.model or ModelInfo(name=name)).model_copy(
         update={"name": name, "sha256": sha256}
     )
     return report(model=model, outcome=outcome)
+
+
+def _engine(binary: Path | None) -> EngineBuild | None:
+    """What ran, for a sweep that failed before telling: the binary's build (as far as it
+    can be read), or None for the in-process runner (run_report's default)."""
+    if binary is None:
+        return None
+    from agent.runners import batched_bench_binary
+
+    try:
+        return batched_bench_binary.binary_build(batched_bench_binary.find_binary(binary))
+    except (SweepFailed, _proc.CommandNotFound, _proc.CommandFailed):
+        return EngineBuild(binding=batched_bench_binary.BINARY)
 
 
 def run_report(

@@ -38,7 +38,7 @@ def binary_build(binary: Path) -> EngineBuild:
     try:
         text = _proc.run([str(binary), "--version"], timeout=30, with_stderr=True)
     except _proc.CommandFailed as exc:  # older builds print the version, then exit 1
-        text = str(exc)
+        text = exc.output
     return parse_build(text).model_copy(update={"binding": BINARY})
 
 

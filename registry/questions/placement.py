@@ -100,7 +100,7 @@ def why_kv_unknown(memory: NodeMemory) -> str | None:
     if not (model.n_layer and model.n_head_kv and model.head_dim_k and model.head_dim_v):
         return "the model's architecture numbers are unknown"
     for cache_type in (memory.cache_type_k, memory.cache_type_v):
-        if cache_type is not None and cache_type not in CACHE_TYPE_BYTES:
+        if cache_type is not None and cache_type.lower() not in CACHE_TYPE_BYTES:
             return f"its KV cache type {cache_type!r} is unknown"
     return None
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.daemon import _engine_identity
 from agent.runners import SweepFailed, SweepSpec
 from agent.runners.batched_bench_binary import binary_build, find_binary, run_sweep
+from agent.sweep import measure_run
 from agent.wire import FailedPoint, Point
 from tests.conftest import LiveRegistry
 from tests.test_import_end_to_end import agent
@@ -82,6 +84,32 @@ for line in child.stdout:
 def test_a_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SweepFailed, match="not found"):
         find_binary(tmp_path / "llama-batched-bench")
+
+
+def test_a_failed_binary_run_is_reported_as_the_binary_s(tmp_path: Path, tiny_llama: Path) -> None:
+    report = measure_run(tiny_llama, SMALL, node="n", binary=tmp_path / "llama-batched-bench")
+    assert report.status == "failed" and "not found" in (report.error or "")
+    assert report.engine.binding == "llama-batched-bench"  # not llama-cpp-python
+
+
+def test_an_old_binary_that_exits_1_after_its_version_still_gives_it(tmp_path: Path) -> None:
+    # Older builds print `version:` first, then the compiler line, and exit 1.
+    old = tmp_path / "llama-batched-bench"
+    old.write_text(
+        "#!/bin/sh\necho 'version: 4321 (abcdef0)'\n"
+        "echo 'built with cc (GCC) 12.2.0 for x86_64-linux-gnu'\nexit 1\n"
+    )
+    old.chmod(0o755)
+    build = binary_build(old)
+    assert (build.build_number, build.commit) == (4321, "abcdef0")
+
+
+def test_the_daemon_follows_the_binary_s_build(batched_bench: Path) -> None:
+    build = binary_build(batched_bench)
+    identity = _engine_identity(batched_bench)
+    assert identity == {
+        "llama-batched-bench": f"{build.build_number} {build.commit} {build.backend}"
+    }
 
 
 def test_sweep_command_with_the_binary_reports_its_build(

@@ -57,3 +57,10 @@ def test_fits_says_why_not() -> None:
         "24.00 GiB is free"
     )
     assert fits(NEMO, n_ctx=256_000, free_bytes=None, **common) is None  # type: ignore[arg-type]
+
+
+def test_a_cache_type_the_table_lacks_gives_no_estimate_and_upper_case_is_read() -> None:
+    assert kv_cache_bytes(NEMO, n_ctx=1024, cache_type_k="q3_weird") is None
+    assert kv_cache_bytes(NEMO, n_ctx=1024, cache_type_k="Q8_0") == kv_cache_bytes(
+        NEMO, n_ctx=1024, cache_type_k="q8_0"
+    )
