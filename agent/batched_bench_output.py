@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agent.kv_cache import kv_cells
 from agent.wire import S_TG_TOLERANCE, EngineBuild, Point, RunSettings
 
 __all__ = [
@@ -239,9 +240,10 @@ def _with_kv_layout(settings: RunSettings, points: list[Point]) -> RunSettings:
     if settings.kv_unified is not None:
         return settings
     for p in points:
-        if p.b > 1 and p.n_kv == p.pp + p.b * p.tg and p.pp > 0:
+        if p.b > 1 and p.pp > 0 and p.n_kv == kv_cells(p.pp, p.tg, p.b, shared=True, unified=True):
             return settings.model_copy(update={"pp_shared": True, "kv_unified": True})
-        if p.b > 1 and settings.pp_shared and p.n_kv == p.b * (p.pp + p.tg):
+        separate = kv_cells(p.pp, p.tg, p.b, shared=False, unified=False)
+        if p.b > 1 and settings.pp_shared and p.n_kv == separate:
             return settings.model_copy(update={"kv_unified": False})
     return settings
 
@@ -352,7 +354,7 @@ def _derived(
     shared = settings.pp_shared
     if b == 1:
         shared = False  # one sequence: shared and separate prompts are the same work
-    elif shared is None and v.get("n_kv") == pp + b * tg:
+    elif shared is None and v.get("n_kv") == kv_cells(pp, tg, b, shared=True, unified=True):
         shared = True  # only a shared prompt in a unified KV cache uses PP + B*TG cells
 
     decode_tokens = b * tg
@@ -365,7 +367,7 @@ def _derived(
             v["t"] = float(v["t_pp"]) + float(v["t_tg"])  # type: ignore[arg-type]
         _fill_rate(v, "t", "s", prompt_tokens + decode_tokens)
         if v.get("n_kv") is None and not shared:
-            v["n_kv"] = b * (pp + tg)
+            v["n_kv"] = kv_cells(pp, tg, b, shared=False, unified=False)
     return v
 
 

@@ -28,6 +28,7 @@ from agent import _proc
 from agent.client import RegistryClient
 from agent.config import AgentSettings
 from agent.gguf_model import sha256_of
+from agent.probes.nvidia import nvml_session
 from agent.runners import SweepSpec
 from agent.spool import Spool
 from agent.sweep import measure_run
@@ -200,20 +201,16 @@ def busy_reason(
 
 def _gpu_percent() -> float | None:
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no NVIDIA GPU: nothing to guard
+        with nvml_session() as (nvml, _):
+            if nvml is None:
+                return None  # no NVIDIA GPU: nothing to guard
+            rates = [
+                nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(i)).gpu
+                for i in range(nvml.nvmlDeviceGetCount())
+            ]
+    except Exception:  # NVML failing is no reason to hold sweeps back
         return None
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        rates = [
-            pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(i)).gpu
-            for i in range(count)
-        ]
-        return float(max(rates)) if rates else None
-    finally:
-        pynvml.nvmlShutdown()
+    return float(max(rates)) if rates else None
 
 
 class Daemon:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from agent.wire import ModelInfo
 
-__all__ = ["CACHE_TYPE_BYTES", "kv_cache_bytes"]
+__all__ = ["CACHE_TYPE_BYTES", "fits", "kv_cache_bytes", "kv_cells"]
 
 # Bytes per element of each cache type (block-quantised types: block bytes / block size).
 CACHE_TYPE_BYTES = {
@@ -23,6 +23,15 @@ CACHE_TYPE_BYTES = {
     "q4_0": 18 / 32,
     "iq4_nl": 18 / 32,
 }
+
+
+def kv_cells(pp: int, tg: int, b: int, *, shared: bool, unified: bool) -> int:
+    """KV cells a batched-bench point uses (its N_KV, `n_ctx_req` in batched-bench.cpp): B
+    sequences of PP + TG, or with a shared prompt, the prompt once per cache (once in all
+    when the cache is unified) plus B x TG."""
+    if not shared:
+        return b * (pp + tg)
+    return (pp if unified else b * pp) + b * tg
 
 
 def kv_cache_bytes(

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import random
 import socket
@@ -51,6 +50,8 @@ from typing import Any
 import httpx
 import psycopg
 from sqlalchemy.engine import make_url
+
+from registry.crud import build_identity
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/fleetbench_bench"
 CONCURRENCIES = (1, 2, 4, 8, 16, 32)
@@ -216,11 +217,6 @@ def node_profiles(count: int, rng: random.Random) -> list[NodeProfile]:
 
 def build_id(backend: str, release: int) -> int:
     return BACKENDS.index(backend) * RELEASES + release + 1
-
-
-def build_identity(fields: dict[str, Any]) -> str:
-    # The same digest crud uses for engine builds.
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def engine_build_rows() -> Iterator[tuple[Any, ...]]:

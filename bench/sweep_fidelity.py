@@ -27,8 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.batched_bench_output import parse_batched_bench_output
-from agent.runners import SweepSpec
+from agent.runners import SweepSpec, batched_bench_binary
 from agent.sweep import sweep_in_child
 from agent.wire import Point
 
@@ -50,35 +49,11 @@ def ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(","))
 
 
-def binary_argv(args: argparse.Namespace, model: Path) -> list[str]:
-    return [
-        args.binary,
-        "-m",
-        str(model),
-        "-c",
-        str(args.ctx),
-        "-b",
-        "2048",
-        "-ub",
-        "512",
-        "-npp",
-        args.npp,
-        "-ntg",
-        args.ntg,
-        "-npl",
-        args.npl,
-        "--output-format",
-        "jsonl",
-    ]
+def run_binary(args: argparse.Namespace, model: Path, spec: SweepSpec) -> list[Point]:
+    return batched_bench_binary.run_sweep(Path(args.binary), model, spec).points
 
 
-def run_binary(args: argparse.Namespace, model: Path) -> list[Point]:
-    done = subprocess.run(binary_argv(args, model), capture_output=True, text=True, check=True)
-    [run] = parse_batched_bench_output(done.stdout)
-    return run.points
-
-
-def run_inprocess(spec: SweepSpec, model: Path) -> list[Point]:
+def run_inprocess(_args: argparse.Namespace, model: Path, spec: SweepSpec) -> list[Point]:
     return sweep_in_child(model, spec).points
 
 
@@ -94,9 +69,8 @@ def fidelity(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
         order = ["in-process", "binary"] if pair % 2 == 0 else ["binary", "in-process"]
         results: dict[str, list[Point]] = {}
         for name in order:
-            results[name] = (
-                run_inprocess(spec, model) if name == "in-process" else run_binary(args, model)
-            )
+            run = run_inprocess if name == "in-process" else run_binary
+            results[name] = run(args, model, spec)
         for a, b in zip(results["in-process"], results["binary"], strict=True):
             assert (a.pp, a.tg, a.b, a.n_kv) == (b.pp, b.tg, b.b, b.n_kv), (a, b)
             slot = ratios.setdefault((a.pp, a.tg, a.b), {"s_pp": [], "s_tg": []})
@@ -118,7 +92,7 @@ def fidelity(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
         print(f"{pp:>5} {tg:>4} {b:>3} {cells[0]:>22} {cells[1]:>22}{note}")
 
 
-def overhead(args: argparse.Namespace, model: Path) -> None:
+def overhead(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
     with tempfile.TemporaryDirectory() as state:
         env_args = ["env", f"XDG_STATE_HOME={state}", f"XDG_CACHE_HOME={state}"]
         agent = [
@@ -143,7 +117,8 @@ def overhead(args: argparse.Namespace, model: Path) -> None:
         walls: dict[str, list[float]] = {"agent": [], "binary": []}
         ratios = []
         for pair in range(args.overhead_pairs):
-            commands = [("agent", agent), ("binary", binary_argv(args, model))]
+            binary = batched_bench_binary.argv(Path(args.binary), model, spec)
+            commands = [("agent", agent), ("binary", binary)]
             if pair % 2:
                 commands.reverse()
             pair_walls = {}
@@ -176,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.pairs:
         fidelity(args, model, spec)
     if args.overhead_pairs:
-        overhead(args, model)
+        overhead(args, model, spec)
     return 0
 
 

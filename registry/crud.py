@@ -38,6 +38,7 @@ __all__ = [
     "NodeSummary",
     "PlacementRows",
     "RunConflict",
+    "build_identity",
     "create_node_token",
     "curve_points",
     "find_models",
@@ -274,13 +275,14 @@ def _get_or_create(session: Session, statement: Any, create: Callable[[], _Row])
     return row
 
 
-def _identity(fields: dict[str, Any]) -> str:
+def build_identity(fields: dict[str, Any]) -> str:
+    """An engine build's identity: a digest of all its fields (NULLs included)."""
     return _sha256(json.dumps(fields, sort_keys=True))
 
 
 def _build(session: Session, engine: wire.EngineBuild) -> EngineBuild:
     fields = engine.model_dump()
-    identity = _identity(fields)
+    identity = build_identity(fields)
     return _get_or_create(
         session,
         select(EngineBuild).where(EngineBuild.identity == identity),

@@ -9,7 +9,6 @@ note, never a failed fingerprint.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -52,7 +51,6 @@ class ProbeSpec:
 class ProbeResult:
     name: str
     ok: bool
-    duration_s: float
     collected: Collected | None = None
     note: str | None = None  # why there is nothing: no such hardware, or the error
 
@@ -79,25 +77,17 @@ def run_probes(enabled: Iterable[str] | None = None) -> list[ProbeResult]:
     results = []
     for name in names:
         spec = PROBES.get(name)
-        started = time.monotonic()
         if spec is None:
-            results.append(ProbeResult(name, False, 0.0, note=f"no probe named {name!r}"))
+            results.append(ProbeResult(name, False, note=f"no probe named {name!r}"))
             continue
         try:
             collected = spec.factory().collect()
         except NoData as exc:
-            results.append(ProbeResult(name, True, time.monotonic() - started, note=str(exc)))
+            results.append(ProbeResult(name, True, note=str(exc)))
         except Exception as exc:  # a probe's failure is data, never the agent's
-            results.append(
-                ProbeResult(
-                    name,
-                    False,
-                    time.monotonic() - started,
-                    note=f"{type(exc).__name__}: {exc}",
-                )
-            )
+            results.append(ProbeResult(name, False, note=f"{type(exc).__name__}: {exc}"))
         else:
-            results.append(ProbeResult(name, True, time.monotonic() - started, collected))
+            results.append(ProbeResult(name, True, collected))
     return results
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from agent.probes import Collected, NoData, register
 
-__all__ = ["NvidiaProbe", "cuda_version_text", "gpu_record"]
+__all__ = ["NvidiaProbe", "cuda_version_text", "nvml_session"]
 
 # NVML errors that mean "no NVIDIA GPU or driver here", as opposed to a broken one.
 _ABSENT = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_NotFound")
@@ -19,14 +21,9 @@ class NvidiaProbe:
         self._nvml = nvml  # the pynvml module; tests hand in one that replays real values
 
     def collect(self) -> Collected:
-        nvml = self._nvml or importlib.import_module("pynvml")
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as exc:
-            if type(exc).__name__ in _ABSENT:
-                raise NoData(f"no NVIDIA driver: {exc}") from exc
-            raise
-        try:
+        with nvml_session(self._nvml) as (nvml, absent):
+            if nvml is None:
+                raise NoData(f"no NVIDIA driver: {absent}")
             gpus = [
                 _device(nvml, nvml.nvmlDeviceGetHandleByIndex(i))
                 for i in range(nvml.nvmlDeviceGetCount())
@@ -36,16 +33,32 @@ class NvidiaProbe:
                 "cuda_version": cuda_version_text(nvml.nvmlSystemGetCudaDriverVersion_v2()),
                 "gpus": gpus,
             }
-        finally:
-            nvml.nvmlShutdown()
         if not gpus:
             raise NoData("the NVIDIA driver reports no GPU")
         return Collected(data, identity=("driver_version", "cuda_version", "gpus"))
 
 
+@contextmanager
+def nvml_session(nvml: Any = None) -> Iterator[tuple[Any, str | None]]:
+    """(pynvml initialised for the block, None), or (None, why) where there is no NVIDIA
+    driver; any other NVML error is raised. `nvml`: the module (tests replay one)."""
+    nvml = nvml or importlib.import_module("pynvml")
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        if type(exc).__name__ in _ABSENT:
+            yield None, str(exc)
+            return
+        raise
+    try:
+        yield nvml, None
+    finally:
+        nvml.nvmlShutdown()
+
+
 def _device(nvml: Any, handle: Any) -> dict[str, Any]:
     major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-    return gpu_record(
+    return _gpu_record(
         name=_text(nvml.nvmlDeviceGetName(handle)),
         uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
         memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
@@ -54,7 +67,7 @@ def _device(nvml: Any, handle: Any) -> dict[str, Any]:
     )
 
 
-def gpu_record(
+def _gpu_record(
     *,
     name: str,
     uuid: str,

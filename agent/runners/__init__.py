@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agent.kv_cache import fits
+from agent.kv_cache import fits, kv_cells
 from agent.wire import EngineBuild, FailedPoint, ModelInfo, Point, RunSettings
 
 __all__ = [
@@ -59,7 +59,7 @@ def needed_cells(pp: int, tg: int, pl: int, spec: SweepSpec) -> int:
     be that many times the largest sequence."""
     if not spec.kv_unified:
         return max(spec.npl) * (pp + tg)
-    return pp + pl * tg if spec.pp_shared else pl * (pp + tg)
+    return kv_cells(pp, tg, pl, shared=spec.pp_shared, unified=True)
 
 
 @dataclass

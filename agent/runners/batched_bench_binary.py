@@ -42,7 +42,8 @@ def binary_build(binary: Path) -> EngineBuild:
     return parse_build(text).model_copy(update={"binding": BINARY})
 
 
-def _argv(binary: Path, model: Path, spec: SweepSpec) -> list[str]:
+def argv(binary: Path, model: Path, spec: SweepSpec) -> list[str]:
+    """The command line that runs `spec` (the agent's and the benchmarks' one)."""
     argv = [
         str(binary), "-m", str(model),
         "-c", str(spec.context_size()), "-b", str(spec.n_batch), "-ub", str(spec.n_ubatch),
@@ -100,7 +101,7 @@ def _one_run(
     binary: Path, model: Path, spec: SweepSpec, measured: dict[tuple[int, int, int], list[Point]]
 ) -> Iterator[tuple[Point, RunSettings]]:
     process = subprocess.Popen(
-        _argv(binary, model, spec), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv(binary, model, spec), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert process.stdout is not None and process.stderr is not None
     try:

@@ -21,6 +21,8 @@ from typing import Any
 import psutil
 
 from agent.gguf_model import model_info
+from agent.kv_cache import kv_cells
+from agent.probes.nvidia import nvml_session
 from agent.runners import (
     PointCallback,
     SweepFailed,
@@ -48,14 +50,13 @@ def run_sweep(
     *,
     on_point: PointCallback = lambda _: None,
     free_bytes: int | None = None,
-    seed: int = 0,
 ) -> SweepOutcome:
     """Loads the model, reads its architecture from llama.cpp, skips the points whose KV
     cache cannot fit in `free_bytes` (default: the memory free now) and measures the rest."""
     import llama_cpp
     import llama_cpp.llama_cpp as llama
 
-    rng = random.Random(seed)
+    rng = random.Random(0)  # the same tokens every sweep, as batched-bench's unseeded rand()
     llama.llama_backend_init()
     model_params = llama.llama_model_default_params()
     model_params.n_gpu_layers = spec.n_gpu_layers
@@ -179,15 +180,12 @@ def _free_memory(llama: Any, n_gpu_layers: int) -> int | None:
     else the host's available memory."""
     if n_gpu_layers != 0 and llama.llama_supports_gpu_offload():
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-                return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
-            finally:
-                pynvml.nvmlShutdown()
-        except Exception:  # no NVML: no check rather than a wrong one
+            with nvml_session() as (nvml, _):
+                if nvml is None:
+                    return None
+                handle = nvml.nvmlDeviceGetHandleByIndex(0)
+                return int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
+        except Exception:  # NVML failing: no check rather than a wrong one
             return None
     return int(psutil.virtual_memory().available)
 
@@ -312,7 +310,7 @@ class _Bench:
     def point(
         self, pp: int, tg: int, pl: int, *, shared: bool, unified: bool, n_kv_max: int, repeats: int
     ) -> Point | FailedPoint:
-        n_kv = ((pp if unified else pl * pp) + pl * tg) if shared else pl * (pp + tg)
+        n_kv = kv_cells(pp, tg, pl, shared=shared, unified=unified)
         if n_kv > n_kv_max:
             return FailedPoint(
                 pp=pp, tg=tg, b=pl, reason=f"needs {n_kv} KV cells, the context has {n_kv_max}"

@@ -64,7 +64,7 @@ def test_run_probes_turns_failures_into_notes(scratch_probes: None) -> None:
 
 
 def _result(name: str, data: dict[str, Any], identity: tuple[str, ...]) -> ProbeResult:
-    return ProbeResult(name, True, 0.01, Collected(data, identity))
+    return ProbeResult(name, True, Collected(data, identity))
 
 
 def test_fingerprint_hashes_identity_only() -> None:
@@ -84,7 +84,7 @@ def test_fingerprint_hashes_identity_only() -> None:
 
 def test_a_failed_probe_makes_the_fingerprint_incomplete() -> None:
     host = _result("host", {"cpu_model": "AMD EPYC"}, ("cpu_model",))
-    failed = ProbeResult("nvidia", False, 0.2, note="NVMLError_Unknown: Unknown Error")
+    failed = ProbeResult("nvidia", False, note="NVMLError_Unknown: Unknown Error")
     complete = fingerprint_of([host])
     incomplete = fingerprint_of([host, failed])
     assert incomplete.hash != complete.hash
