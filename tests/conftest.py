@@ -9,12 +9,14 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +199,15 @@ ARTICLE_TABLE = [  # Apple M4 Pro, Mistral-Nemo-Instruct-2407-Q4_K_M, llama.cpp 
     (32, 286.06, 193.55),
 ]
 ARTICLE_MODEL = "Mistral-Nemo-Instruct-2407-Q4_K_M"
+# Its architecture, as the article gives it: 40 layers, 8 KV heads of 128, f16 cache.
+ARTICLE_MODEL_INFO = wire.ModelInfo(
+    name=ARTICLE_MODEL,
+    n_layer=40,
+    n_head_kv=8,
+    head_dim_k=128,
+    head_dim_v=128,
+    file_size=7_477_207_552,
+)
 
 
 def make_report(
@@ -238,3 +249,44 @@ def post_report(client: httpx.Client, report: wire.RunReport | dict[str, Any]) -
 
 def _json(data: dict[str, Any]) -> str:
     return json.dumps(data, default=str)
+
+
+def agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`fleetbench-agent ARGS` in a fresh process, with only the FLEETBENCH_* variables given."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_")}
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args],
+        env={**clean, **env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# A node's history: one run a day from DAY0, the article's curve scaled by a factor.
+DAY0 = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
+# Run-to-run wobble of a quiet node, the same for every B: under 2%.
+WOBBLE = [1.0, 1.012, 0.991, 1.006, 0.995, 1.009, 0.988, 1.003]
+
+
+def scaled(factor: float) -> list[tuple[int, float, float]]:
+    return [(b, s_pp * factor, s_tg * factor) for b, s_pp, s_tg in ARTICLE_TABLE]
+
+
+def post_history(
+    registry: LiveRegistry,
+    runs: list[tuple[int, float]],
+    start: datetime = DAY0,
+    **report: Any,
+) -> None:
+    """One run per (build number, speed factor), a day apart from `start`."""
+    token = registry.token("m4pro")
+    with registry.client(token) as client:
+        for day, (build, factor) in enumerate(runs):
+            sent = make_report(
+                table=scaled(factor),
+                build_number=build,
+                started_at=start + timedelta(days=day),
+                **report,
+            )
+            assert post_report(client, sent).status_code == 201

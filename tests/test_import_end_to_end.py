@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from tests.agent.tiny_gguf import write_tiny_gguf
-from tests.conftest import ARTICLE_MODEL, FIXTURES, LiveRegistry
+from tests.conftest import ARTICLE_MODEL, FIXTURES, LiveRegistry, agent
 
 ROOT = Path(__file__).parent.parent
 ARTICLE_EXAMPLE = ROOT / "examples" / "m4pro-mistral-nemo-q4km.md"
-AGENT = [sys.executable, "-m", "agent.cli"]
-
-
-def agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_")}
-    return subprocess.run(
-        AGENT + list(args),
-        env={**clean, **env, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def import_file(

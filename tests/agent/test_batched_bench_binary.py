@@ -14,8 +14,7 @@ from agent.runners import SweepFailed, SweepSpec
 from agent.runners.batched_bench_binary import binary_build, find_binary, run_sweep
 from agent.sweep import measure_run
 from agent.wire import FailedPoint, Point
-from tests.conftest import LiveRegistry
-from tests.test_import_end_to_end import agent
+from tests.conftest import LiveRegistry, agent
 
 SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2))
 

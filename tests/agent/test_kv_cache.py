@@ -6,15 +6,9 @@ import pytest
 
 from agent.kv_cache import fits, kv_cache_bytes
 from agent.wire import ModelInfo
+from tests.conftest import ARTICLE_MODEL_INFO
 
-NEMO = ModelInfo(  # Mistral NeMo 12B: 40 layers, 8 KV heads of 128
-    name="Mistral-Nemo-Instruct-2407-Q4_K_M",
-    n_layer=40,
-    n_head_kv=8,
-    head_dim_k=128,
-    head_dim_v=128,
-    file_size=7_477_207_424,
-)
+NEMO = ARTICLE_MODEL_INFO  # Mistral NeMo 12B: 40 layers, 8 KV heads of 128
 GIB = 2**30
 
 

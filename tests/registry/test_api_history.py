@@ -10,34 +10,15 @@ from typing import Any
 import pytest
 
 from agent import wire
-from tests.conftest import ARTICLE_MODEL, ARTICLE_TABLE, LiveRegistry, make_report, post_report
-
-DAY0 = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
-# Run-to-run wobble of a quiet node, the same for every B: under 2%.
-WOBBLE = [1.0, 1.012, 0.991, 1.006, 0.995, 1.009, 0.988, 1.003]
-
-
-def scaled(factor: float) -> list[tuple[int, float, float]]:
-    return [(b, s_pp * factor, s_tg * factor) for b, s_pp, s_tg in ARTICLE_TABLE]
-
-
-def post_history(
-    registry: LiveRegistry,
-    runs: list[tuple[int, float]],
-    start: datetime = DAY0,
-    **report: Any,
-) -> None:
-    """One run per (build number, speed factor), a day apart from `start`."""
-    token = registry.token("m4pro")
-    with registry.client(token) as client:
-        for day, (build, factor) in enumerate(runs):
-            sent = make_report(
-                table=scaled(factor),
-                build_number=build,
-                started_at=start + timedelta(days=day),
-                **report,
-            )
-            assert post_report(client, sent).status_code == 201
+from tests.conftest import (
+    ARTICLE_MODEL,
+    DAY0,
+    WOBBLE,
+    LiveRegistry,
+    make_report,
+    post_history,
+    post_report,
+)
 
 
 def get(registry: LiveRegistry, path: str, **params: object) -> Any:

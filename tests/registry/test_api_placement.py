@@ -10,6 +10,7 @@ from agent import wire
 from registry.config import RegistrySettings
 from tests.conftest import (
     ARTICLE_MODEL,
+    ARTICLE_MODEL_INFO,
     ARTICLE_TABLE,
     LiveRegistry,
     make_report,
@@ -210,15 +211,7 @@ def test_placement_with_reads_closed_needs_a_token(database_url: str) -> None:
     assert [c["concurrency"] for c in answer.json()["candidates"]] == [8]
 
 
-NEMO = wire.ModelInfo(
-    name=ARTICLE_MODEL,
-    sha256=SHA,
-    n_layer=40,
-    n_head_kv=8,
-    head_dim_k=128,
-    head_dim_v=128,
-    file_size=7_477_207_552,
-)
+NEMO = ARTICLE_MODEL_INFO.model_copy(update={"sha256": SHA})
 M4PRO_24GB = wire.HardwareFingerprint(
     hash="a" * 64,
     data={"probes": {"apple": {"chip": "Apple M4 Pro", "memory_bytes": 24 * 2**30}}},

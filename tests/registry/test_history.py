@@ -11,8 +11,7 @@ from sqlalchemy.orm import Session
 from registry import crud
 from registry.history import HISTORY_RUNS
 from registry.models import Regression
-from tests.conftest import make_report
-from tests.registry.test_api_history import DAY0, scaled
+from tests.conftest import DAY0, make_report, scaled
 
 
 def test_a_step_is_stored_once_however_long_the_history_grows(session: Session) -> None:

@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent.kv_cache import kv_cache_bytes
 from agent.wire import ModelInfo
 from registry.questions.hardware import summarize_hardware
 from registry.questions.knee import find_knee
@@ -18,7 +17,7 @@ from registry.questions.placement import (
     why_fit_unchecked,
 )
 from registry.questions.regressions import SeriesRun, find_steps
-from tests.conftest import ARTICLE_TABLE
+from tests.conftest import ARTICLE_MODEL_INFO, ARTICLE_TABLE
 
 GIB = 2**30
 START = datetime(2026, 11, 1, tzinfo=UTC)
@@ -150,21 +149,7 @@ def test_hardware_memory_budget_by_kind() -> None:
     assert summarize_hardware({}).memory_bytes is None
 
 
-NEMO = ModelInfo(
-    name="Mistral-Nemo-Instruct-2407-Q4_K_M",
-    n_layer=40,
-    n_head_kv=8,
-    head_dim_k=128,
-    head_dim_v=128,
-    file_size=7_477_207_552,
-)
-
-
-def test_article_kv_cache_sizes() -> None:
-    one_long = kv_cache_bytes(NEMO, n_ctx=20_480)
-    assert one_long is not None and one_long / GIB == pytest.approx(3.125)
-    many = kv_cache_bytes(NEMO, n_ctx=32 * 8_000, n_seq=32)
-    assert many is not None and many / GIB == pytest.approx(39.06, abs=0.01)
+NEMO = ARTICLE_MODEL_INFO
 
 
 def test_largest_fitting_concurrency_on_a_24_gib_m4_pro() -> None:

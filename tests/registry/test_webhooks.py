@@ -17,8 +17,7 @@ from registry.config import RegistrySettings
 from registry.db import session_factory
 from registry.models import Regression
 from registry.notify import WebhookNotifier
-from tests.conftest import LiveRegistry, running_registry
-from tests.registry.test_api_history import WOBBLE, post_history
+from tests.conftest import WOBBLE, LiveRegistry, post_history, running_registry
 
 SLOWER_BUILD = [(1, w) for w in WOBBLE[:5]] + [(2, 0.8), (2, 0.8)]
 
