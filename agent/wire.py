@@ -10,26 +10,39 @@ gets a new version; the registry answers 422 for a version it does not know.
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import (
-    AfterValidator,
-    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
+)
+
+from agent.wire_bounds import (
+    INT32_MAX,
+    MAX_MEMORY_BYTES,
+    NAME_LENGTH,
+    Count,
+    Figure,
+    Int32,
+    Moment,
+    Name,
+    Sha256,
+    Text,
+    check_json,
+    inline_schema,
 )
 
 __all__ = [
     "SCHEMA_VERSION",
     "EngineBuild",
     "FailedPoint",
+    "HardwareData",
     "HardwareFingerprint",
     "ModelInfo",
     "PlacementAnswer",
@@ -40,6 +53,7 @@ __all__ = [
     "RunReport",
     "RunSettings",
     "RunStatus",
+    "model_name_key",
 ]
 
 SCHEMA_VERSION = 1
@@ -47,26 +61,12 @@ SCHEMA_VERSION = 1
 # S_TG and B·TG/T_TG may differ by rounding, never by more than this share.
 S_TG_TOLERANCE = 0.01
 
-_INT32_MAX = 2**31 - 1  # what the registry's INTEGER columns hold
-NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-NonNegativeInt = Annotated[int, Field(ge=0, le=_INT32_MAX)]
-Count = Annotated[int, Field(ge=0, le=2**63 - 1)]  # bytes, parameters
-Name = Annotated[str, Field(min_length=1, max_length=200)]
-
-
-def _utc(moment: AwareDatetime) -> datetime:
-    return moment.astimezone(UTC)
-
-
-UTCDateTime = Annotated[AwareDatetime, AfterValidator(_utc)]
-"""A moment with its zone (naive times are ambiguous across a fleet), kept in UTC."""
-
-
-def _lower_hex(value: str) -> str:
-    return value.lower()
-
-
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$"), AfterValidator(_lower_hex)]
+NonNegativeFloat = Figure
+NonNegativeInt = Int32
+UTCDateTime = Moment
+# hardware.data: plain JSON within these bounds (the whole fingerprint a few dozen KB)
+HARDWARE_MAX_DEPTH = 16
+HARDWARE_MAX_VALUES = 10_000
 
 RunStatus = Literal["ok", "partial", "failed"]
 """ok: every planned point was measured; partial: some points failed (see `failures`);
@@ -84,7 +84,7 @@ class Point(_Strict):
 
     pp: NonNegativeInt = Field(description="prompt tokens per sequence (PP)")
     tg: NonNegativeInt = Field(description="generated tokens per sequence (TG)")
-    b: int = Field(ge=1, le=_INT32_MAX, description="concurrent sequences (B)")
+    b: int = Field(ge=1, le=INT32_MAX, description="concurrent sequences (B)")
     n_kv: NonNegativeInt | None = Field(default=None, description="KV cells used (N_KV)")
     t_pp: NonNegativeFloat | None = Field(default=None, description="prefill time, s")
     s_pp: NonNegativeFloat | None = Field(default=None, description="prefill speed, t/s")
@@ -92,7 +92,7 @@ class Point(_Strict):
     s_tg: NonNegativeFloat | None = Field(default=None, description="total decode speed, t/s")
     t: NonNegativeFloat | None = Field(default=None, description="total time, s")
     s: NonNegativeFloat | None = Field(default=None, description="total speed, t/s")
-    repeats: int = Field(default=1, ge=1, le=_INT32_MAX, description="times the point was measured")
+    repeats: int = Field(default=1, ge=1, le=INT32_MAX, description="times the point was measured")
     s_pp_stdev: NonNegativeFloat | None = Field(
         default=None, description="spread of S_PP over repeats (sample standard deviation)"
     )
@@ -125,8 +125,8 @@ class FailedPoint(_Strict):
 
     pp: NonNegativeInt
     tg: NonNegativeInt
-    b: int = Field(ge=1, le=_INT32_MAX)
-    reason: str = Field(min_length=1, max_length=4000)
+    b: int = Field(ge=1, le=INT32_MAX)
+    reason: Text = Field(min_length=1, max_length=4000)
 
 
 class EngineBuild(_Strict):
@@ -134,23 +134,23 @@ class EngineBuild(_Strict):
 
     engine: Name = "llama.cpp"
     build_number: NonNegativeInt | None = None
-    commit: str | None = Field(default=None, max_length=64)
-    backend: str | None = Field(
+    commit: Text | None = Field(default=None, max_length=64)
+    backend: Text | None = Field(
         default=None, max_length=64, description="CPU, CUDA, Metal, ROCm, Vulkan, ..."
     )
-    binding: str | None = Field(
+    binding: Text | None = Field(
         default=None, max_length=100, description="e.g. llama-batched-bench, llama-cpp-python"
     )
-    binding_version: str | None = Field(default=None, max_length=100)
+    binding_version: Text | None = Field(default=None, max_length=100)
 
 
 class ModelInfo(_Strict):
     """The model measured. `name` is the display name; `sha256` of the GGUF file when known.
     Architecture numbers are those the KV-cache size follows from."""
 
-    name: Name
+    name: Name = Field(description="its lower-case form (how names are matched) too must fit")
     sha256: Sha256 | None = None
-    quantization: str | None = Field(default=None, max_length=64)
+    quantization: Text | None = Field(default=None, max_length=64)
     n_params: Count | None = None
     file_size: Count | None = Field(default=None, description="bytes")
     n_layer: NonNegativeInt | None = None
@@ -165,6 +165,22 @@ class ModelInfo(_Strict):
         default=None, description="layers that attend within the sliding window only"
     )
 
+    @field_validator("name")
+    @classmethod
+    def _key_fits(cls, name: str) -> str:
+        key = model_name_key(name)
+        if len(key) > NAME_LENGTH:  # lower-casing can lengthen it: "İ" is two characters
+            raise ValueError(
+                f"its lower-case form, by which models are matched, is {len(key)} characters, "
+                f"over {NAME_LENGTH}"
+            )
+        return name
+
+
+def model_name_key(name: str) -> str:
+    """How model names compare: case-insensitive, with or without `.gguf`."""
+    return name.strip().lower().removesuffix(".gguf")
+
 
 class RunSettings(_Strict):
     """The settings that shape the results (llama-batched-bench's flags)."""
@@ -176,34 +192,124 @@ class RunSettings(_Strict):
     kv_unified: bool | None = None
     pp_shared: bool | None = None
     tg_separate: bool | None = None
-    n_gpu_layers: Annotated[int, Field(ge=-1, le=_INT32_MAX)] | None = Field(
+    n_gpu_layers: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = Field(
         default=None, description="-1: all"
     )
     n_threads: NonNegativeInt | None = None
     n_threads_batch: NonNegativeInt | None = None
-    cache_type_k: str | None = Field(default=None, max_length=16)
-    cache_type_v: str | None = Field(default=None, max_length=16)
+    cache_type_k: Text | None = Field(default=None, max_length=16)
+    cache_type_v: Text | None = Field(default=None, max_length=16)
+
+
+class _Open(BaseModel):
+    """A probe's section: the keys fleetbench reads are typed; others are kept as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+ShortText = Annotated[Text, Field(max_length=200)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]
+
+
+class HostProbe(_Open):
+    cpu_model: ShortText | None = None
+    cpu_sockets: Int32 | None = None
+    cpu_cores: Int32 | None = None
+    cpu_threads: Int32 | None = None
+    memory_bytes: Bytes | None = None
+    os: ShortText | None = None
+    os_release: ShortText | None = None
+    kernel: ShortText | None = None
+    arch: ShortText | None = None
+
+
+class NvidiaGpu(_Open):
+    name: ShortText | None = None
+    uuid: ShortText | None = None
+    memory_bytes: Bytes | None = None
+    compute_capability: ShortText | None = None
+    power_limit_w: Figure | None = None
+
+
+class NvidiaProbe(_Open):
+    driver_version: ShortText | None = None
+    cuda_version: ShortText | None = None
+    gpus: list[NvidiaGpu] = Field(default_factory=list, max_length=256)
+
+
+class AppleProbe(_Open):
+    chip: ShortText | None = None
+    model: ShortText | None = None
+    model_name: ShortText | None = None
+    memory_bytes: Bytes | None = None
+    cpu_cores: Int32 | None = None
+    cpu_cores_by_level: list[Int32] | None = Field(default=None, max_length=16)
+    gpu: ShortText | None = None
+    gpu_cores: Int32 | None = None
+
+
+class AmdGpu(_Open):
+    name: ShortText | None = None
+    gpu_id: ShortText | None = None
+    sku: ShortText | None = None
+    vbios: ShortText | None = None
+    power_cap_w: Figure | None = None
+    pci_bus: ShortText | None = None
+
+
+class AmdProbe(_Open):
+    driver_version: ShortText | None = None
+    gpus: list[AmdGpu] = Field(default_factory=list, max_length=256)
+
+
+class Probes(_Open):
+    """One section per probe that found its hardware (agent/probes); a section of a probe
+    this registry does not know is kept as opaque JSON."""
+
+    host: HostProbe | None = None
+    nvidia: NvidiaProbe | None = None
+    apple: AppleProbe | None = None
+    amd: AmdProbe | None = None
+
+
+class HardwareData(_Open):
+    """What the probes saw (`fleetbench-agent fingerprint`). Plain JSON, at most
+    16 levels deep and 10,000 values, text without NUL or lone surrogates."""
+
+    probes: Probes = Field(default_factory=Probes)
+    notes: dict[str, Annotated[Text, Field(max_length=4000)]] = Field(
+        default_factory=dict, description="per probe, why it found nothing or failed"
+    )
+    complete: bool | None = Field(default=None, description="false when a probe failed")
 
 
 class HardwareFingerprint(_Strict):
     """What defines the machine: `hash` is stable across reboots; `data` is the full probe
-    output it was computed from."""
+    output it was computed from, in the shape of HardwareData (kept exactly as sent)."""
 
-    hash: str = Field(min_length=8, max_length=128)
-    data: dict[str, object] = Field(default_factory=dict)
+    hash: Text = Field(min_length=8, max_length=128)
+    data: Annotated[
+        dict[str, Any], WithJsonSchema(inline_schema(HardwareData), mode="validation")
+    ] = Field(default_factory=dict)
 
     @field_validator("data")
     @classmethod
-    def _plain_json(cls, data: dict[str, object]) -> dict[str, object]:
-        try:
-            json.dumps(data, allow_nan=False)
-        except ValueError as exc:
-            raise ValueError(f"must be plain JSON (no NaN or infinity): {exc}") from None
+    def _shape(cls, data: dict[str, Any]) -> dict[str, Any]:
+        check_json(data, max_depth=HARDWARE_MAX_DEPTH, max_items=HARDWARE_MAX_VALUES)
+        HardwareData.model_validate(data)  # raises naming the key; the dict is kept as sent
         return data
 
 
 class RunReport(_Strict):
-    """One sweep run of one model on one node, with every measured and failed point."""
+    """One sweep run of one model on one node, with every measured and failed point.
+
+    Rules across fields (each answered 422 naming the field): `ok` has points and no
+    failures, `partial` has both, `failed` has an `error`; `finished_at` is not before
+    `started_at`; no two points share PP, TG and B; where a point gives both S_TG and T_TG,
+    S_TG is within 1% of B·TG/T_TG (and T_TG is not 0 when tokens were generated); a model
+    name's lower-case form fits 200 characters. A registry may bound points per report and
+    points per node lower than the schema does (FLEETBENCH_MAX_POINTS_PER_REPORT,
+    FLEETBENCH_MAX_SERIES_PER_NODE): over them it answers 422 saying which."""
 
     schema_version: Literal[1]
     run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
@@ -211,7 +317,7 @@ class RunReport(_Strict):
     started_at: UTCDateTime
     finished_at: UTCDateTime | None = None
     status: RunStatus = "ok"
-    error: str | None = Field(default=None, max_length=20000)
+    error: Text | None = Field(default=None, max_length=20000)
     source: Literal["sweep", "import"] = "sweep"
     engine: EngineBuild = Field(default_factory=EngineBuild)
     model: ModelInfo

@@ -1,17 +1,22 @@
-"""Reject request bodies over a size limit with 413 before the application reads them."""
+"""Request bodies over a size limit get 413, without the registry holding more than the
+limit in memory."""
 
 from __future__ import annotations
 
 import json
 
+from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["BodySizeLimit"]
 
 
 class BodySizeLimit:
-    """Pure ASGI middleware: buffers the body up to `max_bytes` (checking Content-Length
-    first, then counting what actually arrives, for chunked uploads), then replays it."""
+    """Pure ASGI middleware. A declared Content-Length over `max_bytes` is answered 413 at
+    once, before anything is read. Otherwise the body is counted as the application reads
+    it, and reading past the limit raises a 413 inside the application: a route that checks
+    the token first (registry.deps.AuthenticateFirst) reads nothing of a request it refuses,
+    and a chunked upload is cut off where it crosses the limit."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
         self.app = app
@@ -25,36 +30,24 @@ class BodySizeLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._too_large(send)
             return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
             message = await receive()
-            if message["type"] != "http.request":
-                break  # client went away
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._too_large(send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, detail=self._detail(), headers={"Connection": "close"})
+            return message
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
+        await self.app(scope, counted, send)
 
-        await self.app(scope, replay, send)
+    def _detail(self) -> str:
+        return f"request body is larger than the limit of {self.max_bytes} bytes"
 
     async def _too_large(self, send: Send) -> None:
-        payload = json.dumps(
-            {"detail": f"request body is larger than the limit of {self.max_bytes} bytes"}
-        ).encode()
+        payload = json.dumps({"detail": self._detail()}).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -1,7 +1,12 @@
-"""`fleetbench-registry`: migrate the database, create node tokens, serve the API."""
+"""`fleetbench-registry`: migrate the database, create node tokens, serve the API, prune
+old runs."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
@@ -9,7 +14,7 @@ from rich.console import Console
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
-from registry import crud
+from registry import crud, latest, retention
 from registry.config import RegistrySettings
 from registry.db import (
     SchemaOutOfDate,
@@ -18,7 +23,9 @@ from registry.db import (
     schema_revisions,
     session_factory,
     upgrade_schema,
+    write_transaction,
 )
+from registry.metrics import MULTIPROCESS_DIR
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 token_app = typer.Typer(help="Node tokens.", no_args_is_help=True)
@@ -46,13 +53,24 @@ def _open(settings: RegistrySettings) -> Engine:
     engine = _engine(settings)
     try:
         if settings.is_default_sqlite:
-            upgrade_schema(engine)
+            _upgrade(engine)
         else:
             ensure_schema_current(engine, fix_command="fleetbench-registry migrate")
     except SchemaOutOfDate as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
     return engine
+
+
+def _upgrade(engine: Engine) -> None:
+    """The schema to head, then what a migration may not do itself (application code):
+    the knees of curves the migrations copied."""
+    upgrade_schema(engine)
+    with session_factory(engine)() as session, write_transaction(session):
+        filled = latest.fill_unknown_knees(session)
+        session.commit()
+    if filled:
+        err.print(f"knees computed for {filled} curve(s) copied by the migration")
 
 
 @app.command()
@@ -64,7 +82,7 @@ def migrate() -> None:
     except SchemaOutOfDate as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
-    upgrade_schema(engine)
+    _upgrade(engine)
     if before == head:
         err.print(f"schema already at {head}")
     else:
@@ -75,15 +93,43 @@ def migrate() -> None:
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8787,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1, max=64, help="worker processes (PostgreSQL: about one per core; SQLite: 1)"
+        ),
+    ] = 1,
 ) -> None:
-    """Serve the registry's API (docs at /docs)."""
+    """Serve the registry's API and dashboard (docs at /docs)."""
     import uvicorn
 
     from registry.main import create_app
 
     settings = RegistrySettings()
     _open(settings).dispose()
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        return
+    if make_url(settings.sqlalchemy_url).get_backend_name() == "sqlite":
+        err.print(
+            "[yellow]warning:[/yellow] SQLite has one writer at a time: more workers serve "
+            "more reads, not more reports"
+        )
+    # Each worker builds its own app from the same FLEETBENCH_* settings; their counters
+    # meet in one folder, so that any of them answers /metrics for all.
+    counters = tempfile.mkdtemp(prefix="fleetbench-metrics-")
+    os.environ[MULTIPROCESS_DIR] = counters
+    try:
+        uvicorn.run(
+            "registry.main:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level="info",
+        )
+    finally:
+        shutil.rmtree(counters, ignore_errors=True)
 
 
 @token_app.command("create")
@@ -108,6 +154,39 @@ def token_create(
         session.commit()
     typer.echo(token)
     err.print(f"token created for node {node.strip()!r}; it is shown only once")
+
+
+@app.command()
+def prune(
+    days: Annotated[
+        float | None,
+        typer.Option(
+            min=0.01, help="keep every run this long [default: FLEETBENCH_RETENTION_DAYS]"
+        ),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="count, delete nothing")] = False,
+) -> None:
+    """Delete old runs: every run is kept for DAYS, then the newest successful run of each
+    node, model and build, the runs regressions name and each node's latest curves. Safe
+    while the registry serves (small batches, each its own transaction)."""
+    settings = RegistrySettings()
+    keep = days if days is not None else settings.retention_days
+    if keep is None:
+        raise typer.BadParameter(
+            "give --days or set FLEETBENCH_RETENTION_DAYS", param_hint="--days"
+        )
+    cutoff = datetime.now(UTC) - timedelta(days=keep)
+    sessions = session_factory(_open(settings))
+
+    def show(pruned: retention.Pruned) -> None:
+        err.print(f"  deleted {pruned.runs} runs ({pruned.points} points) so far")
+
+    pruned = retention.prune_runs(sessions, cutoff=cutoff, dry_run=dry_run, progress=show)
+    verb = "would delete" if dry_run else "deleted"
+    typer.echo(
+        f"{verb} {pruned.runs} runs ({pruned.points} points) started before "
+        f"{cutoff:%Y-%m-%d %H:%M} UTC"
+    )
 
 
 if __name__ == "__main__":

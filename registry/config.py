@@ -47,6 +47,55 @@ class RegistrySettings(BaseSettings):
         default="http://127.0.0.1:8787",
         description="the registry's address as people reach it, for links in webhooks",
     )
+    # Admission (registry.admission): what one process works on at once. Its connection
+    # pool and worker threads are sized from these, so an admitted request never waits
+    # for either.
+    max_reads_in_flight: int = Field(
+        default=8, ge=1, le=256, description="GETs one process answers at once"
+    )
+    max_writes_in_flight: int = Field(
+        default=4, ge=1, le=256, description="reports and other writes one process stores at once"
+    )
+    max_queued: int = Field(
+        default=128, ge=0, le=100_000, description="requests per kind that may wait their turn"
+    )
+    max_queue_wait_s: float = Field(
+        default=5.0, gt=0, le=300, description="the longest a request waits before a 503"
+    )
+    retry_after_s: int = Field(
+        default=2, ge=1, le=3600, description="Retry-After of a 503 (the answer adds jitter)"
+    )
+    # Bounds per node: what one node's reports may cost the others.
+    max_points_per_report: int = Field(
+        default=1024, ge=1, le=100_000, description="measured plus failed points in one report"
+    )
+    max_series_per_node: int = Field(
+        default=1024,
+        ge=1,
+        le=1_000_000,
+        description="points in a node's latest curves, over all its models (what placement,"
+        " /metrics and the dashboard read per node)",
+    )
+    metrics_max_points: int = Field(
+        default=50_000,
+        ge=0,
+        le=10_000_000,
+        description="fleet points /metrics exports at most (the rest: see "
+        "fleetbench_fleet_points_omitted)",
+    )
+    retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        le=36_500,
+        description="`fleetbench-registry prune`: keep every run this long, then one run per "
+        "node, model and build (and the runs regressions and latest curves name)",
+    )
+
+    @property
+    def pool_size(self) -> int:
+        """Connections per process: one per admitted request, and a few for /healthz, the
+        webhook thread and /metrics's fleet query, which are not admitted in lanes."""
+        return self.max_reads_in_flight + self.max_writes_in_flight + 3
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -1,20 +1,41 @@
-"""FastAPI dependencies: the database session, the settings and node authentication."""
+"""FastAPI dependencies: the database session, the settings and node authentication.
+
+Each request holds at most one database connection at a time (registry.admission sizes the
+pool by that): authentication uses its own short session and gives its connection back
+before the route's session takes one, and a session takes a connection only at its first
+query.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Annotated
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from registry import crud
 from registry.config import RegistrySettings
-from registry.db import begin_write
+from registry.crud import AuthenticatedNode
 from registry.models import Model, Node
 
-__all__ = ["NodeAuth", "ReadAccess", "SessionDep", "SettingsDep", "models_or_404", "node_or_404"]
+__all__ = [
+    "AuthenticateFirst",
+    "AuthenticatedFirst",
+    "KnownTokens",
+    "NodeAuth",
+    "ReadAccess",
+    "SessionDep",
+    "SettingsDep",
+    "models_or_404",
+    "node_or_404",
+]
 
 _bearer = HTTPBearer(
     auto_error=False, description="a node token from `fleetbench-registry token create`"
@@ -23,12 +44,10 @@ _bearer = HTTPBearer(
 
 def _session(request: Request) -> Iterator[Session]:
     with request.app.state.sessions() as session:
-        if request.method not in ("GET", "HEAD"):
-            begin_write(session)
         yield session
 
 
-def _settings(request: Request) -> RegistrySettings:
+async def _settings(request: Request) -> RegistrySettings:
     settings: RegistrySettings = request.app.state.settings
     return settings
 
@@ -38,14 +57,49 @@ SettingsDep = Annotated[RegistrySettings, Depends(_settings)]
 _Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _authenticated_node(session: SessionDep, credentials: _Credentials) -> Node:
-    if credentials is None:
+class KnownTokens:
+    """Tokens found valid in the last `ttl` seconds (at most `size` of them), by digest.
+    Nearly every request of a fleet's agents carries a token; looking each up costs a
+    connection checkout and two round trips, a third of a report's database work."""
+
+    def __init__(self, *, ttl: float = 30.0, size: int = 10_000) -> None:
+        self.ttl = ttl
+        self.size = size
+        self._found: OrderedDict[str, tuple[float, AuthenticatedNode]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, digest: str) -> AuthenticatedNode | None:
+        with self._lock:
+            found = self._found.get(digest)
+            if found is None or time.monotonic() - found[0] > self.ttl:
+                return None
+            return found[1]
+
+    def put(self, digest: str, node: AuthenticatedNode) -> None:
+        with self._lock:
+            self._found[digest] = (time.monotonic(), node)
+            self._found.move_to_end(digest)
+            while len(self._found) > self.size:
+                self._found.popitem(last=False)
+
+
+def _authenticate(request: Request, token: str | None) -> AuthenticatedNode:
+    """The token's node, or 401: from the tokens known lately, else one short session."""
+    if token is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             detail="a node token is required: Authorization: Bearer <token>",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    node = crud.node_for_token(session, credentials.credentials)
+    known: KnownTokens = request.app.state.known_tokens
+    digest = crud.token_digest(token)
+    node = known.get(digest)
+    if node is not None:
+        return node
+    with request.app.state.sessions() as session:
+        node = crud.node_for_token(session, token)
+    if node is not None:
+        known.put(digest, node)
     if node is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
@@ -55,13 +109,43 @@ def _authenticated_node(session: SessionDep, credentials: _Credentials) -> Node:
     return node
 
 
-def _read_access(settings: SettingsDep, session: SessionDep, credentials: _Credentials) -> None:
+def _authenticated_node(request: Request, credentials: _Credentials) -> AuthenticatedNode:
+    token = credentials.credentials if credentials is not None else None
+    return _authenticate(request, token)
+
+
+async def _authenticated_first(request: Request, _: _Credentials) -> AuthenticatedNode:
+    """The node AuthenticateFirst found (`_` keeps the bearer scheme in the OpenAPI)."""
+    node: AuthenticatedNode = request.state.node
+    return node
+
+
+def _read_access(request: Request, settings: SettingsDep, credentials: _Credentials) -> None:
     if settings.read_token_required:
-        _authenticated_node(session, credentials)
+        _authenticated_node(request, credentials)
 
 
-NodeAuth = Annotated[Node, Depends(_authenticated_node)]
+NodeAuth = Annotated[AuthenticatedNode, Depends(_authenticated_node)]
+AuthenticatedFirst = Annotated[AuthenticatedNode, Depends(_authenticated_first)]
+"""NodeAuth for routes of AuthenticateFirst: the node it found, at no further cost."""
 ReadAccess = Depends(_read_access)
+
+
+class AuthenticateFirst(APIRoute):
+    """A route whose token is checked before its body is read: a request without a valid
+    token costs the registry a header and one index probe, never the upload of a report.
+    The route takes the node with AuthenticatedFirst."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def authenticated(request: Request) -> Response:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            credentials = token.strip() if scheme.lower() == "bearer" and token.strip() else None
+            request.state.node = await run_in_threadpool(_authenticate, request, credentials)
+            return await handler(request)
+
+        return authenticated
 
 
 def node_or_404(session: Session, name: str) -> Node:

@@ -6,15 +6,16 @@ decisions (steps, knee) are pure functions in registry.questions; this module fe
 
 from __future__ import annotations
 
+import functools
 import math
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
-from sqlalchemy import ColumnElement, and_, func, select, tuple_
+from sqlalchemy import ColumnElement, Integer, and_, bindparam, func, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
@@ -61,7 +62,25 @@ _MEDIAN_SE = math.sqrt(math.pi / 2)  # a median's standard error over a mean's
 HISTORY_RUNS = 60
 
 
-def build_label(build: EngineBuild) -> str:
+class _BuildFields(Protocol):
+    @property
+    def engine(self) -> str: ...
+    @property
+    def build_number(self) -> int | None: ...
+    @property
+    def commit(self) -> str | None: ...
+    @property
+    def backend(self) -> str | None: ...
+
+
+class _BindingFields(Protocol):
+    @property
+    def binding(self) -> str | None: ...
+    @property
+    def binding_version(self) -> str | None: ...
+
+
+def build_label(build: _BuildFields) -> str:
     """The llama.cpp build as people name it: `llama.cpp b11429 (d812350) Metal`."""
     parts = [build.engine]
     if build.build_number is not None:
@@ -75,24 +94,90 @@ def build_label(build: EngineBuild) -> str:
     return " ".join(parts)
 
 
-def binding_label(build: EngineBuild) -> str | None:
+def binding_label(build: _BindingFields) -> str | None:
     if not build.binding:
         return None
     return f"{build.binding} {build.binding_version}" if build.binding_version else build.binding
 
 
-def _settings_label(run: Run) -> str:
-    settings = wire.RunSettings.model_fields
-    return " ".join(f"{k}={getattr(run, k)}" for k in settings if getattr(run, k) is not None)
+_SETTINGS = tuple(wire.RunSettings.model_fields)
 
 
-def _hardware_label(fingerprint: HardwareFingerprint | None) -> str | None:
-    if fingerprint is None:
+def _settings_label(run: Any) -> str:
+    return " ".join(f"{k}={getattr(run, k)}" for k in _SETTINGS if getattr(run, k) is not None)
+
+
+def _hardware_label(description: str | None, digest: str | None) -> str | None:
+    if digest is None:
         return None
-    return f"{fingerprint.description or 'hardware'} [{fingerprint.hash[:8]}]"
+    return f"{description or 'hardware'} [{digest[:8]}]"
 
 
 Cell = tuple[int, int, int, Metric]  # PP, TG, B, metric: one series of a node's model
+
+# Oldest first: the exact reverse of RUN_NEWEST_FIRST.
+_RUN_OLDEST_FIRST = (Run.started_at, Run.received_at, Run.id.desc())
+
+
+def _recent_runs() -> Any:
+    return (
+        select(Run.id)
+        .where(
+            Run.node_id == bindparam("node_id"),
+            Run.model_id.in_(bindparam("model_ids", expanding=True)),
+            RUN_SUCCESSFUL,
+        )
+        .order_by(*RUN_NEWEST_FIRST)
+        .limit(bindparam("history", type_=Integer))
+        .scalar_subquery()
+    )
+
+
+@functools.cache
+def _series_statements(by_cells: bool) -> tuple[Any, Any]:
+    """(the node's model's latest `history` successful runs with their labels, oldest
+    first; their points at the run's (PP, TG) `cells`, or at one `pp`, `tg`, `b`). Built
+    once (they run at every ingest); all values are bound parameters."""
+    runs = (
+        select(
+            Run.id,
+            Run.started_at,
+            *(getattr(Run, k) for k in _SETTINGS),
+            EngineBuild.engine,
+            EngineBuild.build_number,
+            EngineBuild.commit,
+            EngineBuild.backend,
+            EngineBuild.binding,
+            EngineBuild.binding_version,
+            HardwareFingerprint.description,
+            HardwareFingerprint.hash,
+        )
+        .join(EngineBuild, EngineBuild.id == Run.build_id)
+        .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+        .where(Run.id.in_(_recent_runs()))
+        .order_by(*_RUN_OLDEST_FIRST)
+    )
+    at = (
+        tuple_(RunPoint.pp, RunPoint.tg).in_(bindparam("cells", expanding=True))
+        if by_cells
+        else and_(
+            RunPoint.pp == bindparam("pp"),
+            RunPoint.tg == bindparam("tg"),
+            RunPoint.b == bindparam("b"),
+        )
+    )
+    points = select(
+        RunPoint.run_id,
+        RunPoint.pp,
+        RunPoint.tg,
+        RunPoint.b,
+        RunPoint.s_tg,
+        RunPoint.s_pp,
+        RunPoint.s_tg_stdev,
+        RunPoint.s_pp_stdev,
+        RunPoint.repeats,
+    ).where(RunPoint.run_id.in_(_recent_runs()), at)
+    return runs, points
 
 
 def _series_runs(
@@ -100,86 +185,107 @@ def _series_runs(
     *,
     node_id: int,
     model_ids: Sequence[int],
-    points: ColumnElement[bool],
+    cells: Sequence[tuple[int, int]] | None = None,
+    point: tuple[int, int, int] | None = None,
     limit: int = HISTORY_RUNS,
 ) -> dict[Cell, list[SeriesRun]]:
-    """Each series of the node's model whose `points` match, over the node's latest `limit`
-    successful runs, oldest first; one query, each run's labels made once."""
-    recent = (
-        select(Run.id)
-        .where(Run.node_id == node_id, Run.model_id.in_(model_ids), RUN_SUCCESSFUL)
-        .order_by(*RUN_NEWEST_FIRST)
-        .limit(limit)
-    )
-    rows = session.execute(
-        select(RunPoint, Run)
-        .join(Run, Run.id == RunPoint.run_id)
-        .where(RunPoint.run_id.in_(recent.scalar_subquery()), points)
-        .options(selectinload(Run.build), selectinload(Run.fingerprint))
-        .order_by(Run.started_at, Run.received_at, RunPoint.b)
-    ).all()
-    labels: dict[uuid.UUID, dict[str, str | None]] = {}
-    found: dict[Cell, list[SeriesRun]] = defaultdict(list)
-    for point, run in rows:
-        if run.id not in labels:
-            labels[run.id] = {
-                "build": build_label(run.build),
-                "binding": binding_label(run.build),
-                "hardware": _hardware_label(run.fingerprint),
-                "settings": _settings_label(run),
-            }
-        for metric in METRICS:
-            value = getattr(point, metric)
+    """Each series of the node's model at the (PP, TG) `cells`, or at one (PP, TG, B)
+    `point`, over the node's latest `limit` successful runs, oldest first: two queries of
+    plain rows (the runs with their labels, then their points)."""
+    params: dict[str, Any] = {"node_id": node_id, "model_ids": list(model_ids), "history": limit}
+    if cells is not None:
+        params["cells"] = list(cells)
+    else:
+        assert point is not None
+        params.update(zip(("pp", "tg", "b"), point, strict=True))
+    runs_statement, points_statement = _series_statements(cells is not None)
+    connection = session.connection()
+    order: dict[uuid.UUID, int] = {}
+    labels: list[tuple[uuid.UUID, datetime, str, str | None, str | None, str]] = []
+    for run in connection.execute(runs_statement, params).all():
+        order[run.id] = len(labels)
+        labels.append(
+            (
+                run.id,
+                run.started_at,
+                build_label(run),
+                binding_label(run),
+                _hardware_label(run.description, run.hash),
+                _settings_label(run),
+            )
+        )
+    found: dict[Cell, list[tuple[int, SeriesRun]]] = defaultdict(list)
+    points = connection.execute(points_statement, params).all()
+    for run_id, pp, tg, b, s_tg, s_pp, s_tg_stdev, s_pp_stdev, repeats in points:
+        position = order[run_id]
+        _, started_at, build, binding, hardware, settings = labels[position]
+        measured: tuple[tuple[Metric, float | None, float | None], ...] = (
+            ("s_tg", s_tg, s_tg_stdev),
+            ("s_pp", s_pp, s_pp_stdev),
+        )
+        for metric, value, stdev in measured:
             if value is None or value <= 0:
                 continue
-            stdev = getattr(point, f"{metric}_stdev")
-            found[(point.pp, point.tg, point.b, metric)].append(
-                SeriesRun(
-                    run_id=run.id,
-                    started_at=run.started_at,
-                    value=value,
-                    **labels[run.id],
-                    repeat_noise=(
+            found[(pp, tg, b, metric)].append(
+                (
+                    position,
+                    SeriesRun(
+                        run_id=run_id,
+                        started_at=started_at,
+                        value=value,
+                        build=build,
+                        binding=binding,
+                        hardware=hardware,
+                        settings=settings,
                         # the value is the median of the repeats: its standard error
-                        _MEDIAN_SE * stdev / value / math.sqrt(point.repeats)
-                        if stdev is not None and point.repeats > 1
-                        else None
+                        repeat_noise=_MEDIAN_SE * stdev / value / math.sqrt(repeats)
+                        if stdev is not None and repeats > 1
+                        else None,
                     ),
                 )
             )
-    return found
+    return {
+        cell: [run for _, run in sorted(runs, key=lambda item: item[0])]
+        for cell, runs in found.items()
+    }
+
+
+_STORED_STEPS = select(Regression).where(
+    Regression.node_id == bindparam("node_id"),
+    Regression.model_id == bindparam("model_id"),
+    tuple_(Regression.pp, Regression.tg).in_(bindparam("cells", expanding=True)),
+)
 
 
 # --- regressions -----------------------------------------------------------------------
 
 
 def refresh_regressions(
-    session: Session, *, run: Run, settings: DetectionSettings | None = None
-) -> None:
-    """Judges again the candidates of each series of `run` whose runs after them include it
-    (from `window` runs before it on), with the steps stored before them fixed, and stores
-    what the detector finds now. A step it no longer sees there (an outlier that reverted) is
-    dropped unless someone acknowledged it; steps judged earlier are never touched."""
+    session: Session,
+    *,
+    node_id: int,
+    model_id: int,
+    run_id: uuid.UUID,
+    cells: Sequence[tuple[int, int]],
+    settings: DetectionSettings | None = None,
+) -> bool:
+    """Judges again the candidates of each series of the run `run_id` (its (PP, TG) `cells`)
+    whose runs after them include it (from `window` runs before it on), with the steps
+    stored before them fixed, and stores what the detector finds now. A step it no longer
+    sees there (an outlier that reverted) is dropped unless someone acknowledged it; steps
+    judged earlier are never touched. True when a regression is stored."""
     settings = settings or DetectionSettings()
-    cells = sorted({(p.pp, p.tg) for p in run.points})
-    by_series = _series_runs(
-        session,
-        node_id=run.node_id,
-        model_ids=[run.model_id],
-        points=tuple_(RunPoint.pp, RunPoint.tg).in_(cells),
-    )
+    cell_keys = sorted(set(cells))
+    by_series = _series_runs(session, node_id=node_id, model_ids=[model_id], cells=cell_keys)
     stored: dict[Cell, dict[uuid.UUID, Regression]] = defaultdict(dict)
     for row in session.scalars(
-        select(Regression).where(
-            Regression.node_id == run.node_id,
-            Regression.model_id == run.model_id,
-            tuple_(Regression.pp, Regression.tg).in_(cells),
-        )
+        _STORED_STEPS, {"node_id": node_id, "model_id": model_id, "cells": cell_keys}
     ):
         stored[(row.pp, row.tg, row.b, cast(Metric, row.metric))][row.first_run_id] = row
+    regressed = False
     for (pp, tg, b, metric), runs in by_series.items():
         index = {r.run_id: i for i, r in enumerate(runs)}
-        position = index.get(run.id)
+        position = index.get(run_id)
         if position is None:
             continue  # this run has no value in this series (the point failed)
         judge_from = max(1, position - settings.window + 1)
@@ -194,18 +300,20 @@ def refresh_regressions(
             if judged and first_run_id not in found and row.acknowledged_at is None:
                 session.delete(row)
         for first_run_id, step in found.items():
+            regressed = regressed or step.is_regression
             _store_step(
                 session,
                 rows.get(first_run_id),
                 step,
-                node_id=run.node_id,
-                model_id=run.model_id,
+                node_id=node_id,
+                model_id=model_id,
                 pp=pp,
                 tg=tg,
                 b=b,
                 metric=metric,
             )
     session.flush()
+    return regressed
 
 
 def _store_step(session: Session, row: Regression | None, step: Step, **series: Any) -> None:
@@ -313,11 +421,7 @@ def series(
 ) -> list[SeriesRun]:
     """One series, oldest first, over the node's latest `limit` successful runs."""
     by_series = _series_runs(
-        session,
-        node_id=node_id,
-        model_ids=model_ids,
-        points=and_(RunPoint.pp == pp, RunPoint.tg == tg, RunPoint.b == b),
-        limit=limit,
+        session, node_id=node_id, model_ids=model_ids, point=(pp, tg, b), limit=limit
     )
     return by_series.get((pp, tg, b, metric), [])
 

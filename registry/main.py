@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
-from fastapi import APIRouter, FastAPI, HTTPException
+import anyio.to_thread
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agent.wire import SCHEMA_VERSION
+from registry.admission import Admission, LaneLimits
 from registry.body_limit import BodySizeLimit
 from registry.config import RegistrySettings
 from registry.db import create_db_engine, session_factory
-from registry.deps import SessionDep
-from registry.metrics import install_metrics
+from registry.deps import KnownTokens, SessionDep
+from registry.ingest import Ingest, IngestLimits
+from registry.metrics import HttpMetricsMiddleware, install_metrics
 from registry.notify import WebhookNotifier
 from registry.routes import history, models, nodes, placement, runs
 from registry.validation_errors import validation_error_handler
@@ -25,18 +31,25 @@ from registry.web import pages as web_pages
 
 __all__ = ["create_app"]
 
+log = logging.getLogger("fleetbench.registry")
+
 DESCRIPTION = f"""
 The fleet's batching curves (llama-batched-bench points) and the question they answer:
 **which node and concurrency meets X tokens/s per user for model Y?**
 
 Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema version
 {SCHEMA_VERSION}) using a token from `fleetbench-registry token create --node NAME`.
+
+A busy registry answers 503 with a `Retry-After` header rather than queueing without bound;
+so does one whose database is unreachable. Retrying later is always safe.
 """
+# Threads beyond the admitted requests: pages and scripts served from files, /healthz.
+_SPARE_THREADS = 8
 
 
 def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     settings = settings or RegistrySettings()
-    engine = create_db_engine(settings.sqlalchemy_url)
+    engine = create_db_engine(settings.sqlalchemy_url, pool_size=settings.pool_size)
     sessions = session_factory(engine)
     notifier = (
         WebhookNotifier(
@@ -51,6 +64,11 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # One worker thread per admitted request and some to spare: an admitted request
+        # never waits for a thread (registry.admission).
+        anyio.to_thread.current_default_thread_limiter().total_tokens = (
+            settings.max_reads_in_flight + settings.max_writes_in_flight + _SPARE_THREADS
+        )
         if notifier is not None:
             notifier.start()
         # What exists at start-up lives as long as the process: keeping it out of the
@@ -61,6 +79,7 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         gc.unfreeze()
         if notifier is not None:
             notifier.stop()
+        ingest.close()
         engine.dispose()
 
     app = FastAPI(
@@ -69,11 +88,37 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.sessions = sessions
     app.state.notifier = notifier
+    app.state.known_tokens = KnownTokens()
+    ingest = Ingest(
+        sessions,
+        IngestLimits(
+            max_points_per_report=settings.max_points_per_report,
+            max_series_per_node=settings.max_series_per_node,
+        ),
+        writers=settings.max_writes_in_flight,
+    )
+    app.state.ingest = ingest
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(PoolTimeout, _database_unavailable)
+    app.add_exception_handler(DBAPIError, _database_error)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_report_bytes)
-    install_metrics(app)  # GET /metrics; its middleware outermost, so 413s count too
+    metrics = install_metrics(app, max_points=settings.metrics_max_points)
+    app.add_middleware(
+        Admission,
+        reads=LaneLimits(
+            settings.max_reads_in_flight, settings.max_queued, settings.max_queue_wait_s
+        ),
+        writes=LaneLimits(
+            settings.max_writes_in_flight, settings.max_queued, settings.max_queue_wait_s
+        ),
+        retry_after_s=settings.retry_after_s,
+        on_shed=metrics.shed,
+    )
+    # outermost: what the middleware inside answers (413, 503) is counted too
+    app.add_middleware(HttpMetricsMiddleware, metrics=metrics, router=app.router)
 
     api = APIRouter(prefix="/v1")
+    api.include_router(runs.ingest_router)
     for module in (runs, nodes, models, placement, history):
         api.include_router(module.router)
     app.include_router(api)
@@ -89,3 +134,28 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     return app
+
+
+def _unavailable(detail: str, retry_after_s: int) -> JSONResponse:
+    return JSONResponse(
+        {"detail": detail}, status_code=503, headers={"Retry-After": str(retry_after_s)}
+    )
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    settings: RegistrySettings = request.app.state.settings
+    log.warning("no database connection free in time: %s", exc)
+    return _unavailable("the registry's database is busy: retry later", settings.retry_after_s)
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    """A lost or refused database connection (a PostgreSQL restart, SQLite's lock held by
+    another process) is the registry being unavailable, not the request being wrong."""
+    assert isinstance(exc, DBAPIError)
+    if not (exc.connection_invalidated or isinstance(exc, OperationalError)):
+        raise exc
+    settings: RegistrySettings = request.app.state.settings
+    log.warning("database unavailable: %s", exc.orig)
+    return _unavailable(
+        "the registry's database is unavailable: retry later", settings.retry_after_s
+    )

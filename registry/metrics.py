@@ -28,18 +28,19 @@ one process (the tests) keep separate counts. Three kinds of metrics:
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
 import fastapi.routing
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
-from sqlalchemy import Select, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.routing import BaseRoute, Match, Router
@@ -47,25 +48,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent import wire
 from registry.deps import ReadAccess
-from registry.models import (
-    RUN_NEWEST_FIRST,
-    RUN_SUCCESSFUL,
-    EngineBuild,
-    Model,
-    Node,
-    Run,
-    RunPoint,
-)
+from registry.latest import latest_points_statement
 
 __all__ = [
     "INGEST_ROUTE",
+    "MULTIPROCESS_DIR",
     "FleetCollector",
     "HttpMetricsMiddleware",
     "MetricsDep",
     "RegistryMetrics",
     "flat_routes",
     "install_metrics",
-    "latest_points_statement",
     "route_template",
     "router",
 ]
@@ -80,13 +73,19 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _POINT_LABELS = ("node", "model", "pp", "tg", "b")
 _RUN_LABELS = ("node", "model")
+# Set (to an empty folder) by `serve --workers N`: each worker writes its counters there and
+# any of them answers a scrape with the sum (prometheus-client's multiprocess mode).
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class FleetCollector(Collector):
-    """The fleet's latest curves as gauges, computed at each scrape with one query."""
+    """The fleet's latest curves as gauges, computed at each scrape with one query over the
+    latest-curve tables; at most `max_points` points, the first by node, model, PP, TG, B
+    (fleetbench_fleet_points_truncated says when some were left out)."""
 
-    def __init__(self, sessions: Callable[[], Session]) -> None:
+    def __init__(self, sessions: Callable[[], Session], *, max_points: int = 50_000) -> None:
         self._sessions = sessions
+        self._max_points = max_points
 
     def describe(self) -> Iterable[Metric]:
         return self._families()
@@ -126,24 +125,35 @@ class FleetCollector(Collector):
                 "1 when the fleet gauges were read from the database at this scrape, else 0",
             ),
             GaugeMetricFamily(
+                "fleetbench_fleet_points_truncated",
+                "1 when the fleet held more points than FLEETBENCH_METRICS_MAX_POINTS and the "
+                "gauges list only the first, by node, model, PP, TG and B",
+            ),
+            GaugeMetricFamily(
                 "fleetbench_fleet_collect_duration_seconds",
                 "time taken to read the fleet gauges at this scrape",
             ),
         ]
 
     def collect(self) -> Iterable[Metric]:
-        decode, per_user, prefill, started, build, success, duration = self._families()
+        decode, per_user, prefill, started, build, success, truncated, duration = self._families()
         begun = time.perf_counter()
         try:
             with self._sessions() as session:
-                rows = session.execute(latest_points_statement()).all()
+                rows = (
+                    session.connection()
+                    .execute(latest_points_statement(), {"limit": self._max_points + 1})
+                    .all()
+                )
         except SQLAlchemyError:
             log.exception("reading the fleet's latest runs for /metrics failed")
             success.add_metric([], 0)
             duration.add_metric([], time.perf_counter() - begun)
             return [success, duration]
-        # Rows come latest run first. Two models may share a display name (different
-        # files): the later run wins, so that every label set is emitted once.
+        truncated.add_metric([], 1 if len(rows) > self._max_points else 0)
+        rows = rows[: self._max_points]
+        # Rows come by node and model, latest run first. Two models may share a display name
+        # (different files): the later run wins, so that every label set is emitted once.
         run_of: dict[tuple[str, str], uuid.UUID] = {}
         seen: set[tuple[str, str, str, str, str]] = set()
         for row in rows:
@@ -166,62 +176,13 @@ class FleetCollector(Collector):
                 prefill.add_metric(point_key, row.s_pp)
         success.add_metric([], 1)
         duration.add_metric([], time.perf_counter() - begun)
-        return [decode, per_user, prefill, started, build, success, duration]
-
-
-def latest_points_statement() -> Select[Any]:
-    """Every point of each node's latest successful run of each model (latest by start,
-    then receipt, as placement takes it), latest run first: one window over the runs."""
-    ranked = (
-        select(
-            Run.id.label("run_id"),
-            Run.node_id,
-            Run.model_id,
-            Run.build_id,
-            Run.started_at,
-            Run.received_at,
-            func.row_number()
-            .over(
-                partition_by=(Run.node_id, Run.model_id),
-                order_by=RUN_NEWEST_FIRST,
-            )
-            .label("rank"),
-        )
-        .where(RUN_SUCCESSFUL)
-        .subquery("ranked")
-    )
-    return (
-        select(
-            Node.name.label("node"),
-            Model.name.label("model"),
-            ranked.c.run_id,
-            ranked.c.started_at,
-            EngineBuild.build_number,
-            RunPoint.pp,
-            RunPoint.tg,
-            RunPoint.b,
-            RunPoint.s_pp,
-            RunPoint.s_tg,
-        )
-        .select_from(ranked)
-        .join(RunPoint, RunPoint.run_id == ranked.c.run_id)
-        .join(Node, Node.id == ranked.c.node_id)
-        .join(Model, Model.id == ranked.c.model_id)
-        .join(EngineBuild, EngineBuild.id == ranked.c.build_id)
-        .where(ranked.c.rank == 1)
-        .order_by(
-            ranked.c.started_at.desc(),
-            ranked.c.received_at.desc(),
-            ranked.c.run_id,
-            RunPoint.id,
-        )
-    )
+        return [decode, per_user, prefill, started, build, success, truncated, duration]
 
 
 class RegistryMetrics:
     """One app's metrics, in a registry of their own."""
 
-    def __init__(self, sessions: Callable[[], Session]) -> None:
+    def __init__(self, sessions: Callable[[], Session], *, max_points: int = 50_000) -> None:
         self.registry = CollectorRegistry()
         http_labels = ("method", "route", "status")
         self.http_requests = Counter(
@@ -261,7 +222,17 @@ class RegistryMetrics:
             self.ingest_duration.labels(outcome)
         for kind in ("measured", "failed"):
             self.ingest_points.labels(kind)
-        self.registry.register(FleetCollector(sessions))
+        self.shed_requests = Counter(
+            "fleetbench_http_shed",
+            "requests answered 503 at once because the registry was busy, by lane (read, "
+            "write): raise FLEETBENCH_MAX_*_IN_FLIGHT or add workers if this grows",
+            ("lane",),
+            registry=self.registry,
+        )
+        for lane in ("read", "write"):
+            self.shed_requests.labels(lane)
+        self.fleet = FleetCollector(sessions, max_points=max_points)
+        self.registry.register(self.fleet)
 
     def observe_request(self, *, method: str, route: str, status: int, seconds: float) -> None:
         code = str(status)
@@ -280,8 +251,17 @@ class RegistryMetrics:
             self.ingest_points.labels("measured").inc(len(report.points))
             self.ingest_points.labels("failed").inc(len(report.failures))
 
+    def shed(self, lane: str) -> None:
+        self.shed_requests.labels(lane).inc()
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if not os.environ.get(MULTIPROCESS_DIR):
+            return generate_latest(self.registry)
+        # Several workers: the counters of all of them, and the fleet once.
+        combined = CollectorRegistry()
+        MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
+        combined.register(self.fleet)
+        return generate_latest(combined)
 
 
 def flat_routes(routes: Sequence[BaseRoute]) -> list[BaseRoute]:
@@ -356,7 +336,7 @@ class HttpMetricsMiddleware:
             record()
 
 
-def _metrics(request: Request) -> RegistryMetrics:
+async def _metrics(request: Request) -> RegistryMetrics:
     metrics: RegistryMetrics = request.app.state.metrics
     return metrics
 
@@ -378,12 +358,11 @@ def read_metrics(metrics: MetricsDep) -> Response:
     return Response(metrics.render(), media_type=CONTENT_TYPE)
 
 
-def install_metrics(app: FastAPI) -> RegistryMetrics:
-    """Give `app` its metrics and `GET /metrics`. Call once `app.state.sessions` is set and
-    after the other middleware is added, so that this one is outermost and also counts
-    what they answer themselves (413)."""
-    metrics = RegistryMetrics(app.state.sessions)
+def install_metrics(app: FastAPI, *, max_points: int = 50_000) -> RegistryMetrics:
+    """Give `app` its metrics and `GET /metrics`. Call once `app.state.sessions` is set;
+    add `HttpMetricsMiddleware` after the other middleware, so that it is outermost and also
+    counts what they answer themselves (413, 503)."""
+    metrics = RegistryMetrics(app.state.sessions, max_points=max_points)
     app.state.metrics = metrics
-    app.add_middleware(HttpMetricsMiddleware, metrics=metrics, router=app.router)
     app.include_router(router)
     return metrics

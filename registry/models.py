@@ -14,10 +14,12 @@ from sqlalchemy import (
     Dialect,
     Double,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -31,12 +33,16 @@ __all__ = [
     "EngineBuild",
     "FailedPoint",
     "HardwareFingerprint",
+    "LatestPoint",
+    "LatestRun",
     "Model",
     "Node",
+    "NodeActivity",
     "NodeToken",
     "Regression",
     "Run",
     "RunPoint",
+    "table_of",
 ]
 
 # SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit key.
@@ -76,6 +82,13 @@ class Base(DeclarativeBase):
         dict[str, Any]: JSON,
         float: Double(),
     }
+
+
+def table_of(model: type[Base]) -> Table:
+    """A model's table, for Core statements (no ORM objects: registry.ingest)."""
+    table = model.__table__
+    assert isinstance(table, Table)
+    return table
 
 
 class Node(Base):
@@ -276,7 +289,9 @@ class Regression(Base):
     cause_kinds: Mapped[list[str]] = mapped_column(JSON)
     before_build: Mapped[str | None] = mapped_column(String(300))
     after_build: Mapped[str | None] = mapped_column(String(300))
-    before_run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    before_run_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), index=True
+    )
     first_run_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("runs.id", ondelete="CASCADE"), index=True
     )
@@ -291,3 +306,72 @@ class Regression(Base):
 
     node: Mapped[Node] = relationship()
     model: Mapped[Model] = relationship()
+
+
+class LatestRun(Base):
+    """Each node's latest successful run of each model (latest as RUN_NEWEST_FIRST orders
+    them), kept by ingest in the same transaction as the run: what placement, /metrics and
+    the fleet's gauges read, so that they never search the runs for it. With it, what the
+    KV-cache fit check needs from that run and its fingerprint."""
+
+    __tablename__ = "latest_runs"
+
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    run_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), unique=True
+    )
+    started_at: Mapped[datetime]
+    received_at: Mapped[datetime]
+    build_id: Mapped[int] = mapped_column(ForeignKey("engine_builds.id"))
+    memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cache_type_k: Mapped[str | None] = mapped_column(String(16))
+    cache_type_v: Mapped[str | None] = mapped_column(String(16))
+    n_ubatch: Mapped[int | None]
+
+
+class LatestPoint(Base):
+    """A point of a LatestRun, with whether it lies past the knee of its (PP, TG) curve at
+    the default threshold (NULL: not known, e.g. copied by a migration)."""
+
+    __tablename__ = "latest_points"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["node_id", "model_id"],
+            ["latest_runs.node_id", "latest_runs.model_id"],
+            ondelete="CASCADE",
+        ),
+        # Placement reads one model's points across the fleet.
+        Index("ix_latest_points_model_node", "model_id", "node_id", "pp"),
+    )
+
+    node_id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(primary_key=True)
+    pp: Mapped[int] = mapped_column(primary_key=True)
+    tg: Mapped[int] = mapped_column(primary_key=True)
+    b: Mapped[int] = mapped_column(primary_key=True)
+    s_pp: Mapped[float | None]
+    s_tg: Mapped[float | None]
+    past_knee: Mapped[bool | None]
+
+
+class NodeActivity(Base):
+    """Each node's newest run (of any model, failed ones too: a node whose latest run failed
+    is failing) and how many runs it has, kept by ingest: what the fleet overview reads per
+    node, so that listing nodes never searches or counts their runs."""
+
+    __tablename__ = "node_activity"
+
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    last_run_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL"), index=True
+    )
+    last_run_started_at: Mapped[datetime | None]
+    last_run_received_at: Mapped[datetime | None]
+    run_count: Mapped[int] = mapped_column(default=0)

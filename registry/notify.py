@@ -22,7 +22,7 @@ import httpx
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from registry.db import begin_write
+from registry.db import write_transaction
 from registry.models import Regression
 from registry.schemas import SeriesKey, regression_public
 
@@ -103,8 +103,7 @@ class WebhookNotifier:
         """A due regression now leased to this process, or None when none is due."""
         is_due = or_(Regression.notify_after.is_(None), Regression.notify_after <= due_by)
         while True:
-            with self.sessions() as session:
-                begin_write(session)
+            with self.sessions() as session, write_transaction(session):
                 due = session.scalars(
                     select(Regression.id)
                     .where(
@@ -151,8 +150,7 @@ class WebhookNotifier:
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
         now = datetime.now(UTC)
-        with self.sessions() as session:
-            begin_write(session)
+        with self.sessions() as session, write_transaction(session):
             regression = session.get(Regression, regression_id)
             if regression is None:
                 return 0

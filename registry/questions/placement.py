@@ -3,9 +3,10 @@
 Each node's choice (from its latest successful run: the largest concurrency whose per-user
 decode speed S_TG / B meets X, at the smallest measured prompt length PP >= P when P is
 given) and their order (best total throughput first) are decided in SQL by
-`crud.placement_rows`: with 1,000 nodes, fetching every point into Python costs more than the
-whole latency budget (bench/placement_latency.py). Decided here, over those rows: the
-answer, and why no node qualifies.
+`latest.placement_rows`, over the table of each node's latest curve: with 1,000 nodes,
+fetching every point into Python costs more than the whole latency budget
+(bench/placement_latency.py). Decided here, over those rows: the answer, and why no node
+qualifies.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class NodeChoice:
     b: int
     s_pp: float | None
     s_tg: float
-    knee: int | None = None  # of the curve the point lies on, when known
+    past_knee: bool | None = None  # beyond the knee of the curve it lies on (None: unknown)
     kv_cache_bytes: int | None = None
     fit_checked: bool = False
 
@@ -150,11 +151,12 @@ def answer_placement(
     max_age_days: float | None = None,
     context_tokens: int | None = None,
     rejected: Sequence[RejectedConcurrency] = (),
-    unchecked: Sequence[tuple[str, str]] = (),
+    unchecked: Sequence[tuple[str, str, int]] = (),
 ) -> PlacementAnswer:
     """The answer for the nodes that qualify (`qualifying`: best total throughput first, the
     first of `qualifying_count`). When none does, the reason names the `fastest` point per
-    user, or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt`."""
+    user, or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt`.
+    `unchecked`: (a node, why its fit is not checked, how many nodes alike)."""
     if qualifying:
         reason = (
             f"{qualifying_count} node(s) meet {min_tps_per_user:g} tokens/s per user on {model}"
@@ -190,8 +192,9 @@ def answer_placement(
             f"{context_tokens} tokens per user would not fit"
         )
     if unchecked:
-        node, why = unchecked[0]
-        reason += f"; KV-cache fit not checked for {len(unchecked)} node(s) ({node}: {why})"
+        node, why, _ = unchecked[0]
+        nodes = sum(count for _, _, count in unchecked)
+        reason += f"; KV-cache fit not checked for {nodes} node(s) ({node}: {why})"
     return PlacementAnswer.model_validate(
         {
             "model": model,
@@ -217,7 +220,7 @@ def _candidate(choice: NodeChoice) -> dict[str, object]:
         "llama_cpp_build": choice.llama_cpp_build,
         "measured_at": choice.measured_at,
         "run_id": choice.run_id,
-        "past_knee": choice.b > choice.knee if choice.knee is not None else None,
+        "past_knee": choice.past_knee,
         "kv_cache_gib": choice.kv_cache_bytes / GIB if choice.kv_cache_bytes is not None else None,
         "fit": "fits" if choice.fit_checked else "not checked",
     }

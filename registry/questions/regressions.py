@@ -29,6 +29,7 @@ bench/regression_eval.py on real noise.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -55,7 +56,7 @@ _MEDIAN_DIFF_TO_SIGMA = 1 / 0.9539
 _MEAN_DIFF_TO_SIGMA = math.sqrt(math.pi) / 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SeriesRun:
     """One run's value in a series and what it ran on (labels compared for equality)."""
 
@@ -122,19 +123,27 @@ def find_steps(
 
     Runs before `judge_from` were judged before: there, `known_steps` (indices of steps found
     then) mark where segments start and nothing is tested again, so a verdict never changes
-    because older runs dropped out of view. Steps are returned from `judge_from` on."""
+    because older runs dropped out of view. Steps are returned from `judge_from` on.
+
+    This runs for every series of every report at ingest, so what is needed once per series
+    (which runs follow a known change, the changes between successive runs) is computed
+    once, and only from where it is used."""
     s = settings or DetectionSettings()
     frozen = set(known_steps)
-    known = [i > 0 and bool(runs[i].changes_from(runs[i - 1])) for i in range(len(runs))]
+    first = max(1, judge_from)
+    # Whether run j follows a known change; only j >= `first` is ever asked.
+    known = [False] * first + [
+        bool(runs[j].changes_from(runs[j - 1])) for j in range(first, len(runs))
+    ]
+    moves = _log_moves(runs)
     steps: list[Step] = []
     step_starts: list[int] = []
     segment_start = 0
-    for i in range(1, len(runs)):
-        if i < judge_from:
-            if i in frozen:
-                step_starts.append(i)
-                segment_start = i
-            continue
+    for i in range(1, first):
+        if i in frozen:
+            step_starts.append(i)
+            segment_start = i
+    for i in range(first, len(runs)):
         before = runs[max(segment_start, i - s.lookback) : i]
         end = next((j for j in range(i + 1, len(runs)) if known[j]), len(runs))
         after = runs[i : min(end, i + s.window)]
@@ -144,7 +153,7 @@ def find_steps(
         needed = s.confirm_known if known[i] else s.confirm_unknown
         if len(before) < least_before or len(after) < needed:
             continue
-        noise = _series_noise(runs[: i + len(after)], {*step_starts, i}, s)
+        noise = _series_noise(runs, moves, i + len(after), {*step_starts, i}, s)
         step = _test_step(before, after, noise, s.z_known if known[i] else s.z_unknown, s)
         if step is not None:
             steps.append(step)
@@ -160,12 +169,16 @@ def _test_step(
     z_needed: float,
     s: DetectionSettings,
 ) -> Step | None:
-    centre_before = statistics.fmean(r.value for r in before)
-    centre_after = statistics.fmean(r.value for r in after)
+    try:
+        centre_before = statistics.fmean(r.value for r in before)
+        centre_after = statistics.fmean(r.value for r in after)
+    except OverflowError:  # values no report may carry any more (figures <= 1e12)
+        return None
     if centre_before <= 0:
         return None
     change = centre_after / centre_before - 1
-    if abs(change) < s.min_change:
+    # Values so far apart that their ratio is no longer a number say nothing of a step.
+    if not math.isfinite(change) or abs(change) < s.min_change:
         return None
     standard_error = noise * math.sqrt(1 / len(before) + 1 / len(after))
     z = abs(change) / standard_error
@@ -190,28 +203,40 @@ def _test_step(
     )
 
 
+def _log_moves(runs: Sequence[SeriesRun]) -> list[float | None]:
+    """|log(value_j / value_j-1)| for each run j (None where either is not positive), as a
+    difference of logs: finite for any positive finite values."""
+    logs = [math.log(r.value) if r.value > 0 else None for r in runs]
+    moves: list[float | None] = [None]
+    for previous, current in itertools.pairwise(logs):
+        moves.append(
+            abs(current - previous) if current is not None and previous is not None else None
+        )
+    return moves
+
+
 def _series_noise(
-    history: Sequence[SeriesRun], boundaries: set[int], s: DetectionSettings
+    runs: Sequence[SeriesRun],
+    moves: Sequence[float | None],
+    end: int,
+    boundaries: set[int],
+    s: DetectionSettings,
 ) -> float:
-    """Relative run-to-run standard deviation over `history`, from the changes between
-    successive runs, leaving out those across `boundaries` (the steps found and the one
-    tested). Residuals around fitted segments would shrink it exactly where a step is
-    tested; successive differences do not depend on where the segments are cut. The larger
-    of a MAD-based and a mean-based estimate (the MAD alone misses the second mode of a
-    machine that flips between two speeds); never below the points' own repeat spread nor
-    `noise_floor`."""
-    steps = [
-        abs(math.log(history[j].value / history[j - 1].value))
-        for j in range(1, len(history))
-        if j not in boundaries and history[j].value > 0 and history[j - 1].value > 0
-    ]
+    """Relative run-to-run standard deviation over `runs[:end]`, from the changes between
+    successive runs (`moves`, from _log_moves), leaving out those across `boundaries` (the
+    steps found and the one tested). Residuals around fitted segments would shrink it
+    exactly where a step is tested; successive differences do not depend on where the
+    segments are cut. The larger of a MAD-based and a mean-based estimate (the MAD alone
+    misses the second mode of a machine that flips between two speeds); never below the
+    points' own repeat spread nor `noise_floor`."""
+    steps = [move for j in range(1, end) if j not in boundaries and (move := moves[j]) is not None]
     spread = 0.0
     if steps:
         spread = max(
             statistics.median(steps) * _MEDIAN_DIFF_TO_SIGMA,
             statistics.fmean(steps) * _MEAN_DIFF_TO_SIGMA,
         )
-    repeats = [r.repeat_noise for r in history if r.repeat_noise is not None]
+    repeats = [r.repeat_noise for r in runs[:end] if r.repeat_noise is not None]
     repeat = statistics.median(repeats) if repeats else 0.0
     return max(spread, repeat, s.noise_floor)
 

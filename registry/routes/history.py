@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Annotated, Literal, cast
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from registry import crud, history
+from registry.db import write_transaction
 from registry.deps import NodeAuth, ReadAccess, SessionDep, models_or_404, node_or_404
 from registry.export import export_response
 from registry.models import Model, Node
+from registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
 from registry.questions.knee import KNEE_THRESHOLD, find_knee
 from registry.questions.regressions import describe_cause
 from registry.schemas import (
@@ -29,7 +30,7 @@ from registry.schemas import (
 
 router = APIRouter(tags=["questions"])
 
-ModelQuery = Annotated[str, Query(min_length=1, description="display name or GGUF sha256")]
+Count = Annotated[int, Query(ge=0, le=INT32_MAX)]
 
 
 def _node_and_models(session: SessionDep, node: str, model: str) -> tuple[Node, Sequence[Model]]:
@@ -39,11 +40,12 @@ def _node_and_models(session: SessionDep, node: str, model: str) -> tuple[Node, 
 @router.get("/regressions", response_model=RegressionsPublic, dependencies=[ReadAccess])
 def read_regressions(
     session: SessionDep,
-    since: Annotated[datetime | None, Query(description="first seen at or after")] = None,
-    node: str | None = None,
-    model: Annotated[str | None, Query(description="display name or sha256")] = None,
+    since: Annotated[SinceQuery | None, Query(description="first seen at or after")] = None,
+    node: NodeQuery | None = None,
+    model: ModelQuery | None = None,
     min_change: Annotated[
-        float | None, Query(ge=0, allow_inf_nan=False, description="least |change|, percent")
+        float | None,
+        Query(ge=0, le=1e9, allow_inf_nan=False, description="least |change|, percent"),
     ] = None,
     include_improvements: bool = False,
     include_acknowledged: bool = False,
@@ -73,28 +75,33 @@ def read_regressions(
     },
 )
 def acknowledge(
-    regression_id: int, body: Acknowledgement, session: SessionDep, node: NodeAuth
+    regression_id: Annotated[int, Path(ge=1, le=INT32_MAX)],
+    body: Acknowledgement,
+    session: SessionDep,
+    node: NodeAuth,
 ) -> RegressionPublic:
     """Accepts a regression (with a note), with the token of its node: it is no longer
     listed by default nor makes its node's health 'regressed'."""
-    row = history.get_regression(session, regression_id)
-    if row is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail="regression not found")
-    if row.node_id != node.id:
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            detail=f"this token belongs to node {node.name!r}, the regression to {row.node.name!r}",
-        )
-    history.acknowledge_regression(row, note=body.note)
-    public = regression_public(row)
-    session.commit()
+    with write_transaction(session):
+        row = history.get_regression(session, regression_id)
+        if row is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail="regression not found")
+        if row.node_id != node.id:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                detail=f"this token belongs to node {node.name!r}, "
+                f"the regression to {row.node.name!r}",
+            )
+        history.acknowledge_regression(row, note=body.note)
+        public = regression_public(row)
+        session.commit()
     return public
 
 
 @router.get("/curves", response_model=CurvesPublic, dependencies=[ReadAccess], responses={404: {}})
 def read_curves(
     session: SessionDep,
-    node: str,
+    node: NodeQuery,
     model: ModelQuery,
     knee_threshold: Annotated[
         float, Query(gt=0, le=1, description="share of S_TG(1) an added stream must add")
@@ -144,11 +151,11 @@ def read_curves(
 )
 def read_series(
     session: SessionDep,
-    node: str,
+    node: NodeQuery,
     model: ModelQuery,
-    pp: Annotated[int, Query(ge=0)],
-    tg: Annotated[int, Query(ge=0)],
-    b: Annotated[int, Query(ge=1)],
+    pp: Count,
+    tg: Count,
+    b: Annotated[int, Query(ge=1, le=INT32_MAX)],
     metric: history.Metric = "s_tg",
     limit: Annotated[int, Query(ge=1, le=100_000, description="latest runs")] = 1000,
     format: Literal["json", "csv"] = "json",

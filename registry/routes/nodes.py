@@ -7,6 +7,7 @@ from fastapi import APIRouter, HTTPException, status
 from registry import crud
 from registry.config import RegistrySettings
 from registry.deps import ReadAccess, SessionDep, SettingsDep
+from registry.params import NodePath
 from registry.questions.health import node_health
 from registry.schemas import NodeDetail, NodePublic, NodesPublic
 
@@ -15,9 +16,9 @@ router = APIRouter(prefix="/nodes", tags=["nodes"], dependencies=[ReadAccess])
 
 def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, object]:
     return {
-        "name": summary.node.name,
-        "labels": summary.node.labels,
-        "created_at": summary.node.created_at,
+        "name": summary.name,
+        "labels": summary.labels,
+        "created_at": summary.created_at,
         "last_run_at": summary.last_run_at,
         "runs": summary.runs,
         "hardware": summary.hardware,
@@ -42,7 +43,7 @@ def read_nodes(session: SessionDep, settings: SettingsDep) -> NodesPublic:
 
 
 @router.get("/{name:path}", response_model=NodeDetail)
-def read_node(name: str, session: SessionDep, settings: SettingsDep) -> NodeDetail:
+def read_node(name: NodePath, session: SessionDep, settings: SettingsDep) -> NodeDetail:
     """One node with the hardware fingerprints it has had, newest first."""
     found = crud.get_node(session, name)
     if found is None:

@@ -2,40 +2,44 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from agent.wire import RunReceipt, RunReport
 from registry import crud, export
-from registry.deps import NodeAuth, ReadAccess, SessionDep
+from registry.deps import AuthenticatedFirst, AuthenticateFirst, ReadAccess, SessionDep
+from registry.ingest import ReportRefused, RunConflict
 from registry.metrics import MetricsDep
+from registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
 from registry.schemas import RunDetail, RunsPublic, run_detail, run_public
 
 router = APIRouter(prefix="/runs", tags=["runs"])
+ingest_router = APIRouter(prefix="/runs", tags=["runs"], route_class=AuthenticateFirst)
 
 
-@router.post(
+@ingest_router.post(
     "",
     response_model=RunReceipt,
     status_code=status.HTTP_201_CREATED,
     responses={
         200: {"model": RunReceipt, "description": "already stored (a retry)"},
+        401: {"description": "no token, or an unknown one (checked before the body is read)"},
         403: {"description": "the token belongs to another node"},
         409: {"description": "this run id was stored with a different report"},
         413: {"description": "body over the size limit"},
+        503: {"description": "the registry is busy or its database unavailable: retry later"},
     },
 )
-def ingest_run(
+async def ingest_run(
     report: RunReport,
-    node: NodeAuth,
-    session: SessionDep,
+    node: AuthenticatedFirst,
     request: Request,
     response: Response,
     metrics: MetricsDep,
 ) -> RunReceipt:
-    """Store one sweep run; retrying with the same run id and body is always safe."""
+    """Store one sweep run; retrying with the same run id and body is always safe. The
+    rules the schema cannot state are in RunReport's description."""
     begun = time.perf_counter()
     if report.node != node.name:
         raise HTTPException(
@@ -43,18 +47,19 @@ def ingest_run(
             detail=f"this token belongs to node {node.name!r}, the report is for {report.node!r}",
         )
     try:
-        run, created = crud.ingest_report(session, report=report, node=node)
-    except crud.RunConflict as exc:
+        stored = await request.app.state.ingest.submit(report, node_id=node.id)
+    except RunConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
-    session.commit()
-    metrics.ingested(report, created=created, seconds=time.perf_counter() - begun)
-    if created and request.app.state.notifier is not None:
-        request.app.state.notifier.wake()  # it may have found a regression
-    if not created:
+    except ReportRefused as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
+    metrics.ingested(report, created=stored.created, seconds=time.perf_counter() - begun)
+    if stored.regressed and request.app.state.notifier is not None:
+        request.app.state.notifier.wake()
+    if not stored.created:
         response.status_code = status.HTTP_200_OK
     return RunReceipt(
-        run_id=run.id,
-        outcome="created" if created else "already stored",
+        run_id=stored.run_id,
+        outcome="created" if stored.created else "already stored",
         points=len(report.points),
         failures=len(report.failures),
     )
@@ -63,11 +68,11 @@ def ingest_run(
 @router.get("", response_model=RunsPublic, dependencies=[ReadAccess])
 def read_runs(
     session: SessionDep,
-    node: str | None = None,
-    model: Annotated[str | None, Query(description="display name or sha256")] = None,
-    since: datetime | None = None,
+    node: NodeQuery | None = None,
+    model: ModelQuery | None = None,
+    since: SinceQuery | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> RunsPublic:
     """Runs newest first, filtered by node, model and start time, paginated."""
     runs, count = crud.list_runs(

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from registry import crud
+from registry.ingest import ingest_report
 from registry.history import HISTORY_RUNS
 from registry.models import Regression
 from tests.conftest import DAY0, make_report, scaled
@@ -27,7 +28,7 @@ def test_a_step_is_stored_once_however_long_the_history_grows(session: Session) 
             build_number=build,
             started_at=DAY0 + timedelta(days=day),
         )
-        crud.ingest_report(session, report=report, node=node)
+        ingest_report(session, report=report, node_id=node.id)
         session.commit()
     rows = session.scalars(select(Regression)).all()
     assert len(rows) == 12  # S_TG and S_PP at each of the 6 concurrencies, nothing else

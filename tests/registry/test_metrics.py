@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from agent import wire
 from registry import crud
+from registry.ingest import ingest_report
 from registry.config import RegistrySettings
 from registry.db import create_db_engine, session_factory
 from registry.metrics import FleetCollector, RegistryMetrics
@@ -263,7 +264,7 @@ def test_fleet_gauges_are_one_query(engine: Engine, session: Session) -> None:
                     table=table,
                     started_at=STARTED + timedelta(days=day),
                 )
-                crud.ingest_report(session, report=report, node=node)
+                ingest_report(session, report=report, node_id=node.id)
     session.commit()
 
     statements: list[str] = []
@@ -304,7 +305,7 @@ def test_models_sharing_a_name_give_one_curve_the_latest(engine: Engine, session
         report = report.model_copy(
             update={"model": wire.ModelInfo(name="Foo-Q4_K_M", sha256=digest)}
         )
-        crud.ingest_report(session, report=report, node=node)
+        ingest_report(session, report=report, node_id=node.id)
     session.commit()
     assert len(crud.list_models(session)) == 2
 

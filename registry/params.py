@@ -1,0 +1,48 @@
+"""Query and path parameters, bounded by what the databases and the questions' maths take:
+any value a request's parameters pass is answered, never a 5xx (the wire format's own
+bounds, agent.wire_bounds, cover the bodies)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import Path, Query
+from pydantic import AfterValidator
+
+from agent.wire_bounds import INT32_MAX, MAX_FIGURE, NAME_LENGTH, plain_text
+
+__all__ = [
+    "INT32_MAX",
+    "MAX_AGE_DAYS",
+    "MAX_FIGURE",
+    "MAX_TOKENS",
+    "ModelQuery",
+    "NodePath",
+    "NodeQuery",
+    "SinceQuery",
+    "TextQuery",
+]
+
+MAX_TOKENS = INT32_MAX
+MAX_AGE_DAYS = 36_500.0  # a century: `now - max_age` stays a date
+_EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+_LATEST = datetime(9999, 12, 30, tzinfo=UTC)
+
+
+def _moment(value: datetime) -> datetime:
+    """Naive moments are UTC; the range keeps every conversion and comparison a date."""
+    zoned = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if not _EARLIEST <= zoned <= _LATEST:
+        raise ValueError(f"must lie between {_EARLIEST:%Y-%m-%d} and {_LATEST:%Y-%m-%d}")
+    return zoned.astimezone(UTC)
+
+
+TextQuery = Annotated[str, AfterValidator(plain_text)]
+ModelQuery = Annotated[
+    TextQuery,
+    Query(min_length=1, max_length=NAME_LENGTH, description="display name or GGUF sha256"),
+]
+NodeQuery = Annotated[TextQuery, Query(min_length=1, max_length=NAME_LENGTH)]
+NodePath = Annotated[TextQuery, Path(min_length=1, max_length=NAME_LENGTH)]
+SinceQuery = Annotated[datetime, AfterValidator(_moment)]
