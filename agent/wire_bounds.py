@@ -26,6 +26,7 @@ __all__ = [
     "MAX_FIGURE",
     "MAX_MEMORY_BYTES",
     "NAME_LENGTH",
+    "WITHOUT_NUL",
     "Count",
     "Figure",
     "Int32",
@@ -79,7 +80,10 @@ def _in_range(moment: datetime) -> datetime:
     return moment.astimezone(UTC)
 
 
-Text = Annotated[str, AfterValidator(plain_text)]
+# Checked by pydantic itself (a Rust regex; a lone surrogate is no valid string there), not by
+# a Python call per text field: reports carry dozens of them.
+WITHOUT_NUL = r"^[^\x00]*$"
+Text = Annotated[str, Field(pattern=WITHOUT_NUL)]
 Name = Annotated[str, Field(min_length=1, max_length=NAME_LENGTH), AfterValidator(_normal_name)]
 """A display name: NFC-normalised, trimmed, 1 to 200 characters after that."""
 

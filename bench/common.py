@@ -17,10 +17,10 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 __all__ = [
+    "free_port",
     "libpq_url",
     "percentile",
     "recreate_database",
-    "free_port",
     "start_registry",
     "stop_registry",
 ]

@@ -73,6 +73,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--readers", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--read-interval", type=float, default=1.0, help="s between reads")
+    parser.add_argument(
+        "--write-rate",
+        type=float,
+        help="reports/s offered in all, each writer at its own steady pace (default: as fast "
+        "as the registry takes them)",
+    )
     parser.add_argument("--target-rate", type=float, help="reports/s to meet (default by db)")
     parser.add_argument("--seed", type=int, default=1)
     return parser.parse_args(argv)
@@ -246,12 +252,19 @@ async def writer(
     deadline: float,
     tally: Tally,
     seed: int,
+    interval: float | None,
 ) -> None:
     rng = random.Random(seed * 100_003 + node)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     sequence = 1
     body = report(node, sequence, rng)
+    due = time.monotonic() + (rng.uniform(0, interval) if interval else 0.0)
     while time.monotonic() < deadline:
+        if interval:  # a steady pace; late when the registry is slow, never bunched up
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            due = max(due + interval, time.monotonic())
+            if time.monotonic() >= deadline:
+                break
         answer, ms = await send(
             session, "POST", f"{base}/v1/runs", data=json.dumps(body), headers=headers
         )
@@ -327,8 +340,9 @@ async def load(base_url: str, tokens: list[str], args: argparse.Namespace) -> Ta
     tally = Tally()
     async with client(args.writers + args.readers + 10) as session:
         deadline = time.monotonic() + args.seconds
+        interval = args.writers / args.write_rate if args.write_rate else None
         tasks = [
-            writer(session, base_url, node, token, deadline, tally, args.seed)
+            writer(session, base_url, node, token, deadline, tally, args.seed, interval)
             for node, token in enumerate(tokens)
         ] + [
             reader(
@@ -378,9 +392,10 @@ def print_report(
 ) -> None:
     rate = len(tally.accepted) / elapsed
     target = args.target_rate or (200.0 if args.database == "postgresql" else 100.0)
+    pace = f"{args.write_rate:g} reports/s offered" if args.write_rate else "as fast as taken"
     print(
-        f"\n{args.database}, {args.workers} worker(s): {args.writers} writers, {args.readers} "
-        f"readers (one read each per {args.read_interval:g} s), {elapsed:.1f} s"
+        f"\n{args.database}, {args.workers} worker(s): {args.writers} writers ({pace}), "
+        f"{args.readers} readers (one read each per {args.read_interval:g} s), {elapsed:.1f} s"
     )
     print(f"  accepted reports/s  {rate:8.1f}   ({len(tally.accepted)} runs stored)")
     for label, values in (("write", tally.write_ms), ("shed 503", tally.shed_ms)):

@@ -98,14 +98,14 @@ class Admission:
         self,
         app: ASGIApp,
         *,
-        reads: LaneLimits,
-        writes: LaneLimits,
+        reads: Lane,
+        writes: Lane,
         retry_after_s: int,
         on_shed: Callable[[str], None] | None = None,
     ) -> None:
         self.app = app
-        self.reads = Lane("read", reads)
-        self.writes = Lane("write", writes)
+        self.reads = reads
+        self.writes = writes
         self.retry_after_s = retry_after_s
         self.on_shed = on_shed
 

@@ -99,6 +99,13 @@ def serve(
             min=1, max=64, help="worker processes (PostgreSQL: about one per core; SQLite: 1)"
         ),
     ] = 1,
+    access_log: Annotated[
+        bool,
+        typer.Option(
+            "--access-log/--no-access-log",
+            help="log every request (a fleet's reports: hundreds a second; /metrics counts them)",
+        ),
+    ] = False,
 ) -> None:
     """Serve the registry's API and dashboard (docs at /docs)."""
     import uvicorn
@@ -108,7 +115,9 @@ def serve(
     settings = RegistrySettings()
     _open(settings).dispose()
     if workers == 1:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        uvicorn.run(
+            create_app(settings), host=host, port=port, log_level="info", access_log=access_log
+        )
         return
     if make_url(settings.sqlalchemy_url).get_backend_name() == "sqlite":
         err.print(
@@ -127,6 +136,7 @@ def serve(
             port=port,
             workers=workers,
             log_level="info",
+            access_log=access_log,
         )
     finally:
         shutil.rmtree(counters, ignore_errors=True)

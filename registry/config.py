@@ -29,7 +29,11 @@ class RegistrySettings(BaseSettings):
     )
     data_dir: Path = Field(default_factory=_default_data_dir)
     max_report_bytes: int = Field(
-        default=8 * 1024 * 1024, gt=0, description="largest request body accepted (413 above)"
+        default=2 * 1024 * 1024,
+        gt=0,
+        le=1024**3,
+        description="largest request body accepted (413 above); a report of the most points "
+        "allowed is about 250 KB",
     )
     read_token_required: bool = Field(
         default=False, description="when true, every GET under /v1 needs a node token"
@@ -54,13 +58,23 @@ class RegistrySettings(BaseSettings):
         default=8, ge=1, le=256, description="GETs one process answers at once"
     )
     max_writes_in_flight: int = Field(
-        default=4, ge=1, le=256, description="reports and other writes one process stores at once"
+        default=64,
+        ge=1,
+        le=4096,
+        description="reports (and other writes) one process has in hand at once; they wait "
+        "for the writer threads without holding a thread or a connection",
+    )
+    writer_threads: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="threads (and connections) storing reports, in batches (SQLite: always 1)",
     )
     max_queued: int = Field(
-        default=128, ge=0, le=100_000, description="requests per kind that may wait their turn"
+        default=64, ge=0, le=100_000, description="requests per kind that may wait their turn"
     )
     max_queue_wait_s: float = Field(
-        default=5.0, gt=0, le=300, description="the longest a request waits before a 503"
+        default=2.0, gt=0, le=300, description="the longest a request waits before a 503"
     )
     retry_after_s: int = Field(
         default=2, ge=1, le=3600, description="Retry-After of a 503 (the answer adds jitter)"
@@ -93,9 +107,15 @@ class RegistrySettings(BaseSettings):
 
     @property
     def pool_size(self) -> int:
-        """Connections per process: one per admitted request, and a few for /healthz, the
-        webhook thread and /metrics's fleet query, which are not admitted in lanes."""
-        return self.max_reads_in_flight + self.max_writes_in_flight + 3
+        """Connections per process: one per admitted read and per writer thread, and a few
+        for /healthz, the webhook thread and the rare writes that are not reports."""
+        return self.max_reads_in_flight + self.writer_threads + 4
+
+    @property
+    def worker_threads(self) -> int:
+        """Threads for requests: one per admitted read, and some for what else runs in
+        threads (token checks, pages, /healthz, the rare writes that are not reports)."""
+        return self.max_reads_in_flight + 16
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -16,7 +16,6 @@ from sqlalchemy import ColumnElement, Select, bindparam, func, or_, select
 from sqlalchemy.orm import Session, aliased, selectinload
 
 from agent.wire import model_name_key
-from registry.history import build_label
 from registry.models import (
     EngineBuild,
     HardwareFingerprint,
@@ -28,6 +27,7 @@ from registry.models import (
     Run,
     table_of,
 )
+from registry.series import build_label
 
 __all__ = [
     "AuthenticatedNode",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, Response, status
@@ -42,9 +42,19 @@ _bearer = HTTPBearer(
 )
 
 
-def _session(request: Request) -> Iterator[Session]:
-    with request.app.state.sessions() as session:
+async def _session(request: Request) -> AsyncIterator[Session]:
+    """A session for the route; it takes a connection at its first query (on the route's
+    thread). Made and closed here, on the event loop, so that a read costs the route's one
+    trip to a worker thread and not three; closing one that holds a connection (a rollback)
+    goes to a thread."""
+    session: Session = request.app.state.sessions()
+    try:
         yield session
+    finally:
+        if session.in_transaction():
+            await run_in_threadpool(session.close)
+        else:
+            session.close()
 
 
 async def _settings(request: Request) -> RegistrySettings:
@@ -120,9 +130,14 @@ async def _authenticated_first(request: Request, _: _Credentials) -> Authenticat
     return node
 
 
-def _read_access(request: Request, settings: SettingsDep, credentials: _Credentials) -> None:
-    if settings.read_token_required:
-        _authenticated_node(request, credentials)
+async def _read_access(request: Request, settings: SettingsDep, credentials: _Credentials) -> None:
+    if not settings.read_token_required:
+        return
+    token = credentials.credentials if credentials is not None else None
+    known: KnownTokens = request.app.state.known_tokens
+    if token is not None and known.get(crud.token_digest(token)) is not None:
+        return
+    await run_in_threadpool(_authenticate, request, token)
 
 
 NodeAuth = Annotated[AuthenticatedNode, Depends(_authenticated_node)]
@@ -142,7 +157,11 @@ class AuthenticateFirst(APIRoute):
         async def authenticated(request: Request) -> Response:
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             credentials = token.strip() if scheme.lower() == "bearer" and token.strip() else None
-            request.state.node = await run_in_threadpool(_authenticate, request, credentials)
+            known: KnownTokens = request.app.state.known_tokens
+            node = known.get(crud.token_digest(credentials)) if credentials else None
+            if node is None:  # look it up, on a thread (a database round trip)
+                node = await run_in_threadpool(_authenticate, request, credentials)
+            request.state.node = node
             return await handler(request)
 
         return authenticated

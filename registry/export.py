@@ -31,8 +31,8 @@ from uuid import UUID
 
 from fastapi import Response
 
-from registry.history import build_label
 from registry.models import Run
+from registry.series import build_label
 
 __all__ = [
     "MEDIA_TYPES",

@@ -34,6 +34,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -46,6 +47,7 @@ from registry.questions.placement import NodeChoice, NodeMemory
 
 __all__ = [
     "FitConfig",
+    "LatestCandidate",
     "PlacementRows",
     "fill_unknown_knees",
     "fit_configs",
@@ -61,7 +63,7 @@ __all__ = [
 
 @functools.cache
 def _upserts(dialect: str) -> tuple[Any, Any, Any]:
-    """(the latest-run upsert, the delete of its points, their insert), built once: see
+    """(the latest-run upsert, the delete of points, their insert), built once: see
     registry.ingest's _statements."""
     insert_for: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
     heads, points = table_of(LatestRun), table_of(LatestPoint)
@@ -91,56 +93,69 @@ def _upserts(dialect: str) -> tuple[Any, Any, Any]:
             index_elements=[heads.c.node_id, heads.c.model_id],
             set_={column: new[column] for column in replaced},
             where=newer,
-        ).returning(heads.c.run_id),
+        ).returning(heads.c.node_id, heads.c.model_id),
         delete(points).where(
-            points.c.node_id == bindparam("node_id"), points.c.model_id == bindparam("model_id")
+            tuple_(points.c.node_id, points.c.model_id).in_(bindparam("pairs", expanding=True))
         ),
         insert(points),
     )
 
 
+@dataclass(frozen=True)
+class LatestCandidate:
+    """A node's newest successful run of a model in a batch, to become its latest."""
+
+    node_id: int
+    model_id: int
+    run_id: uuid.UUID
+    started_at: datetime
+    received_at: datetime
+    build_id: int
+    memory_bytes: int | None
+    settings: wire.RunSettings
+    points: Sequence[wire.Point]
+
+
 def record_latest(
-    connection: Connection,
-    *,
-    node_id: int,
-    model_id: int,
-    run_id: uuid.UUID,
-    started_at: datetime,
-    received_at: datetime,
-    build_id: int,
-    memory_bytes: int | None,
-    settings: wire.RunSettings,
-    points: Sequence[wire.Point],
-) -> bool:
-    """Makes the run its node's latest of the model if it is newer (as RUN_NEWEST_FIRST
-    orders runs: started, then received, then the smaller id) than the one recorded; True
-    when it did. The upsert locks the (node, model) row until commit on PostgreSQL, so
-    concurrent ingests of one node's model take turns from here on."""
+    connection: Connection, candidates: Sequence[LatestCandidate]
+) -> set[tuple[int, int]]:
+    """Makes each candidate (one per node and model) the latest of its node's model if it
+    is newer (as RUN_NEWEST_FIRST orders runs: started, then received, then the smaller id)
+    than the one recorded, and its points theirs; returns the (node, model) pairs it did.
+    One upsert for all; it locks their rows until commit on PostgreSQL, so concurrent
+    ingests of one node's model take turns from here on."""
+    if not candidates:
+        return set()
     upsert, delete_points, insert_points = _upserts(connection.dialect.name)
-    head = {
-        "node_id": node_id,
-        "model_id": model_id,
-        "run_id": run_id,
-        "started_at": started_at,
-        "received_at": received_at,
-        "build_id": build_id,
-        "memory_bytes": memory_bytes,
-        "cache_type_k": settings.cache_type_k,
-        "cache_type_v": settings.cache_type_v,
-        "n_ubatch": settings.n_ubatch,
-    }
-    if connection.execute(upsert, head).scalar() is None:
-        return False  # an older run arriving late: the latest stays
-    connection.execute(delete_points, {"node_id": node_id, "model_id": model_id})
-    if points:
-        connection.execute(
-            insert_points,
-            [
-                {"node_id": node_id, "model_id": model_id, **row}
-                for row in _points_with_knee(points)
-            ],
-        )
-    return True
+    heads = [
+        {
+            "node_id": c.node_id,
+            "model_id": c.model_id,
+            "run_id": c.run_id,
+            "started_at": c.started_at,
+            "received_at": c.received_at,
+            "build_id": c.build_id,
+            "memory_bytes": c.memory_bytes,
+            "cache_type_k": c.settings.cache_type_k,
+            "cache_type_v": c.settings.cache_type_v,
+            "n_ubatch": c.settings.n_ubatch,
+        }
+        for c in candidates
+    ]
+    # Older runs arriving late leave the latest as it is.
+    won = {(node_id, model_id) for node_id, model_id in connection.execute(upsert, heads).all()}
+    if not won:
+        return won
+    connection.execute(delete_points, {"pairs": sorted(won)})
+    rows = [
+        {"node_id": c.node_id, "model_id": c.model_id, **row}
+        for c in candidates
+        if (c.node_id, c.model_id) in won
+        for row in _points_with_knee(c.points)
+    ]
+    if rows:
+        connection.execute(insert_points, rows)
+    return won
 
 
 def _points_with_knee(points: Sequence[wire.Point]) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agent.wire import SCHEMA_VERSION
-from registry.admission import Admission, LaneLimits
+from registry.admission import Admission, Lane, LaneLimits
 from registry.body_limit import BodySizeLimit
 from registry.config import RegistrySettings
 from registry.db import create_db_engine, session_factory
@@ -43,8 +43,6 @@ Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema version
 A busy registry answers 503 with a `Retry-After` header rather than queueing without bound;
 so does one whose database is unreachable. Retrying later is always safe.
 """
-# Threads beyond the admitted requests: pages and scripts served from files, /healthz.
-_SPARE_THREADS = 8
 
 
 def create_app(settings: RegistrySettings | None = None) -> FastAPI:
@@ -66,15 +64,21 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         # One worker thread per admitted request and some to spare: an admitted request
         # never waits for a thread (registry.admission).
-        anyio.to_thread.current_default_thread_limiter().total_tokens = (
-            settings.max_reads_in_flight + settings.max_writes_in_flight + _SPARE_THREADS
-        )
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
         if notifier is not None:
             notifier.start()
         # What exists at start-up lives as long as the process: keeping it out of the
-        # collector's full passes spares requests pauses of tens of milliseconds.
+        # collector's full passes spares requests pauses of tens of milliseconds. And a
+        # request allocates thousands of objects, nearly all freed at once by reference
+        # counting: collecting every 700 allocations (the default) cost a fifth of the
+        # throughput under load (bench/load.py); every 100,000 keeps cycles bounded.
         gc.collect()
         gc.freeze()
+        gc.set_threshold(100_000, 50, 100)
+        import os  # TEMP
+
+        if os.environ.get("FB_GC"):
+            gc.set_threshold(*map(int, os.environ["FB_GC"].split(",")))  # TEMP
         yield
         gc.unfreeze()
         if notifier is not None:
@@ -89,13 +93,21 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     app.state.sessions = sessions
     app.state.notifier = notifier
     app.state.known_tokens = KnownTokens()
+    reads = Lane(
+        "read",
+        LaneLimits(settings.max_reads_in_flight, settings.max_queued, settings.max_queue_wait_s),
+    )
+    writes = Lane(
+        "write",
+        LaneLimits(settings.max_writes_in_flight, settings.max_queued, settings.max_queue_wait_s),
+    )
     ingest = Ingest(
         sessions,
         IngestLimits(
             max_points_per_report=settings.max_points_per_report,
             max_series_per_node=settings.max_series_per_node,
         ),
-        writers=settings.max_writes_in_flight,
+        writers=settings.writer_threads,
     )
     app.state.ingest = ingest
     app.add_exception_handler(RequestValidationError, validation_error_handler)
@@ -105,12 +117,8 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     metrics = install_metrics(app, max_points=settings.metrics_max_points)
     app.add_middleware(
         Admission,
-        reads=LaneLimits(
-            settings.max_reads_in_flight, settings.max_queued, settings.max_queue_wait_s
-        ),
-        writes=LaneLimits(
-            settings.max_writes_in_flight, settings.max_queued, settings.max_queue_wait_s
-        ),
+        reads=reads,
+        writes=writes,
         retry_after_s=settings.retry_after_s,
         on_shed=metrics.shed,
     )

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import Path, Query
 from pydantic import AfterValidator
 
-from agent.wire_bounds import INT32_MAX, MAX_FIGURE, NAME_LENGTH, plain_text
+from agent.wire_bounds import INT32_MAX, MAX_FIGURE, NAME_LENGTH, WITHOUT_NUL
 
 __all__ = [
     "INT32_MAX",
@@ -21,7 +21,6 @@ __all__ = [
     "NodePath",
     "NodeQuery",
     "SinceQuery",
-    "TextQuery",
 ]
 
 MAX_TOKENS = INT32_MAX
@@ -38,11 +37,15 @@ def _moment(value: datetime) -> datetime:
     return zoned.astimezone(UTC)
 
 
-TextQuery = Annotated[str, AfterValidator(plain_text)]
 ModelQuery = Annotated[
-    TextQuery,
-    Query(min_length=1, max_length=NAME_LENGTH, description="display name or GGUF sha256"),
+    str,
+    Query(
+        min_length=1,
+        max_length=NAME_LENGTH,
+        pattern=WITHOUT_NUL,
+        description="display name or GGUF sha256",
+    ),
 ]
-NodeQuery = Annotated[TextQuery, Query(min_length=1, max_length=NAME_LENGTH)]
-NodePath = Annotated[TextQuery, Path(min_length=1, max_length=NAME_LENGTH)]
+NodeQuery = Annotated[str, Query(min_length=1, max_length=NAME_LENGTH, pattern=WITHOUT_NUL)]
+NodePath = Annotated[str, Path(min_length=1, max_length=NAME_LENGTH, pattern=WITHOUT_NUL)]
 SinceQuery = Annotated[datetime, AfterValidator(_moment)]

@@ -10,9 +10,9 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent import wire
-from registry.history import Metric
 from registry.models import Regression, Run
 from registry.questions.health import Health
+from registry.series import Metric
 
 __all__ = [
     "Acknowledgement",

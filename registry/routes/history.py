@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Annotated, Literal, cast
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
-from registry import crud, history
+from registry import crud, regression_store, series
+from registry.curves import latest_curves
 from registry.db import write_transaction
 from registry.deps import NodeAuth, ReadAccess, SessionDep, models_or_404, node_or_404
 from registry.export import export_response
@@ -53,7 +55,7 @@ def read_regressions(
 ) -> RegressionsPublic:
     """Series that got slower (or faster) and stayed so, newest first, with the cause."""
     model_ids = [m.id for m in crud.find_models(session, model)] if model is not None else None
-    rows, count = history.list_regressions(
+    rows, count = regression_store.list_regressions(
         session,
         node=node,
         model_ids=model_ids,
@@ -83,7 +85,7 @@ def acknowledge(
     """Accepts a regression (with a note), with the token of its node: it is no longer
     listed by default nor makes its node's health 'regressed'."""
     with write_transaction(session):
-        row = history.get_regression(session, regression_id)
+        row = regression_store.get_regression(session, regression_id)
         if row is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail="regression not found")
         if row.node_id != node.id:
@@ -92,7 +94,7 @@ def acknowledge(
                 detail=f"this token belongs to node {node.name!r}, "
                 f"the regression to {row.node.name!r}",
             )
-        history.acknowledge_regression(row, note=body.note)
+        regression_store.acknowledge_regression(row, note=body.note)
         public = regression_public(row)
         session.commit()
     return public
@@ -106,31 +108,31 @@ def read_curves(
     knee_threshold: Annotated[
         float, Query(gt=0, le=1, description="share of S_TG(1) an added stream must add")
     ] = KNEE_THRESHOLD,
-) -> CurvesPublic:
+) -> Response:
     """The node's batching curves for the model, one per build, each with its knee."""
     found_node, models = _node_and_models(session, node, model)
     curves = []
-    for curve in history.curves(session, node_id=found_node.id, model_ids=[m.id for m in models]):
-        knee = find_knee([(p.b, cast(float, p.s_tg)) for p in curve.points], knee_threshold)
-        build = curve.run.build
+    for curve in latest_curves(session, node_id=found_node.id, model_ids=[m.id for m in models]):
+        knee = find_knee([(p.b, p.s_tg) for p in curve.points], knee_threshold)
+        build = curve.build
         curves.append(
             CurvePublic(
-                label=history.build_label(build),
+                label=series.build_label(build),
                 build_number=build.build_number,
                 commit=build.commit,
                 backend=build.backend,
-                binding_version=history.binding_label(build),
-                run_id=curve.run.id,
-                measured_at=curve.run.started_at,
+                binding_version=series.binding_label(build),
+                run_id=curve.run_id,
+                measured_at=curve.measured_at,
                 pp=curve.pp,
                 tg=curve.tg,
                 knee=knee,
                 points=[
                     CurvePointPublic(
                         b=p.b,
-                        total_tps=cast(float, p.s_tg),
-                        per_user_tps=cast(float, p.s_tg) / p.b,
-                        ms_per_token=1000 * p.b / p.s_tg if p.s_tg else None,
+                        total_tps=p.s_tg,
+                        per_user_tps=p.s_tg / p.b,
+                        ms_per_token=_finite(1000 * p.b / p.s_tg) if p.s_tg else None,
                         prefill_tps=p.s_pp,
                         past_knee=knee is not None and p.b > knee,
                     )
@@ -138,9 +140,16 @@ def read_curves(
                 ],
             )
         )
-    return CurvesPublic(
+    answer = CurvesPublic(
         node=found_node.name, model=models[0].name, knee_threshold=knee_threshold, curves=curves
     )
+    # Serialized here: FastAPI would validate and dump the answer a second time.
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+def _finite(value: float) -> float | None:
+    """None for a value JSON cannot carry (a speed so small its inverse overflows)."""
+    return value if math.isfinite(value) else None
 
 
 @router.get(
@@ -156,13 +165,13 @@ def read_series(
     pp: Count,
     tg: Count,
     b: Annotated[int, Query(ge=1, le=INT32_MAX)],
-    metric: history.Metric = "s_tg",
+    metric: series.Metric = "s_tg",
     limit: Annotated[int, Query(ge=1, le=100_000, description="latest runs")] = 1000,
     format: Literal["json", "csv"] = "json",
 ) -> SeriesPublic | Response:
     """One series over time (oldest first), what changed between runs, and its steps."""
     found_node, models = _node_and_models(session, node, model)
-    runs = history.series(
+    runs = series.series(
         session,
         node_id=found_node.id,
         model_ids=[m.id for m in models],
@@ -188,7 +197,7 @@ def read_series(
         )
         for previous, run in zip([None, *runs], runs, strict=False)
     ]
-    rows, _ = history.list_regressions(
+    rows, _ = regression_store.list_regressions(
         session,
         node=found_node.name,
         model_ids=[m.id for m in models],

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, HTTPException, Response, status
 
 from registry import crud
 from registry.config import RegistrySettings
@@ -36,10 +36,12 @@ def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, 
 
 
 @router.get("", response_model=NodesPublic)
-def read_nodes(session: SessionDep, settings: SettingsDep) -> NodesPublic:
+def read_nodes(session: SessionDep, settings: SettingsDep) -> Response:
     """Every node: its hardware and engine build, when it last ran, its health."""
     nodes = [NodePublic.model_validate(_public(s, settings)) for s in crud.list_nodes(session)]
-    return NodesPublic(data=nodes, count=len(nodes))
+    # Serialized here: FastAPI would validate and dump the list a second time.
+    page = NodesPublic(data=nodes, count=len(nodes))
+    return Response(page.model_dump_json(), media_type="application/json")
 
 
 @router.get("/{name:path}", response_model=NodeDetail)

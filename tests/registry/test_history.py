@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 
 from registry import crud
 from registry.ingest import ingest_report
-from registry.history import HISTORY_RUNS
 from registry.models import Regression
+from registry.series import HISTORY_RUNS
 from tests.conftest import DAY0, make_report, scaled
 
 

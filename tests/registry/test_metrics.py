@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session
 
 from agent import wire
 from registry import crud
-from registry.ingest import ingest_report
 from registry.config import RegistrySettings
 from registry.db import create_db_engine, session_factory
+from registry.ingest import ingest_report
 from registry.metrics import FleetCollector, RegistryMetrics
 from tests.conftest import (
     ARTICLE_MODEL,
