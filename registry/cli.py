@@ -62,15 +62,16 @@ def _open(settings: RegistrySettings) -> Engine:
     return engine
 
 
-def _upgrade(engine: Engine) -> None:
+def _upgrade(engine: Engine) -> str | None:
     """The schema to head, then what a migration may not do itself (application code):
-    the knees of curves the migrations copied."""
-    upgrade_schema(engine)
+    the knees of curves the migrations copied. Returns the revision it was at."""
+    before = upgrade_schema(engine)
     with session_factory(engine)() as session, write_transaction(session):
         filled = latest.fill_unknown_knees(session)
         session.commit()
     if filled:
         err.print(f"knees computed for {filled} curve(s) copied by the migration")
+    return before
 
 
 @app.command()
@@ -78,11 +79,11 @@ def migrate() -> None:
     """Upgrade the database schema to the latest revision."""
     engine = _engine(RegistrySettings())
     try:
-        before, head = schema_revisions(engine)
+        before = _upgrade(engine)
+        _, head = schema_revisions(engine)
     except SchemaOutOfDate as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
-    _upgrade(engine)
     if before == head:
         err.print(f"schema already at {head}")
     else:

@@ -142,12 +142,14 @@ def schema_revisions(engine: Engine) -> tuple[str | None, str | None]:
     return current, head
 
 
-def upgrade_schema(engine: Engine) -> None:
-    """Upgrades to head. Several processes may call this at once (registries starting
-    together): they take a lock first, and whoever comes second finds the work done."""
+def upgrade_schema(engine: Engine) -> str | None:
+    """Upgrades to head; returns the revision the database was at (None: empty). Several
+    processes may call this at once (registries starting together): they take a lock first,
+    and whoever comes second finds the work done."""
     with _migration_lock(engine):
-        schema_revisions(engine)  # refuses a database from a newer fleetbench
+        before, _ = schema_revisions(engine)  # refuses a database from a newer fleetbench
         command.upgrade(alembic_config(engine), "head")
+    return before
 
 
 @contextmanager

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from typing import Any
 
 import anyio.to_thread
 from fastapi import APIRouter, FastAPI, HTTPException, Request
@@ -25,6 +26,7 @@ from registry.deps import KnownTokens, SessionDep
 from registry.ingest import Ingest, IngestLimits
 from registry.metrics import HttpMetricsMiddleware, install_metrics
 from registry.notify import WebhookNotifier
+from registry.responses import API_RESPONSES
 from registry.routes import history, models, nodes, placement, runs
 from registry.validation_errors import validation_error_handler
 from registry.web import pages as web_pages
@@ -125,14 +127,16 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     # outermost: what the middleware inside answers (413, 503) is counted too
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics, router=app.router)
 
-    api = APIRouter(prefix="/v1")
+    api = APIRouter(prefix="/v1", responses=API_RESPONSES)
     api.include_router(runs.ingest_router)
     for module in (runs, nodes, models, placement, history):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(web_pages.router)  # the dashboard: /, /placement, ...
 
-    @app.get("/healthz", tags=["health"], responses={503: {"description": "database down"}})
+    _document_auth(app, settings)
+
+    @app.get("/healthz", tags=["health"], responses={503: API_RESPONSES[503]})
     def healthz(session: SessionDep) -> dict[str, str]:
         """The process answers and its database does."""
         try:
@@ -142,6 +146,26 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     return app
+
+
+def _document_auth(app: FastAPI, settings: RegistrySettings) -> None:
+    """The schema says what the registry does: a token is optional for reads while they are
+    open (FLEETBENCH_READ_TOKEN_REQUIRED unset), required for writes."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        if not settings.read_token_required:
+            for operations in schema.get("paths", {}).values():
+                for method, operation in operations.items():
+                    if method in ("get", "head") and operation.get("security"):
+                        operation["security"] = [*operation["security"], {}]
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _unavailable(detail: str, retry_after_s: int) -> JSONResponse:

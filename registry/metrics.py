@@ -49,6 +49,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agent import wire
 from registry.deps import ReadAccess
 from registry.latest import latest_points_statement
+from registry.responses import API_RESPONSES
 
 __all__ = [
     "INGEST_ROUTE",
@@ -350,7 +351,10 @@ router = APIRouter(tags=["metrics"])
     "/metrics",
     dependencies=[ReadAccess],
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    responses={
+        200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+        **API_RESPONSES,
+    },
 )
 def read_metrics(metrics: MetricsDep) -> Response:
     """Prometheus metrics: HTTP, ingest, and the fleet's latest decode speeds. Open unless

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Path, Query
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BeforeValidator
 
 from agent.wire_bounds import INT32_MAX, MAX_FIGURE, NAME_LENGTH, WITHOUT_NUL
 
@@ -27,6 +27,17 @@ MAX_TOKENS = INT32_MAX
 MAX_AGE_DAYS = 36_500.0  # a century: `now - max_age` stays a date
 _EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 _LATEST = datetime(9999, 12, 30, tzinfo=UTC)
+
+
+def _iso_text(value: object) -> object:
+    """Only ISO 8601 text is a moment here (pydantic would also read a number of seconds,
+    which the schema does not promise)."""
+    if isinstance(value, str):
+        try:
+            datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError("must be an ISO 8601 date or date-time") from None
+    return value
 
 
 def _moment(value: datetime) -> datetime:
@@ -48,4 +59,4 @@ ModelQuery = Annotated[
 ]
 NodeQuery = Annotated[str, Query(min_length=1, max_length=NAME_LENGTH, pattern=WITHOUT_NUL)]
 NodePath = Annotated[str, Path(min_length=1, max_length=NAME_LENGTH, pattern=WITHOUT_NUL)]
-SinceQuery = Annotated[datetime, AfterValidator(_moment)]
+SinceQuery = Annotated[datetime, BeforeValidator(_iso_text), AfterValidator(_moment)]

@@ -97,6 +97,27 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
 
 
 @pytest.fixture
+def postgres_database_url() -> Iterator[str]:
+    """A PostgreSQL database of the test's own, migrated to head and dropped afterwards:
+    for tests of what spans the whole database (several processes, refused connections)."""
+    name = f"fleetbench_own_{uuid.uuid4().hex[:10]}"
+    url = make_url(POSTGRES_URL)
+    admin = create_db_engine(url.set(database="postgres").render_as_string(hide_password=False))
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    own = url.set(database=name).render_as_string(hide_password=False)
+    engine = create_db_engine(own)
+    upgrade_schema(engine)
+    engine.dispose()
+    try:
+        yield own
+    finally:
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
 def database_url(empty_database_url: str, _migrated_sqlite_file: Path) -> str:
     """The URL of a fresh database migrated to head."""
     sqlite_path = make_url(empty_database_url).database

@@ -17,6 +17,7 @@ from registry.models import Model, Node
 from registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
 from registry.questions.knee import KNEE_THRESHOLD, find_knee
 from registry.questions.regressions import describe_cause
+from registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
 from registry.schemas import (
     Acknowledgement,
     CurvePointPublic,
@@ -73,7 +74,9 @@ def read_regressions(
     response_model=RegressionPublic,
     responses={
         403: {"description": "the token belongs to another node"},
-        404: {"description": "no such regression"},
+        **NOT_FOUND,
+        **BAD_BODY,
+        **TOO_LARGE,
     },
 )
 def acknowledge(
@@ -100,7 +103,7 @@ def acknowledge(
     return public
 
 
-@router.get("/curves", response_model=CurvesPublic, dependencies=[ReadAccess], responses={404: {}})
+@router.get("/curves", response_model=CurvesPublic, dependencies=[ReadAccess], responses=NOT_FOUND)
 def read_curves(
     session: SessionDep,
     node: NodeQuery,
@@ -156,7 +159,7 @@ def _finite(value: float) -> float | None:
     "/series",
     response_model=SeriesPublic,
     dependencies=[ReadAccess],
-    responses={404: {}, 200: {"content": {"text/csv": {}}}},
+    responses={**NOT_FOUND, 200: {"content": {"text/csv": {}}}},
 )
 def read_series(
     session: SessionDep,

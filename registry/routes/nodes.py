@@ -9,6 +9,7 @@ from registry.config import RegistrySettings
 from registry.deps import ReadAccess, SessionDep, SettingsDep
 from registry.params import NodePath
 from registry.questions.health import node_health
+from registry.responses import NOT_FOUND
 from registry.schemas import NodeDetail, NodePublic, NodesPublic
 
 router = APIRouter(prefix="/nodes", tags=["nodes"], dependencies=[ReadAccess])
@@ -44,7 +45,7 @@ def read_nodes(session: SessionDep, settings: SettingsDep) -> Response:
     return Response(page.model_dump_json(), media_type="application/json")
 
 
-@router.get("/{name:path}", response_model=NodeDetail)
+@router.get("/{name:path}", response_model=NodeDetail, responses=NOT_FOUND)
 def read_node(name: NodePath, session: SessionDep, settings: SettingsDep) -> NodeDetail:
     """One node with the hardware fingerprints it has had, newest first."""
     found = crud.get_node(session, name)

@@ -20,11 +20,12 @@ from registry.questions.placement import (
     largest_fitting_concurrency,
     why_fit_unchecked,
 )
+from registry.responses import NOT_FOUND
 
 router = APIRouter(tags=["questions"], dependencies=[ReadAccess])
 
 
-@router.get("/placement", response_model=PlacementAnswer, responses={404: {}})
+@router.get("/placement", response_model=PlacementAnswer, responses=NOT_FOUND)
 def read_placement(
     session: SessionDep,
     model: ModelQuery,

@@ -12,6 +12,7 @@ from registry.deps import AuthenticatedFirst, AuthenticateFirst, ReadAccess, Ses
 from registry.ingest import ReportRefused, RunConflict
 from registry.metrics import MetricsDep
 from registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
+from registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
 from registry.schemas import RunDetail, RunsPublic, run_detail, run_public
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -24,11 +25,10 @@ ingest_router = APIRouter(prefix="/runs", tags=["runs"], route_class=Authenticat
     status_code=status.HTTP_201_CREATED,
     responses={
         200: {"model": RunReceipt, "description": "already stored (a retry)"},
-        401: {"description": "no token, or an unknown one (checked before the body is read)"},
         403: {"description": "the token belongs to another node"},
         409: {"description": "this run id was stored with a different report"},
-        413: {"description": "body over the size limit"},
-        503: {"description": "the registry is busy or its database unavailable: retry later"},
+        **BAD_BODY,
+        **TOO_LARGE,
     },
 )
 async def ingest_run(
@@ -81,7 +81,7 @@ def read_runs(
     return RunsPublic(data=[run_public(r) for r in runs], count=count)
 
 
-@router.get("/{run_id}", response_model=RunDetail, dependencies=[ReadAccess])
+@router.get("/{run_id}", response_model=RunDetail, dependencies=[ReadAccess], responses=NOT_FOUND)
 def read_run(run_id: uuid.UUID, session: SessionDep) -> RunDetail:
     """One run with its measured and failed points."""
     run = crud.get_run(session, run_id)
@@ -96,7 +96,7 @@ def read_run(run_id: uuid.UUID, session: SessionDep) -> RunDetail:
     response_class=Response,
     responses={
         200: {"content": {"text/csv": {}, "application/json": {}}, "description": "a download"},
-        404: {"description": "no such run"},
+        **NOT_FOUND,
     },
 )
 def export_run(

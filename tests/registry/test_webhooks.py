@@ -136,3 +136,31 @@ def test_old_regressions_are_not_sent_when_the_webhook_is_turned_on(
     finally:
         notifier.stop()
     assert receiver.attempts == 0
+
+
+def test_two_registries_on_one_database_send_each_regression_once(
+    live_registry: LiveRegistry, receiver: Receiver
+) -> None:
+    """Two registry processes share a PostgreSQL (or SQLite) database, each with its webhook
+    thread: they claim regressions under leases, so each one is sent once."""
+    post_history(live_registry, SLOWER_BUILD, start=recently())
+    notifiers = [
+        WebhookNotifier(session_factory(live_registry.engine), url=receiver.url, public_url="x")
+        for _ in range(2)
+    ]
+    delivered: list[int] = []
+    try:
+        passes = [
+            threading.Thread(target=lambda n=n: delivered.append(n.deliver_due()))
+            for n in notifiers
+        ]
+        for thread in passes:
+            thread.start()
+        for thread in passes:
+            thread.join()
+    finally:
+        for notifier in notifiers:
+            notifier.stop()
+    assert sum(delivered) == 12
+    assert receiver.attempts == 12
+    assert len({b["regression"]["id"] for b in receiver.bodies}) == 12

@@ -1,0 +1,46 @@
+"""The answers besides success that the API's operations may give, declared once so that the
+OpenAPI schema lists every status the registry sends (and the fuzzer holds it to that)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["API_RESPONSES", "BAD_BODY", "NOT_FOUND", "TOO_LARGE"]
+
+_DETAIL = {
+    "application/json": {
+        "schema": {
+            "type": "object",
+            "properties": {"detail": {"type": "string"}},
+            "required": ["detail"],
+        }
+    }
+}
+
+API_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {
+        "description": "no token, or an unknown one (for reads only while they are closed: "
+        "FLEETBENCH_READ_TOKEN_REQUIRED)",
+        "content": _DETAIL,
+    },
+    503: {
+        "description": "the registry is busy or its database unavailable: retry after "
+        "Retry-After seconds",
+        "content": _DETAIL,
+        "headers": {
+            "Retry-After": {
+                "description": "seconds to wait before retrying",
+                "schema": {"type": "integer", "minimum": 1},
+            }
+        },
+    },
+}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"description": "no such node, model, run or regression", "content": _DETAIL}
+}
+BAD_BODY: dict[int | str, dict[str, Any]] = {
+    400: {"description": "the body is not JSON (or not UTF-8)", "content": _DETAIL}
+}
+TOO_LARGE: dict[int | str, dict[str, Any]] = {
+    413: {"description": "the body is larger than FLEETBENCH_MAX_REPORT_BYTES", "content": _DETAIL}
+}

@@ -1,0 +1,201 @@
+"""Ingest in batches: each report of a batch answered on its own; a batch that fails stores
+its reports one by one; the series cache gives the regression detector exactly what a read
+of the database would, also when two processes take turns on one node."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from agent import wire
+from registry import crud
+from registry.db import session_factory, write_transaction
+from registry.ingest import (
+    Ingest,
+    IngestLimits,
+    ReportRefused,
+    RunConflict,
+    Stored,
+    ingest_batch,
+    ingest_report,
+)
+from registry.models import LatestPoint, LatestRun, NodeActivity, Regression
+from tests.conftest import make_report, scaled
+
+DAY0 = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
+
+
+def _node(session: Session, name: str = "m4pro") -> int:
+    crud.create_node_token(session, node_name=name, labels={})
+    found = crud.find_node(session, name)
+    assert found is not None
+    return found.id
+
+
+def test_each_report_of_a_batch_is_answered_on_its_own(session: Session) -> None:
+    node = _node(session)
+    session.commit()
+    first = make_report()
+    other = make_report(node="m4pro", started_at=DAY0)
+    conflicting = first.model_copy(update={"error": None, "points": first.points[:3]})
+    huge = make_report(table=[(b, 100.0, 10.0 * b) for b in range(1, 12)])
+    with write_transaction(session):
+        answers = ingest_batch(
+            session,
+            [(first, node), (first, node), (conflicting, node), (huge, node), (other, node)],
+            limits=IngestLimits(max_points_per_report=8),
+        )
+        session.commit()
+    created, retry, conflict, refused, later = answers
+    assert created == Stored(first.run_id, created=True)
+    assert retry == Stored(first.run_id, created=False)
+    assert isinstance(conflict, RunConflict)
+    assert isinstance(refused, ReportRefused) and "11 points" in str(refused)
+    assert isinstance(later, Stored) and later.created
+    activity = session.get(NodeActivity, node)
+    assert activity is not None
+    assert (activity.run_count, activity.last_run_id) == (2, other.run_id)  # the later start
+
+
+def test_the_newest_run_is_the_nodes_last_and_each_models_latest(session: Session) -> None:
+    node = _node(session)
+    session.commit()
+    older = make_report(started_at=DAY0)
+    newer = make_report(started_at=DAY0 + timedelta(hours=1), table=scaled(0.5))
+    failed = make_report(
+        started_at=DAY0 + timedelta(hours=2), status="failed", error="boom", points=[]
+    )
+    with write_transaction(session):
+        answers = ingest_batch(session, [(newer, node), (failed, node), (older, node)])
+        session.commit()
+    assert all(isinstance(a, Stored) and a.created for a in answers)
+    activity = session.get(NodeActivity, node)
+    assert activity is not None
+    assert (activity.run_count, activity.last_run_id) == (3, failed.run_id)
+    latest = session.scalars(select(LatestRun)).one()
+    assert latest.run_id == newer.run_id  # the failed run has no curve; the older lost
+    s_tg = dict(
+        session.execute(
+            select(LatestPoint.b, LatestPoint.s_tg).where(LatestPoint.node_id == node)
+        ).all()
+    )
+    assert s_tg[8] == pytest.approx(133.65 * 0.5)
+
+
+def test_a_batch_that_fails_stores_its_other_reports_alone(engine: Engine) -> None:
+    sessions = session_factory(engine)
+    with sessions() as session:
+        node = _node(session)
+        session.commit()
+    good = [make_report(started_at=DAY0 + timedelta(hours=h)) for h in range(4)]
+    orphan = make_report(started_at=DAY0)  # its node does not exist: a foreign key fails
+
+    async def submit_all() -> list[Any]:
+        ingest = Ingest(sessions, IngestLimits(), writers=1, batch=8)
+        try:
+            tasks = [ingest.submit(report, node_id=node) for report in good[:2]]
+            tasks.append(ingest.submit(orphan, node_id=node + 1000))
+            tasks += [ingest.submit(report, node_id=node) for report in good[2:]]
+            return await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            ingest.close()
+
+    answers = asyncio.run(submit_all())
+    assert isinstance(answers[2], IntegrityError)
+    assert [a.created for a in answers if isinstance(a, Stored)] == [True] * 4
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM runs")).scalar() == 4
+
+
+def _history(seed: int) -> list[wire.RunReport]:
+    """Forty days of one node: two models, a slower build from day 20, a build back to
+    normal on day 30, wobble, a failed point now and then, and some runs arriving late."""
+    rng = random.Random(seed)
+    reports = []
+    for day in range(40):
+        build, factor = (11500, 0.82) if 20 <= day < 30 else (11429, 1.0)
+        for model in ("Mistral-Nemo-Instruct-2407-Q4_K_M", "Qwen2.5-7B-Q4_K_M"):
+            table = scaled(factor * (1 + rng.gauss(0, 0.01)))
+            report = make_report(
+                model=model,
+                table=table,
+                build_number=build,
+                started_at=DAY0 + timedelta(days=day, minutes=rng.randrange(60)),
+            )
+            if rng.random() < 0.1:  # the B=32 point failed
+                report = report.model_copy(
+                    update={
+                        "status": "partial",
+                        "points": report.points[:-1],
+                        "failures": [
+                            wire.FailedPoint(pp=512, tg=128, b=32, reason="out of memory")
+                        ],
+                    }
+                )
+            reports.append(report)
+    for _ in range(6):  # late arrivals
+        i = rng.randrange(len(reports) - 3)
+        reports[i], reports[i + 2] = reports[i + 2], reports[i]
+    return reports
+
+
+async def _store_in_turns(
+    reports: list[wire.RunReport], sessions: sessionmaker[Session], node: int, processes: int
+) -> None:
+    """The reports one after the other, by `processes` Ingests (each its own cache) in turn."""
+    ingests = [Ingest(sessions, IngestLimits()) for _ in range(processes)]
+    try:
+        for n, report in enumerate(reports):
+            stored = await ingests[n % processes].submit(report, node_id=node)
+            assert stored.created
+    finally:
+        for ingest in ingests:
+            ingest.close()
+
+
+def _regressions(session: Session) -> list[tuple[Any, ...]]:
+    return sorted(
+        (r.model_id, r.pp, r.tg, r.b, r.metric, str(r.first_run_id), round(r.change, 9))
+        for r in session.scalars(select(Regression))
+    )
+
+
+def test_the_series_cache_gives_the_detector_what_the_database_would(
+    engine: Engine, tmp_path: Any
+) -> None:
+    """The same history stored three ways: one report per transaction with no cache; one
+    writer with its cache; two writers (two processes) taking turns, each cache going stale
+    whenever the other stored a run of the node. The same regressions every time."""
+    from registry.db import create_db_engine, upgrade_schema
+
+    reports = _history(seed=3)
+    sessions = session_factory(engine)
+    with sessions() as session:
+        node = _node(session)
+        session.commit()
+        for report in reports:
+            with write_transaction(session):
+                ingest_report(session, report=report, node_id=node)
+                session.commit()
+        expected = _regressions(session)
+    assert expected  # the slower build and its end were found
+
+    for processes in (1, 2):
+        other = create_db_engine(f"sqlite:///{tmp_path}/cached-{processes}.db")
+        upgrade_schema(other)
+        other_sessions = session_factory(other)
+        with other_sessions() as session:
+            other_node = _node(session)
+            session.commit()
+
+        asyncio.run(_store_in_turns(reports, other_sessions, other_node, processes))
+        with other_sessions() as session:
+            assert _regressions(session) == expected, f"{processes} process(es)"
+        other.dispose()
