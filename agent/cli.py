@@ -17,7 +17,7 @@ from agent.batched_bench_output import BatchedBenchOutputError
 from agent.client import RegistryClient
 from agent.config import AgentSettings
 from agent.display import curve_table, placement_table, spool_table
-from agent.errors import ClientError, RequestRejected
+from agent.errors import ClientError, RequestRejected, SpoolError, SpoolUnwritable
 from agent.fingerprint import take_fingerprint
 from agent.gguf_model import ModelFileError, describe_gguf
 from agent.importer import reports_from_output
@@ -45,6 +45,30 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+# `sweep --report` and `flush` when the spool cannot be written (a full disk).
+SPOOL_UNWRITABLE_EXIT = 3
+
+
+def _settings() -> AgentSettings:
+    """FLEETBENCH_* settings; a bad value is a one-line error naming the variable."""
+    try:
+        return AgentSettings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"FLEETBENCH_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise _fail(problems, code=2) from exc
+
+
+def _spool(settings: AgentSettings) -> Spool:
+    return Spool(settings.spool, keep_delivered_s=settings.spool_retention_days * 86400)
+
+
+def _token(settings: AgentSettings) -> str | None:
+    return settings.token.get_secret_value() if settings.token else None
+
+
 @app.command("import")
 def import_output(
     file: Annotated[Path, typer.Argument(help="llama-batched-bench output, a log or a report")],
@@ -66,7 +90,7 @@ def import_output(
     ] = False,
 ) -> None:
     """Read llama-batched-bench tables (or --output-format jsonl) and report each as a run."""
-    settings = AgentSettings()
+    settings = _settings()
     try:
         text = file.read_text(encoding="utf-8", errors="replace")
         info = describe_gguf(model_file, name=model) if model_file else ModelInfo(name=model)
@@ -84,7 +108,7 @@ def import_output(
     if dry_run:
         out.print_json(json.dumps([r.report.model_dump(mode="json") for r in reports]))
         return
-    secret = token or (settings.token.get_secret_value() if settings.token else None)
+    secret = token or _token(settings)
     if not secret:
         raise _fail(
             "no registry token: pass --token or set FLEETBENCH_TOKEN "
@@ -190,10 +214,16 @@ def sweep(
     )
     from agent.daemon import sweep_lock
 
-    settings = AgentSettings()
+    settings = _settings()
     name = model_name or model.name.removesuffix(".gguf")
+    lock = settings.spool.with_name("sweep.lock")
+    try:  # made here, so that a disk too full for it is one line, not a traceback
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.touch(exist_ok=True)
+    except OSError as exc:
+        raise _fail(f"cannot make the sweep lock {lock}: {exc}") from exc
     with (
-        sweep_lock(settings.spool.with_name("sweep.lock")) as acquired,
+        sweep_lock(lock) as acquired,
         Progress(console=err, transient=True) as progress,
     ):
         if not acquired:
@@ -214,24 +244,42 @@ def sweep(
             on_point=show,
             binary=binary,
         )
-    if as_json:
+    spooled = _spooled(run, settings) if report else None
+    unspooled = isinstance(spooled, SpoolUnwritable)  # then stdout keeps the run as JSON
+    if as_json or unspooled:
         out.print_json(run.model_dump_json())
-    else:
-        out.print(curve_table(run.points, title=f"{name} on {run.node} ({run.status})"))
+    if not as_json:
+        table = curve_table(run.points, title=f"{name} on {run.node} ({run.status})")
+        (err if unspooled else out).print(table)
     if run.error is not None:
         err.print(f"[red]error:[/red] {run.error}", highlight=False, soft_wrap=True)
-    if report:
-        _deliver(run, settings, registry)
+    if isinstance(spooled, SpoolUnwritable):
+        _deliver_unspooled(run, spooled, settings, registry)
+    elif spooled is not None:
+        _deliver(run, spooled, settings, registry)
     if run.status == "failed":
         raise typer.Exit(1)
 
 
-def _deliver(run: RunReport, settings: AgentSettings, registry: str | None) -> None:
-    spool = Spool(settings.spool)
-    spool.add(run)
-    token = settings.token.get_secret_value() if settings.token else None
-    with RegistryClient(registry or settings.registry_url, token=token) as client:
-        result = spool.flush(client)
+def _spooled(run: RunReport, settings: AgentSettings) -> Spool | SpoolUnwritable:
+    """The spool holding the run, or why it cannot take it."""
+    spool = _spool(settings)
+    try:
+        spool.add(run)
+    except SpoolUnwritable as exc:
+        return exc
+    return spool
+
+
+def _deliver(run: RunReport, spool: Spool, settings: AgentSettings, registry: str | None) -> None:
+    with RegistryClient(registry or settings.registry_url, token=_token(settings)) as client:
+        try:
+            result = spool.flush(client)
+        except SpoolUnwritable as exc:
+            raise _fail(
+                f"{exc}; run {run.run_id} is spooled and will be delivered later",
+                code=SPOOL_UNWRITABLE_EXIT,
+            ) from exc
     state = {r.run_id: r for r in spool.runs()}[str(run.run_id)]
     if state.state == "delivered":
         err.print(f"run {run.run_id} delivered to the registry", soft_wrap=True)
@@ -242,6 +290,30 @@ def _deliver(run: RunReport, settings: AgentSettings, registry: str | None) -> N
         )
     if result.rejected:
         raise typer.Exit(1)
+
+
+def _deliver_unspooled(
+    run: RunReport, problem: SpoolUnwritable, settings: AgentSettings, registry: str | None
+) -> None:
+    """The spool cannot take the run (it is on stdout as JSON by now): hand it to the
+    registry directly, once. Delivered, that is said and the command goes on (exit 0, or 1
+    for a failed run); not delivered, one line says why and the command exits 3, so nothing
+    is lost silently: `sweep --report > run.json` keeps the run."""
+    url = registry or settings.registry_url
+    try:
+        with RegistryClient(url, token=_token(settings)) as client:
+            client.submit_run(run)
+    except ClientError as exc:
+        raise _fail(
+            f"{problem}, and the registry did not take the run directly ({exc}); "
+            "the run is printed on stdout as JSON",
+            code=SPOOL_UNWRITABLE_EXIT,
+        ) from exc
+    err.print(
+        f"warning: {problem}; run {run.run_id} was delivered to {url} directly",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command()
@@ -262,7 +334,11 @@ def daemon(
         loaded = load_config(config)
     except ConfigError as exc:
         raise _fail(str(exc), code=2) from exc
-    Daemon(loaded).serve()
+    try:
+        running = Daemon(loaded, _settings())
+    except SpoolError as exc:
+        raise _fail(str(exc)) from exc
+    running.serve()
 
 
 @app.command()
@@ -280,21 +356,61 @@ def fingerprint(
 def status(
     as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
 ) -> None:
-    """Runs in the local spool: queued for delivery, delivered, and rejected (with why)."""
-    spool = Spool(AgentSettings().spool)
-    runs = spool.runs()
+    """Runs in the local spool: queued for delivery, delivered, and rejected (with why).
+    Reads a spool on a full disk too, and says the disk is full."""
+    spool = _spool(_settings())
+    try:
+        runs = spool.runs()
+        counts = spool.counts()
+    except SpoolError as exc:
+        raise _fail(str(exc)) from exc
+    problem = spool.unwritable_reason()
     if as_json:
         out.print_json(json.dumps([dataclasses.asdict(r) for r in runs]))
+        if problem is not None:
+            err.print(f"warning: {problem}", highlight=False, soft_wrap=True)
         return
-    counts = spool.counts()
     out.print(
         f"spool {spool.path}: {counts['queued']} queued, {counts['delivered']} delivered, "
         f"{counts['rejected']} rejected",
         soft_wrap=True,
     )
+    if problem is not None:
+        out.print(f"warning: {problem}", highlight=False, soft_wrap=True)
     waiting = [r for r in runs if r.state != "delivered"]
     if waiting:
         out.print(spool_table(waiting))
+
+
+@app.command()
+def flush(registry: RegistryOption = None) -> None:
+    """Deliver every queued run now, whatever its backoff, and say what is left. Exit 0 when
+    nothing waits (all delivered or rejected), 1 when some runs still wait, 3 when the
+    spool cannot be written."""
+    settings = _settings()
+    spool = _spool(settings)
+    try:
+        queued = spool.counts()["queued"]
+    except SpoolError as exc:
+        raise _fail(str(exc)) from exc
+    with (
+        RegistryClient(registry or settings.registry_url, token=_token(settings)) as client,
+        Progress(console=err, transient=True) as progress,
+    ):
+        task = progress.add_task(f"delivering {queued} run(s)", total=queued)
+        try:
+            result = spool.flush(client, every_queued=True, progress=lambda: progress.advance(task))
+        except SpoolUnwritable as exc:
+            raise _fail(str(exc), code=SPOOL_UNWRITABLE_EXIT) from exc
+    waiting = f": {result.waiting_reason}" if result.deferred else ""
+    out.print(
+        f"{result.delivered} delivered, {result.rejected} rejected, "
+        f"{result.deferred} still waiting{waiting}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if result.deferred:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -316,9 +432,8 @@ def placement(
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
     """Ask the registry which node and concurrency meets a per-user speed for a model."""
-    settings = AgentSettings()
-    token = settings.token.get_secret_value() if settings.token else None
-    with RegistryClient(registry or settings.registry_url, token=token) as client:
+    settings = _settings()
+    with RegistryClient(registry or settings.registry_url, token=_token(settings)) as client:
         try:
             answer = client.placement(
                 model=model,

@@ -1,8 +1,12 @@
 """RegistryClient: the agent's only way to the registry. One attempt per call (connection
-retries aside); retry policy belongs to the caller. httpx errors become ClientErrors."""
+retries aside); retry policy belongs to the caller. httpx errors become ClientErrors, which
+carry the registry's Retry-After when it sent one."""
 
 from __future__ import annotations
 
+import math
+import time
+from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Any
 
@@ -71,6 +75,16 @@ class RegistryClient:
         response = self._request("GET", "/v1/placement", params=params)
         return PlacementAnswer.model_validate_json(response.content)
 
+    def healthy(self) -> bool:
+        """Whether the registry answers `GET /healthz` with 200 {"status": "ok"} (its process
+        and its database are up). Never raises: no answer is not healthy."""
+        try:
+            response = self._http.get("/healthz")
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return False
+        return isinstance(body, dict) and body.get("status") == "ok"
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
@@ -78,12 +92,15 @@ class RegistryClient:
             raise RegistryUnavailable(
                 f"registry at {self._http.base_url} unreachable: {exc}"
             ) from exc
+        retry_after = _retry_after(response.headers.get("Retry-After"))
         if response.status_code >= 500:
             raise RegistryUnavailable(
-                f"registry answered {response.status_code}: {response.text[:500]}"
+                f"registry answered {response.status_code}: {response.text[:500]}",
+                status_code=response.status_code,
+                retry_after=retry_after,
             )
         if response.status_code >= 400:
-            raise RequestRejected(response.status_code, _detail(response))
+            raise RequestRejected(response.status_code, _detail(response), retry_after=retry_after)
         return response
 
     def close(self) -> None:
@@ -99,6 +116,21 @@ class RegistryClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds from now: delay-seconds or an HTTP date (RFC 9110 10.2.3).
+    None when absent or unreadable."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
 def _detail(response: httpx.Response) -> str:

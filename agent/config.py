@@ -34,6 +34,9 @@ class AgentSettings(BaseSettings):
     spool: Path = Field(
         default_factory=_default_spool, description="where finished runs wait for delivery"
     )
+    spool_retention_days: float = Field(
+        default=7, gt=0, description="delivered runs are pruned from the spool after this long"
+    )
     cache_dir: Path = Field(
         default_factory=_default_cache, description="model digests by path, size and mtime"
     )

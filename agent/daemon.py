@@ -11,6 +11,7 @@ saying why: benchmarks neither disturb production nor get polluted by it.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import sqlite3
@@ -27,11 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from agent import _proc
 from agent.client import RegistryClient
 from agent.config import AgentSettings
+from agent.errors import SpoolUnwritable
 from agent.gguf_model import sha256_of
 from agent.probes.nvidia import nvml_session
 from agent.runners import SweepSpec
 from agent.spool import Spool
 from agent.sweep import measure_run
+from agent.wire import RunReport
 
 __all__ = ["ConfigError", "Daemon", "DaemonConfig", "SweepConfig", "load_config", "sweep_lock"]
 
@@ -123,6 +126,13 @@ class DaemonConfig(_Config):
     spool: Path | None = None
     jitter_s: float = Field(default=300, ge=0)
     flush_every_s: float = Field(default=60, gt=0)
+    set_aside_after_5xx: int = Field(
+        default=5, ge=1, description="5xx answers for one run, while others are delivered"
+    )
+    set_aside_after_attempts: int = Field(default=20, ge=1)
+    set_aside_after_hours: float = Field(
+        default=24, gt=0, description="... or failing this long and that many attempts"
+    )
     check_changes_every_s: float = Field(default=3600, gt=0)
     busy_cpu_percent: float = Field(default=80, gt=0, le=100)
     busy_gpu_percent: float = Field(default=20, gt=0, le=100)
@@ -233,13 +243,19 @@ class Daemon:
         token = settings.token if "token" in env_set or not config.token else config.token
         self.token = token.get_secret_value() if token else None
         self.spool = Spool(
-            settings.spool if "spool" in env_set or not config.spool else config.spool
+            settings.spool if "spool" in env_set or not config.spool else config.spool,
+            set_aside_after_5xx=config.set_aside_after_5xx,
+            set_aside_after_attempts=config.set_aside_after_attempts,
+            set_aside_after_s=config.set_aside_after_hours * 3600,
+            keep_delivered_s=settings.spool_retention_days * 86400,
         )
         self.lock_path = self.spool.path.with_name("sweep.lock")
         self.sha256_cache = settings.cache_dir / "sha256.json"
         self.load = load or (lambda: (psutil.cpu_percent(interval=1.0), _gpu_percent()))
         self._state = _SweepState(self.spool.path.with_name("sweeps.db"))
         self.scheduler: Any = None
+        self.unspooled: list[RunReport] = []  # runs a full disk kept out of the spool
+        self._registry_down = True  # until a flush says otherwise: probe it when in doubt
 
     # --- one sweep ----------------------------------------------------------------------
 
@@ -274,7 +290,19 @@ class Daemon:
             sha256_cache=self.sha256_cache,
             binary=sweep.binary,
         )
-        self.spool.add(report)
+        try:
+            self.spool.add(report)
+        except SpoolUnwritable as exc:
+            # Kept in memory until space is back, and in the log meanwhile, so that even a
+            # stopped daemon loses nothing.
+            self.unspooled.append(report)
+            log.error(
+                "sweep %s: run %s kept in memory, %s: %s",
+                sweep.name,
+                report.run_id,
+                exc,
+                report.model_dump_json(),
+            )
         log.info("sweep %s: run %s %s", sweep.name, report.run_id, report.status)
         if report.status != "failed":
             self._state.record(sweep.name, self._identity(sweep))
@@ -321,9 +349,25 @@ class Daemon:
                 self.run_sweep(sweep, why=why)
 
     def flush(self) -> None:
-        with RegistryClient(self.registry_url, token=self.token) as client:
-            result = self.spool.flush(client)
-        if result.delivered or result.rejected or result.deferred:
+        """Writes the runs kept in memory to the spool, then delivers what is due. When runs
+        wait out a backoff because the registry was down, asks its /healthz: answering
+        again, every queued run goes now. A full disk is one line in the log."""
+        try:
+            self._spool_kept_runs()
+            with RegistryClient(self.registry_url, token=self.token) as client:
+                result = self.spool.flush(client)
+                tried = result.delivered + result.rejected + result.deferred
+                if not tried and self._registry_down and self.spool.counts()["queued"]:
+                    if not client.healthy():
+                        return
+                    log.info("the registry answers again: delivering every queued run")
+                    result = self.spool.flush(client, every_queued=True)
+                    tried = result.delivered + result.rejected + result.deferred
+        except SpoolUnwritable as exc:
+            log.error("delivery waits: %s", exc)
+            return
+        if tried:
+            self._registry_down = result.registry_down
             log.info(
                 "delivery: %d delivered, %d rejected, %d waiting",
                 result.delivered,
@@ -331,10 +375,35 @@ class Daemon:
                 result.deferred,
             )
 
+    def _spool_kept_runs(self) -> None:
+        """Moves the runs kept in memory into the spool; raises SpoolUnwritable while it
+        still cannot take them."""
+        while self.unspooled:
+            report = self.unspooled[0]
+            self.spool.add(report)
+            self.unspooled.pop(0)
+            log.info("run %s, kept in memory, is in the spool now", report.run_id)
+
     # --- the schedule ---------------------------------------------------------------------
 
     def serve(self) -> None:
         """Runs until stopped (SIGTERM or Ctrl-C)."""
+        self.schedule()
+        log.info(
+            "daemon for node %s: %d sweep(s), registry %s, spool %s (pid %d)",
+            self.node,
+            len(self.config.sweeps),
+            self.registry_url,
+            self.spool.path,
+            os.getpid(),
+        )
+        if (problem := self.spool.unwritable_reason()) is not None:
+            log.error("%s: runs are kept in memory until it can", problem)
+        self.scheduler.start()
+
+    def schedule(self) -> None:
+        """Makes the scheduler (not started) with every job: the sweeps, deliveries and
+        change checks."""
         from apscheduler.executors.pool import ThreadPoolExecutor
         from apscheduler.schedulers.blocking import BlockingScheduler
         from apscheduler.triggers.cron import CronTrigger
@@ -351,34 +420,38 @@ class Daemon:
             self.scheduler.add_job(
                 self.run_sweep, trigger, args=[sweep], kwargs={"why": "scheduled"}, id=sweep.name
             )
-        self.scheduler.add_job(self.flush, "interval", seconds=self.config.flush_every_s)
+        # Jitter: a fleet that lost the registry does not come back in the same second.
+        self.scheduler.add_job(
+            self.flush,
+            "interval",
+            seconds=self.config.flush_every_s,
+            jitter=max(1, int(self.config.flush_every_s / 4)),
+            id="flush",
+        )
         self.scheduler.add_job(
             self.check_changes,
             "interval",
             seconds=self.config.check_changes_every_s,
             next_run_time=datetime.now(UTC),  # at start, too
         )
-        log.info(
-            "daemon for node %s: %d sweep(s), registry %s, spool %s (pid %d)",
-            self.node,
-            len(self.config.sweeps),
-            self.registry_url,
-            self.spool.path,
-            os.getpid(),
-        )
-        self.scheduler.start()
 
 
 class _SweepState:
-    """The build and model each sweep last succeeded with (beside the spool)."""
+    """The engine and model each sweep last succeeded with (beside the spool). The table is
+    made by the first success, so a daemon starts on a full disk; a success that cannot be
+    recorded is a warning (the next check sweeps again), not a crash.
+
+    The column named llama_cpp_python holds the engine's identity as a JSON object (it held
+    llama-cpp-python's version alone before `binary =` sweeps existed; such a value still
+    reads as that)."""
+
+    _TABLE = (
+        "CREATE TABLE IF NOT EXISTS last_success (sweep TEXT PRIMARY KEY,"
+        " llama_cpp_python TEXT, model_sha256 TEXT, at REAL)"
+    )
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        with self._connect() as db:
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS last_success (sweep TEXT PRIMARY KEY,"
-                " llama_cpp_python TEXT, model_sha256 TEXT, at REAL)"
-            )
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -389,21 +462,38 @@ class _SweepState:
             db.close()
 
     def record(self, sweep: str, identity: dict[str, str]) -> None:
-        with self._connect() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO last_success VALUES (?, ?, ?, ?)",
-                (
-                    sweep,
-                    identity["llama-cpp-python"],
-                    identity["model_sha256"],
-                    datetime.now(UTC).timestamp(),
-                ),
-            )
+        try:
+            with self._connect() as db:
+                db.execute(self._TABLE)
+                db.execute(
+                    "INSERT OR REPLACE INTO last_success VALUES (?, ?, ?, ?)",
+                    (
+                        sweep,
+                        json.dumps({k: v for k, v in identity.items() if k != "model_sha256"}),
+                        identity["model_sha256"],
+                        datetime.now(UTC).timestamp(),
+                    ),
+                )
+        except sqlite3.OperationalError as exc:
+            log.warning("sweep %s: its success cannot be recorded in %s: %s", sweep, self.path, exc)
 
     def last(self, sweep: str) -> dict[str, str] | None:
+        if not self.path.exists():
+            return None
         with self._connect() as db:
-            row = db.execute(
-                "SELECT llama_cpp_python, model_sha256 FROM last_success WHERE sweep = ?",
-                (sweep,),
-            ).fetchone()
-        return None if row is None else {"llama-cpp-python": row[0], "model_sha256": row[1]}
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'last_success'").fetchone():
+                row = db.execute(
+                    "SELECT llama_cpp_python, model_sha256 FROM last_success WHERE sweep = ?",
+                    (sweep,),
+                ).fetchone()
+            else:
+                row = None
+        if row is None:
+            return None
+        try:
+            engine = json.loads(row[0])
+        except ValueError:
+            engine = None
+        if not isinstance(engine, dict):  # recorded by an older agent: the version alone
+            engine = {"llama-cpp-python": row[0]}
+        return {**engine, "model_sha256": row[1]}

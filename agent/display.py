@@ -74,14 +74,26 @@ def placement_table(answer: PlacementAnswer) -> Table:
 
 
 def spool_table(runs: Sequence[SpooledRun]) -> Table:
+    """Runs not delivered: queued ones with their next attempt, rejected ones (refused, or
+    set aside after repeated failures) with the reason."""
     table = Table(title="runs not delivered", title_justify="left")
-    for header in ("run", "state", "attempts", "next attempt", "last error"):
+    for header in ("run", "state", "attempts", "5xx", "failing since", "next attempt"):
         table.add_column(header)
+    table.add_column("last error")
     for r in runs:
-        next_attempt = (
-            datetime.fromtimestamp(r.next_attempt_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
-            if r.state == "queued"
-            else "-"
+        next_attempt = _when(r.next_attempt_at) if r.state == "queued" else "-"
+        failing_since = "-" if r.first_failed_at is None else _when(r.first_failed_at)
+        table.add_row(
+            r.run_id,
+            r.state,
+            str(r.attempts),
+            str(r.server_errors),
+            failing_since,
+            next_attempt,
+            r.last_error or "",
         )
-        table.add_row(r.run_id, r.state, str(r.attempts), next_attempt, r.last_error or "")
     return table
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S")

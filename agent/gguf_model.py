@@ -45,12 +45,15 @@ def sha256_of(path: Path, *, cache: Path | None = None) -> str:
         while chunk := f.read(_HASH_CHUNK):
             digest.update(chunk)
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
         prefix = f"{path.resolve()}|"
         kept = {k: v for k, v in known.items() if not k.startswith(prefix)}  # stale entries
         temporary = cache.with_suffix(".tmp")
-        temporary.write_text(json.dumps({**kept, key: digest.hexdigest()}))
-        temporary.replace(cache)
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({**kept, key: digest.hexdigest()}))
+            temporary.replace(cache)
+        except OSError:  # a full disk: the digest is right, it is only not remembered
+            temporary.unlink(missing_ok=True)
     return digest.hexdigest()
 
 

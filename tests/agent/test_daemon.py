@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -181,3 +182,18 @@ def test_a_killed_sweep_leaves_the_daemon_running_and_the_failure_reported(
     assert "died of SIGKILL" in run["error"]
     assert daemon.run_sweep(sweep, why="again") == "ok"  # the daemon carries on
     assert live_registry.count("runs") == 2
+
+
+def test_the_last_success_of_a_binary_sweep_is_remembered_as_it_was(tmp_path: Path) -> None:
+    """A `binary =` sweep's engine is the binary's build, not llama-cpp-python's version:
+    recorded and read back the same, so an unchanged build does not sweep again hourly;
+    a row an older agent wrote still reads."""
+    from agent.daemon import _SweepState
+
+    state = _SweepState(tmp_path / "sweeps.db")
+    binary = {"llama-batched-bench": "7100 0c1e570 CPU", "model_sha256": "ab" * 32}
+    state.record("nightly-binary", binary)
+    assert state.last("nightly-binary") == binary
+    with sqlite3.connect(tmp_path / "sweeps.db") as db:
+        db.execute("INSERT INTO last_success VALUES ('old', '0.3.16', 'cd', 0)")
+    assert state.last("old") == {"llama-cpp-python": "0.3.16", "model_sha256": "cd"}

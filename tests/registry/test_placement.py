@@ -170,7 +170,7 @@ def test_smallest_prompt_length_at_least_p(session: Session) -> None:
     assert _choices(session, 14, prompt_tokens=2000) == [("m4pro", 4096, 1)]
     assert _choices(session, 14, prompt_tokens=8192) == []
     assert _rows(session, 14, prompt_tokens=8192) == latest.PlacementRows(
-        [], 0, None, ("m4pro", 4096)
+        [], 0, None, ("m4pro", 4096), {}
     )
     too_fast = _rows(session, 30, prompt_tokens=2000)
     assert too_fast.fastest is not None

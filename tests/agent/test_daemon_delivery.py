@@ -1,0 +1,106 @@
+"""The daemon's deliveries: it tries at once when the registry answers again, not for a run
+only it keeps failing; its flush job has jitter; its settings reach the spool."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentSettings
+from agent.daemon import Daemon, DaemonConfig, load_config
+from tests.agent.flaky_registry import flaky_registry
+from tests.conftest import free_port, make_report
+
+
+def _daemon(tmp_path: Path, registry_url: str, **agent: object) -> Daemon:
+    config = DaemonConfig.model_validate(
+        {
+            "node": "ci-node",
+            "registry_url": registry_url,
+            "token": "t",
+            **agent,
+            "sweep": [{"name": "tiny", "model": tmp_path / "none.gguf", "cron": "0 3 * * *"}],
+        }
+    )
+    settings = AgentSettings(spool=tmp_path / "state" / "spool.db", cache_dir=tmp_path / "cache")
+    return Daemon(config, settings, load=lambda: (5.0, None))
+
+
+@pytest.fixture
+def widest_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backoff at the top of its window: a first retry exactly 30 s later."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)
+
+
+@pytest.mark.usefixtures("widest_jitter")
+def test_the_daemon_delivers_at_once_when_the_registry_answers_again(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path, f"http://127.0.0.1:{free_port()}")  # down
+    waiting, behind = make_report(node="ci-node"), make_report(node="ci-node")
+    daemon.spool.add(waiting)
+    daemon.spool.add(behind)
+    daemon.flush()
+    assert daemon.spool.counts()["queued"] == 2
+    [first, *_] = daemon.spool.runs("queued")
+    with flaky_registry() as registry:
+        daemon.registry_url = registry.url  # the registry is back, the backoff is not over
+        daemon.flush()
+        assert registry.health_checks == 1
+        assert registry.posted == [str(waiting.run_id), str(behind.run_id)]
+    assert first.attempts == 1 and first.next_attempt_at > first.spooled_at + 29
+    assert daemon.spool.counts() == {"queued": 0, "delivered": 2, "rejected": 0}
+
+
+@pytest.mark.usefixtures("widest_jitter")
+def test_a_run_only_the_daemon_keeps_failing_waits_out_its_backoff(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path, "unused")
+    poison, good = make_report(node="ci-node"), make_report(node="ci-node")
+    daemon.spool.add(poison)
+    daemon.spool.add(good)
+    with flaky_registry() as registry:
+        registry.fail(poison.run_id, 500)
+        daemon.registry_url = registry.url
+        daemon.flush()  # good delivered: the registry is up, the poison run backs off
+        daemon.flush()  # nothing due: no probe, no attempt
+        assert registry.posted == [str(poison.run_id), str(good.run_id)]
+        assert registry.health_checks == 0
+    [run] = daemon.spool.runs("queued")
+    assert (run.run_id, run.attempts, run.server_errors) == (str(poison.run_id), 1, 1)
+
+
+@pytest.mark.usefixtures("widest_jitter")
+def test_the_daemon_waits_while_the_registry_is_unhealthy(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path, "unused")
+    report = make_report(node="ci-node")
+    daemon.spool.add(report)
+    with flaky_registry() as registry:
+        daemon.registry_url = f"http://127.0.0.1:{free_port()}"
+        daemon.flush()  # down: backs off
+        daemon.registry_url = registry.url
+        registry.healthy = False
+        daemon.flush()
+        assert (registry.health_checks, registry.posted) == (1, [])
+    assert daemon.spool.counts()["queued"] == 1
+
+
+def test_the_flush_job_has_jitter(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path, "unused", flush_every_s=60)
+    daemon.schedule()
+    job = daemon.scheduler.get_job("flush")
+    assert (job.trigger.interval.total_seconds(), job.trigger.jitter) == (60, 15)
+
+
+def test_the_set_aside_settings_and_the_retention_reach_the_spool(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(
+        "[agent]\nset_aside_after_5xx = 2\nset_aside_after_attempts = 7\n"
+        "set_aside_after_hours = 1.5\n\n"
+        '[[sweep]]\nname = "tiny"\nmodel = "/models/tiny.gguf"\ncron = "0 3 * * *"\n'
+    )
+    settings = AgentSettings(
+        spool=tmp_path / "spool.db", cache_dir=tmp_path / "cache", spool_retention_days=3
+    )
+    spool = Daemon(load_config(path), settings).spool
+    assert (spool.set_aside_after_5xx, spool.set_aside_after_attempts) == (2, 7)
+    assert (spool.set_aside_after_s, spool.keep_delivered_s) == (5400, 3 * 86400)

@@ -1,0 +1,353 @@
+"""The spool's delivery rules against real HTTP servers on loopback: a run answered 5xx does
+not hold up the others and is set aside in the end; Retry-After is honoured; an older
+agent's spool file is upgraded keeping every row; delivered runs are pruned; the `flush`
+and `status` commands."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from email.utils import formatdate
+from pathlib import Path
+
+import pytest
+
+from agent.client import RegistryClient
+from agent.errors import RegistryUnavailable, RequestRejected
+from agent.spool import Spool, SpooledRun
+from tests.agent.flaky_registry import Answer, flaky_registry
+from tests.conftest import LiveRegistry, agent, free_port, make_report
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+NOW = 1_800_000_000.0
+
+# The spool's table as agents before set-aside runs wrote it.
+OLD_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    report TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('queued', 'delivered', 'rejected')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL,
+    last_error TEXT,
+    spooled_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS runs_due ON runs (state, next_attempt_at);
+"""
+
+
+def _run(spool: Spool, run_id: object) -> SpooledRun:
+    [run] = [r for r in spool.runs() if r.run_id == str(run_id)]
+    return run
+
+
+def test_a_run_answered_500_does_not_hold_up_the_runs_behind_it(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.db")
+    poison, *others = [make_report() for _ in range(3)]
+    for offset, report in enumerate([poison, *others]):
+        spool.add(report, now=NOW + offset)
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        registry.fail(poison.run_id, 500)
+        result = spool.flush(client, now=NOW + 10)
+    assert registry.posted == [str(r.run_id) for r in (poison, *others)]
+    assert (result.delivered, result.deferred, result.rejected) == (2, 1, 0)
+    assert result.registry_down is False
+    assert result.waiting_reason == "registry answered 500: boom"
+    waiting = _run(spool, poison.run_id)
+    assert (waiting.state, waiting.attempts, waiting.server_errors) == ("queued", 1, 1)
+    assert waiting.first_failed_at == NOW + 10
+    assert NOW + 11 <= waiting.next_attempt_at <= NOW + 10 + 30
+    assert spool.counts() == {"queued": 1, "delivered": 2, "rejected": 0}
+
+
+def test_a_run_answered_500_again_and_again_is_set_aside_and_kept(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.db", set_aside_after_5xx=3)
+    poison = make_report()
+    spool.add(poison, now=NOW)
+    moment = NOW
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        registry.fail(poison.run_id, 500)
+        for flush in range(3):
+            newcomer = make_report()
+            spool.add(newcomer, now=moment + 1)  # spooled after the failing run
+            result = spool.flush(client, now=moment + 1)
+            assert result.delivered == 1
+            # after its first 5xx the failing run goes after the others
+            expected = [poison, newcomer] if flush == 0 else [newcomer, poison]
+            assert registry.posted[-2:] == [str(r.run_id) for r in expected]
+            moment = _run(spool, poison.run_id).next_attempt_at
+        assert (result.rejected, result.deferred) == (1, 0)
+        tried = len(registry.posted)
+        assert spool.flush(client, now=moment + DAY).rejected == 0
+        assert len(registry.posted) == tried  # set aside: not tried again
+    aside = _run(spool, poison.run_id)
+    assert (aside.state, aside.server_errors, aside.attempts) == ("rejected", 3, 3)
+    assert aside.last_error == (
+        "set aside after 3 answers of 5xx while the registry accepted other runs: "
+        "registry answered 500: boom"
+    )
+    assert spool.counts() == {"queued": 0, "delivered": 3, "rejected": 1}  # nothing deleted
+
+
+def test_500s_while_no_other_run_is_delivered_are_not_held_against_the_run(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path / "spool.db", set_aside_after_5xx=2)
+    report = make_report()
+    spool.add(report, now=NOW)
+    moment = NOW
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        registry.fail(report.run_id, 502, "bad gateway")
+        for _ in range(4):
+            assert spool.flush(client, now=moment).deferred == 1
+            moment = _run(spool, report.run_id).next_attempt_at
+    run = _run(spool, report.run_id)
+    assert (run.state, run.attempts, run.server_errors) == ("queued", 4, 0)
+    assert run.last_error == "registry answered 502: bad gateway"
+
+
+def test_two_failures_in_a_row_stop_the_flush_and_the_rest_wait(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.db")
+    first, second, third = [make_report() for _ in range(3)]
+    for offset, report in enumerate([first, second, third]):
+        spool.add(report, now=NOW + offset)
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        registry.fail(first.run_id, 500)
+        registry.fail(second.run_id, 503)  # no Retry-After: a 5xx like any other
+        result = spool.flush(client, now=NOW + 10)
+    assert registry.posted == [str(first.run_id), str(second.run_id)]  # third never sent
+    assert (result.delivered, result.deferred, result.registry_down) == (0, 3, True)
+    runs = {r.run_id: r for r in spool.runs()}
+    behind = runs[str(third.run_id)]
+    assert behind.attempts == 0
+    assert behind.next_attempt_at == runs[str(second.run_id)].next_attempt_at >= NOW + 11
+    # nothing was delivered: the registry is unwell, the runs are not to blame
+    assert [r.server_errors for r in runs.values()] == [0, 0, 0]
+
+
+def test_a_run_failing_for_longer_than_the_limit_is_set_aside_whatever_the_cause(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path / "spool.db", set_aside_after_attempts=3, set_aside_after_s=HOUR)
+    report = make_report()
+    spool.add(report, now=NOW)
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with RegistryClient(down, token="t") as client:
+        assert spool.flush(client, now=NOW).deferred == 1
+        late = spool.flush(client, now=NOW + 2 * HOUR)  # past the limit, only 2 attempts
+        assert (late.deferred, late.rejected) == (1, 0)
+        last = spool.flush(client, now=NOW + 3 * HOUR)
+    assert (last.deferred, last.rejected) == (0, 1)
+    aside = _run(spool, report.run_id)
+    assert (aside.state, aside.attempts, aside.first_failed_at) == ("rejected", 3, NOW)
+    assert (aside.last_error or "").startswith(
+        f"set aside after 3 failed attempts over 3.0 h: registry at {down} unreachable"
+    )
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_retry_after_is_honoured_and_the_rest_wait_as_long(tmp_path: Path, status: int) -> None:
+    spool = Spool(tmp_path / "spool.db")
+    first, second = make_report(), make_report()
+    spool.add(first, now=NOW)
+    spool.add(second, now=NOW + 1)
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        registry.every_run = Answer(status, "busy: retry later", retry_after="120")
+        result = spool.flush(client, now=NOW + 10)
+        assert registry.posted == [str(first.run_id)]  # one answer said it: quiet
+        assert spool.flush(client, now=NOW + 10 + 119).deferred == 0  # not due yet
+        assert registry.posted == [str(first.run_id)]
+    assert (result.deferred, result.registry_down) == (2, False)
+    asked, behind = _run(spool, first.run_id), _run(spool, second.run_id)
+    assert NOW + 130 <= asked.next_attempt_at <= NOW + 130 + 60  # plus jitter
+    assert behind.next_attempt_at == asked.next_attempt_at
+    assert (asked.attempts, asked.server_errors, behind.attempts) == (1, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"), [("120", 120.0), ("0", 0.0), ("soon", None), (None, None)]
+)
+def test_the_client_reads_retry_after(header: str | None, expected: float | None) -> None:
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        registry.every_run = Answer(503, "shedding load", retry_after=header)
+        with pytest.raises(RegistryUnavailable) as unavailable:
+            client.submit_run(make_report())
+    assert (unavailable.value.status_code, unavailable.value.retry_after) == (503, expected)
+    assert str(unavailable.value) == "registry answered 503: shedding load"
+
+
+def test_the_client_reads_retry_after_as_a_date_and_on_429() -> None:
+    in_90_s = formatdate(time.time() + 90, usegmt=True)
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        registry.every_run = Answer(429, '{"detail": "slow down"}', retry_after=in_90_s)
+        with pytest.raises(RequestRejected) as rejected:
+            client.submit_run(make_report())
+    assert rejected.value.status_code == 429
+    assert rejected.value.retry_after is not None and 85 <= rejected.value.retry_after <= 90
+    with (
+        RegistryClient(f"http://127.0.0.1:{free_port()}") as client,
+        pytest.raises(RegistryUnavailable) as no_answer,
+    ):
+        client.submit_run(make_report())
+    assert (no_answer.value.status_code, no_answer.value.retry_after) == (None, None)
+
+
+def test_healthy_asks_healthz(live_registry: LiveRegistry) -> None:
+    with RegistryClient(live_registry.url) as client:
+        assert client.healthy() is True
+    with flaky_registry() as registry, RegistryClient(registry.url) as client:
+        registry.healthy = False
+        assert client.healthy() is False
+        registry.healthy = True
+        assert client.healthy() is True
+        assert registry.health_checks == 2
+    with RegistryClient(f"http://127.0.0.1:{free_port()}") as client:
+        assert client.healthy() is False
+
+
+def test_a_spool_written_by_an_older_agent_is_upgraded_keeping_every_row(tmp_path: Path) -> None:
+    path = tmp_path / "spool.db"
+    queued, delivered, refused = [make_report() for _ in range(3)]
+    old_rows = [
+        (str(queued.run_id), queued.model_dump_json(), "queued", 2, NOW + 60, "timeout", NOW, None),
+        (str(delivered.run_id), delivered.model_dump_json(), "delivered", 1, NOW, None, NOW, NOW),
+        (str(refused.run_id), refused.model_dump_json(), "rejected", 1, NOW, "403: no", NOW, NOW),
+    ]
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(OLD_SCHEMA)
+    db.executemany("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", old_rows)
+    db.commit()
+    db.close()
+
+    spool = Spool(path)
+
+    db = sqlite3.connect(path)
+    columns = [row[1] for row in db.execute("PRAGMA table_info(runs)")]
+    kept = db.execute(
+        "SELECT run_id, report, state, attempts, next_attempt_at, last_error, spooled_at,"
+        " finished_at FROM runs ORDER BY rowid"
+    ).fetchall()
+    db.close()
+    assert columns[-2:] == ["server_errors", "first_failed_at"]
+    assert kept == old_rows
+    assert [(r.server_errors, r.first_failed_at) for r in spool.runs()] == [(0, None)] * 3
+    before = path.stat().st_mtime_ns
+    Spool(path)  # current already: opening writes nothing
+    assert path.stat().st_mtime_ns == before
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        assert spool.flush(client, now=NOW + 60).delivered == 1
+    assert spool.counts() == {"queued": 0, "delivered": 2, "rejected": 1}
+
+
+def test_delivered_runs_are_pruned_after_the_retention_and_nothing_else(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.db", keep_delivered_s=7 * DAY)
+    old, refused, unauthorised, recent = [make_report() for _ in range(4)]
+    for report in (old, refused, unauthorised):
+        spool.add(report, now=NOW)
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        registry.fail(refused.run_id, 422, '{"detail": "points: too few"}')
+        registry.fail(unauthorised.run_id, 401, '{"detail": "unknown token"}')
+        spool.flush(client, now=NOW)
+        spool.add(recent, now=NOW + 6 * DAY)
+        spool.flush(client, now=NOW + 6 * DAY)
+        assert len(spool.runs()) == 4
+        spool.flush(client, now=NOW + 7 * DAY + 1)
+    states = {r.run_id: r.state for r in spool.runs()}
+    assert states == {
+        str(refused.run_id): "rejected",
+        str(unauthorised.run_id): "queued",
+        str(recent.run_id): "delivered",
+    }
+
+
+def test_flush_command_delivers_every_queued_run_now(
+    live_registry: LiveRegistry, tmp_path: Path
+) -> None:
+    path = tmp_path / "spool.db"
+    spool = Spool(path)
+    for report in (make_report(), make_report(), make_report(node="someone-else")):
+        spool.add(report)
+    with RegistryClient(f"http://127.0.0.1:{free_port()}") as client:
+        spool.flush(client)  # the registry was down: the runs back off
+    assert all(r.next_attempt_at > time.time() for r in spool.runs())
+
+    done = agent(
+        "flush",
+        "--registry",
+        live_registry.url,
+        FLEETBENCH_SPOOL=str(path),
+        FLEETBENCH_TOKEN=live_registry.token("m4pro"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "2 delivered, 1 rejected, 0 still waiting"
+    assert live_registry.count("runs") == 2
+    assert spool.counts() == {"queued": 0, "delivered": 2, "rejected": 1}
+
+
+def test_flush_command_says_why_runs_still_wait_and_exits_1(tmp_path: Path) -> None:
+    path = tmp_path / "spool.db"
+    Spool(path).add(make_report())
+    down = f"http://127.0.0.1:{free_port()}"
+    done = agent("flush", "--registry", down, FLEETBENCH_SPOOL=str(path))
+    assert done.returncode == 1
+    assert done.stdout.startswith(
+        f"0 delivered, 0 rejected, 1 still waiting: registry at {down} unreachable: "
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_flush_command_prunes_delivered_runs_past_the_retention_setting(tmp_path: Path) -> None:
+    path = tmp_path / "spool.db"
+    spool = Spool(path)
+    spool.add(make_report(), now=time.time() - 3 * DAY)
+    with flaky_registry() as registry:
+        with RegistryClient(registry.url) as client:
+            spool.flush(client, now=time.time() - 2 * DAY)
+        kept = agent("flush", "--registry", registry.url, FLEETBENCH_SPOOL=str(path))
+        assert (kept.returncode, spool.counts()["delivered"]) == (0, 1)  # 7 days by default
+        pruned = agent(
+            "flush",
+            "--registry",
+            registry.url,
+            FLEETBENCH_SPOOL=str(path),
+            FLEETBENCH_SPOOL_RETENTION_DAYS="1",
+        )
+    assert pruned.returncode == 0, pruned.stderr
+    assert spool.counts()["delivered"] == 0
+    bad = agent("flush", FLEETBENCH_SPOOL=str(path), FLEETBENCH_SPOOL_RETENTION_DAYS="soon")
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: FLEETBENCH_SPOOL_RETENTION_DAYS: ")
+
+
+def test_status_shows_set_aside_runs_with_the_reason(tmp_path: Path) -> None:
+    path = tmp_path / "spool.db"
+    spool = Spool(path, set_aside_after_5xx=1)
+    poison, good = make_report(), make_report()
+    spool.add(poison, now=NOW)
+    spool.add(good, now=NOW + 1)
+    with flaky_registry() as registry, RegistryClient(registry.url) as client:
+        registry.fail(poison.run_id, 500, "internal error")
+        spool.flush(client, now=NOW + 10)
+
+    text = agent("status", FLEETBENCH_SPOOL=str(path))
+    as_json = agent("status", "--json", FLEETBENCH_SPOOL=str(path))
+    assert text.returncode == 0, text.stderr
+    assert "0 queued, 1 delivered, 1 rejected" in text.stdout
+    assert str(poison.run_id) in text.stdout
+    assert "set aside after 1 answers of 5xx" in text.stdout
+    runs = {r["run_id"]: r for r in json.loads(as_json.stdout)}
+    aside = runs[str(poison.run_id)]
+    assert (aside["state"], aside["server_errors"], aside["first_failed_at"]) == (
+        "rejected",
+        1,
+        NOW + 10,
+    )
+    assert aside["last_error"] == (
+        "set aside after 1 answers of 5xx while the registry accepted other runs: "
+        "registry answered 500: internal error"
+    )
+    assert runs[str(good.run_id)]["state"] == "delivered"
