@@ -55,7 +55,6 @@ __all__ = [
     "longest_prompt",
     "memory_of",
     "model_infos",
-    "node_memories",
     "placement_rows",
     "record_latest",
 ]
@@ -198,20 +197,22 @@ def fill_unknown_knees(session: Session) -> int:
     curves: dict[tuple[int, int, int, int], list[tuple[int, float]]] = defaultdict(list)
     for node_id, model_id, pp, tg, b, s_tg in rows:
         curves[(node_id, model_id, pp, tg)].append((b, typing.cast(float, s_tg)))
+    updates: list[dict[str, object]] = []
     for (node_id, model_id, pp, tg), curve in curves.items():
         knee = find_knee(curve)
-        for b, _ in curve:
-            session.execute(
-                update(LatestPoint)
-                .where(
-                    LatestPoint.node_id == node_id,
-                    LatestPoint.model_id == model_id,
-                    LatestPoint.pp == pp,
-                    LatestPoint.tg == tg,
-                    LatestPoint.b == b,
-                )
-                .values(past_knee=knee is not None and b > knee)
-            )
+        updates.extend(
+            {
+                "node_id": node_id,
+                "model_id": model_id,
+                "pp": pp,
+                "tg": tg,
+                "b": b,
+                "past_knee": knee is not None and b > knee,
+            }
+            for b, _ in curve
+        )
+    if updates:
+        session.execute(update(LatestPoint), updates)  # by primary key, in one executemany
     return len(curves)
 
 
@@ -236,6 +237,7 @@ class PlacementRows(NamedTuple):
     qualifying_count: int
     fastest: NodeChoice | None  # when no node qualifies: the best per-user speed on offer
     longest_prompt: tuple[str, int] | None  # when no node has a point at prompt_tokens
+    configs: dict[str, FitConfig]  # of the nodes listed (qualifying or fastest)
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,10 @@ def _heads(shape: _Shape) -> Any:
         LatestRun.run_id,
         LatestRun.started_at,
         LatestRun.build_id,
+        LatestRun.memory_bytes,
+        LatestRun.cache_type_k,
+        LatestRun.cache_type_v,
+        LatestRun.n_ubatch,
     ]
     if not shape.several_models:
         return select(*columns).where(*conditions).subquery("heads")
@@ -294,10 +300,10 @@ def _cap_expression(heads: Any, caps: Mapping[FitConfig, int]) -> ColumnElement[
         (
             and_(
                 heads.c.model_id == config.model_id,
-                _same(LatestRun.memory_bytes, config.memory_bytes),
-                _same(LatestRun.cache_type_k, config.cache_type_k),
-                _same(LatestRun.cache_type_v, config.cache_type_v),
-                _same(LatestRun.n_ubatch, config.n_ubatch),
+                _same(heads.c.memory_bytes, config.memory_bytes),
+                _same(heads.c.cache_type_k, config.cache_type_k),
+                _same(heads.c.cache_type_v, config.cache_type_v),
+                _same(heads.c.n_ubatch, config.n_ubatch),
             ),
             cap,
         )
@@ -333,18 +339,19 @@ def _placement_statement(
             point.s_pp,
             point.s_tg,
             point.past_knee,
+            heads.c.model_id,
             heads.c.run_id,
             heads.c.started_at,
             heads.c.build_id,
+            heads.c.memory_bytes,
+            heads.c.cache_type_k,
+            heads.c.cache_type_v,
+            heads.c.n_ubatch,
         )
         .select_from(point)
         .join(heads, and_(heads.c.node_id == point.node_id, heads.c.model_id == point.model_id))
     )
     if caps:
-        source = source.join(
-            LatestRun,
-            and_(LatestRun.node_id == heads.c.node_id, LatestRun.model_id == heads.c.model_id),
-        )
         cap = _cap_expression(heads, caps)
         conditions.append(or_(cap.is_(None), point.b <= cap))
     if shape.prompt:
@@ -387,6 +394,11 @@ def _placement_statement(
             chosen.c.s_pp,
             chosen.c.s_tg,
             chosen.c.past_knee,
+            chosen.c.model_id,
+            chosen.c.memory_bytes,
+            chosen.c.cache_type_k,
+            chosen.c.cache_type_v,
+            chosen.c.n_ubatch,
             func.sum(chosen.c.meets).over().label("qualifying"),
         )
         .select_from(chosen)
@@ -422,27 +434,48 @@ def placement_rows(
         model_ids, since, prompt_tokens=prompt_tokens, min_tps=min_tps_per_user, limit=limit
     )
     rows = session.connection().execute(statement, params).all()
-    choices = [
-        NodeChoice(
-            node=node,
-            run_id=run_id,
-            measured_at=started_at,
-            llama_cpp_build=build_number,
-            pp=pp,
-            tg=tg,
-            b=b,
-            s_pp=s_pp,
-            s_tg=typing.cast(float, s_tg),  # the query keeps only points with an S_TG
-            past_knee=past_knee,
+    choices = []
+    configs = {}
+    for (
+        node,
+        run_id,
+        started_at,
+        build_number,
+        pp,
+        tg,
+        b,
+        s_pp,
+        s_tg,
+        past_knee,
+        model_id,
+        memory_bytes,
+        cache_type_k,
+        cache_type_v,
+        n_ubatch,
+        _,
+    ) in rows:
+        choices.append(
+            NodeChoice(
+                node=node,
+                run_id=run_id,
+                measured_at=started_at,
+                llama_cpp_build=build_number,
+                pp=pp,
+                tg=tg,
+                b=b,
+                s_pp=s_pp,
+                s_tg=s_tg,  # the query keeps only points with an S_TG
+                past_knee=past_knee,
+            )
         )
-        for node, run_id, started_at, build_number, pp, tg, b, s_pp, s_tg, past_knee, _ in rows
-    ]
+        configs[node] = FitConfig(model_id, memory_bytes, cache_type_k, cache_type_v, n_ubatch)
     count = int(rows[0].qualifying) if rows else 0
     if count:
-        return PlacementRows(choices[:count], count, None, None)
+        return PlacementRows(choices[:count], count, None, None, configs)
     if choices or prompt_tokens is None:
-        return PlacementRows([], 0, choices[0] if choices else None, None)
-    return PlacementRows([], 0, None, longest_prompt(session, model_ids=model_ids, since=since))
+        return PlacementRows([], 0, choices[0] if choices else None, None, configs)
+    longest = longest_prompt(session, model_ids=model_ids, since=since)
+    return PlacementRows([], 0, None, longest, configs)
 
 
 @functools.cache
@@ -471,48 +504,21 @@ def longest_prompt(
 
 
 @functools.cache
-def _memory_statement(shape: _Shape, by_node: bool) -> Select[*tuple[Any, ...]]:
+def _fit_config_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
     heads = _heads(shape)
-    statement = (
-        select(
-            Node.name,
-            LatestRun.model_id,
-            LatestRun.memory_bytes,
-            LatestRun.cache_type_k,
-            LatestRun.cache_type_v,
-            LatestRun.n_ubatch,
-        )
-        .select_from(heads)
-        .join(
-            LatestRun,
-            and_(LatestRun.node_id == heads.c.node_id, LatestRun.model_id == heads.c.model_id),
-        )
-        .join(Node, Node.id == heads.c.node_id)
+    keys = (
+        heads.c.model_id,
+        heads.c.memory_bytes,
+        heads.c.cache_type_k,
+        heads.c.cache_type_v,
+        heads.c.n_ubatch,
     )
     return (
-        statement.where(Node.name.in_(bindparam("nodes", expanding=True))) if by_node else statement
+        select(*keys, func.count(), func.min(Node.name))
+        .select_from(heads)
+        .join(Node, Node.id == heads.c.node_id)
+        .group_by(*keys)
     )
-
-
-def node_memories(
-    session: Session,
-    *,
-    model_ids: Sequence[int],
-    since: datetime | None = None,
-    nodes: Sequence[str] | None = None,
-) -> dict[str, tuple[FitConfig, NodeMemory]]:
-    """What checking a KV-cache fit needs, by node, from each node's latest successful run
-    of the models (only `nodes`, when given)."""
-    statement = _memory_statement(_shape(model_ids, since, None), nodes is not None)
-    params = _params(model_ids, since, nodes=list(nodes or ()))
-    models = model_infos(session, model_ids)
-    found = {}
-    for name, model_id, memory, cache_k, cache_v, ubatch in session.connection().execute(
-        statement, params
-    ):
-        config = FitConfig(model_id, memory, cache_k, cache_v, ubatch)
-        found[name] = (config, memory_of(config, models[model_id], node=name))
-    return found
 
 
 def memory_of(config: FitConfig, model: wire.ModelInfo, *, node: str = "") -> NodeMemory:
@@ -524,19 +530,6 @@ def memory_of(config: FitConfig, model: wire.ModelInfo, *, node: str = "") -> No
         cache_type_v=config.cache_type_v,
         n_ubatch=config.n_ubatch,
     )
-
-
-@functools.cache
-def _fit_config_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
-    memories = _memory_statement(shape, False).subquery("memories")
-    keys = (
-        memories.c.model_id,
-        memories.c.memory_bytes,
-        memories.c.cache_type_k,
-        memories.c.cache_type_v,
-        memories.c.n_ubatch,
-    )
-    return select(*keys, func.count(), func.min(memories.c.name)).group_by(*keys)
 
 
 def fit_configs(

@@ -11,7 +11,7 @@ qualifies.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -48,8 +48,6 @@ class NodeChoice:
     s_pp: float | None
     s_tg: float
     past_knee: bool | None = None  # beyond the knee of the curve it lies on (None: unknown)
-    kv_cache_bytes: int | None = None
-    fit_checked: bool = False
 
     @property
     def per_user_tps(self) -> float:
@@ -152,11 +150,15 @@ def answer_placement(
     context_tokens: int | None = None,
     rejected: Sequence[RejectedConcurrency] = (),
     unchecked: Sequence[tuple[str, str, int]] = (),
+    kv_cache_bytes: Mapping[str, int | None] | None = None,
+    fit_checked: Collection[str] = (),
 ) -> PlacementAnswer:
     """The answer for the nodes that qualify (`qualifying`: best total throughput first, the
     first of `qualifying_count`). When none does, the reason names the `fastest` point per
     user, or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt`.
-    `unchecked`: (a node, why its fit is not checked, how many nodes alike)."""
+    `unchecked`: (a node, why its fit is not checked, how many nodes alike).
+    `kv_cache_bytes`: each listed node's users' KV cache at its concurrency;
+    `fit_checked`: the nodes whose fit was checked."""
     if qualifying:
         reason = (
             f"{qualifying_count} node(s) meet {min_tps_per_user:g} tokens/s per user on {model}"
@@ -201,14 +203,17 @@ def answer_placement(
             "min_tps_per_user": min_tps_per_user,
             "context_tokens": context_tokens,
             "count": qualifying_count,
-            "candidates": [_candidate(c) for c in qualifying],
+            "candidates": [
+                _candidate(c, (kv_cache_bytes or {}).get(c.node), c.node in fit_checked)
+                for c in qualifying
+            ],
             "rejected": rejected,
             "reason": reason,
         }
     )
 
 
-def _candidate(choice: NodeChoice) -> dict[str, object]:
+def _candidate(choice: NodeChoice, kv_bytes: int | None, fit_checked: bool) -> dict[str, object]:
     return {
         "node": choice.node,
         "concurrency": choice.b,
@@ -221,6 +226,6 @@ def _candidate(choice: NodeChoice) -> dict[str, object]:
         "measured_at": choice.measured_at,
         "run_id": choice.run_id,
         "past_knee": choice.past_knee,
-        "kv_cache_gib": choice.kv_cache_bytes / GIB if choice.kv_cache_bytes is not None else None,
-        "fit": "fits" if choice.fit_checked else "not checked",
+        "kv_cache_gib": kv_bytes / GIB if kv_bytes is not None else None,
+        "fit": "fits" if fit_checked else "not checked",
     }

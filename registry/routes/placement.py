@@ -1,21 +1,18 @@
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from agent.wire import PlacementAnswer, RejectedConcurrency
+from agent.wire import ModelInfo, PlacementAnswer, RejectedConcurrency
 from registry import latest
 from registry.deps import ReadAccess, SessionDep, models_or_404
 from registry.latest import FitConfig
 from registry.params import MAX_AGE_DAYS, MAX_FIGURE, MAX_TOKENS, ModelQuery
 from registry.questions.placement import (
     GIB,
-    NodeChoice,
-    NodeMemory,
     answer_placement,
     largest_fitting_concurrency,
     why_fit_unchecked,
@@ -60,11 +57,10 @@ def read_placement(
     rejected: list[RejectedConcurrency] = []
     unchecked: list[tuple[str, str, int]] = []
     caps: dict[FitConfig, int] = {}  # the most users that fit, by fit config (checked)
+    infos = latest.model_infos(session, model_ids)
     if context_tokens is None:
         found = rows()
-        listed = found.qualifying
     else:
-        infos = latest.model_infos(session, model_ids)
         # Nodes alike (memory, model, cache settings) share one answer.
         for config, nodes, first in latest.fit_configs(session, model_ids=model_ids, since=since):
             memory = latest.memory_of(config, infos[config.model_id])
@@ -74,16 +70,11 @@ def read_placement(
                 caps[config] = largest_fitting_concurrency(memory, tokens_per_user=context_tokens)
         uncapped = rows()
         found = rows(caps) if caps else uncapped
-        listed = [*found.qualifying, *uncapped.qualifying]
-    memories = latest.node_memories(
-        session, model_ids=model_ids, since=since, nodes=sorted({c.node for c in listed})
-    )
-    if context_tokens is not None:
-        rejected = _rejected(uncapped.qualifying, caps, memories, context_tokens)
+        rejected = _rejected(uncapped, caps, infos, context_tokens)
     answer = answer_placement(
         model=models[0].name,
         min_tps_per_user=min_tps_per_user,
-        qualifying=_with_fit(found.qualifying, memories, context_tokens, caps),
+        qualifying=found.qualifying,
         qualifying_count=found.qualifying_count,
         fastest=found.fastest,
         prompt_tokens=prompt_tokens,
@@ -92,55 +83,48 @@ def read_placement(
         context_tokens=context_tokens,
         rejected=rejected,
         unchecked=sorted(unchecked),
+        kv_cache_bytes=_kv_sizes(found, infos, context_tokens),
+        fit_checked={c.node for c in found.qualifying if found.configs[c.node] in caps},
     )
     # Serialized here: FastAPI would dump and validate the answer again, which costs more
     # than the query on a 1,000-node fleet.
     return Response(answer.model_dump_json(), media_type="application/json")
 
 
-Memories = Mapping[str, tuple[FitConfig, NodeMemory]]
-
-
-def _with_fit(
-    choices: list[NodeChoice],
-    memories: Memories,
+def _kv_sizes(
+    found: latest.PlacementRows,
+    infos: Mapping[int, ModelInfo],
     context_tokens: int | None,
-    caps: Mapping[FitConfig, int],
-) -> list[NodeChoice]:
-    """The choices with their users' KV cache size and whether their fit was checked (their
-    node's config has a cap). Nodes alike share one computation."""
+) -> dict[str, int | None]:
+    """The listed nodes' users' KV cache at their concurrency, at `context_tokens` each (or
+    the point's own PP + TG); nodes alike share one computation."""
     sizes: dict[tuple[FitConfig, int, int], int | None] = {}
-    enriched = []
-    for choice in choices:
-        config, memory = memories.get(choice.node, (None, None))
+    found_sizes = {}
+    for choice in found.qualifying:
+        config = found.configs[choice.node]
         tokens = context_tokens or choice.pp + choice.tg
-        size = None
-        if config is not None and memory is not None:
-            key = (config, choice.b, tokens)
-            if key not in sizes:
-                sizes[key] = memory.kv_bytes(concurrency=choice.b, tokens_per_user=tokens)
-            size = sizes[key]
-        enriched.append(
-            dataclasses.replace(
-                choice, kv_cache_bytes=size, fit_checked=config is not None and config in caps
-            )
-        )
-    return enriched
+        key = (config, choice.b, tokens)
+        if key not in sizes:
+            memory = latest.memory_of(config, infos[config.model_id])
+            sizes[key] = memory.kv_bytes(concurrency=choice.b, tokens_per_user=tokens)
+        found_sizes[choice.node] = sizes[key]
+    return found_sizes
 
 
 def _rejected(
-    uncapped: list[NodeChoice],
+    uncapped: latest.PlacementRows,
     caps: Mapping[FitConfig, int],
-    memories: Memories,
+    infos: Mapping[int, ModelInfo],
     context_tokens: int,
 ) -> list[RejectedConcurrency]:
     """The concurrencies that met the speed but whose KV cache would not fit."""
     refused = []
-    for choice in uncapped:
-        config, memory = memories[choice.node]
+    for choice in uncapped.qualifying:
+        config = uncapped.configs[choice.node]
         cap = caps.get(config)
         if cap is None or choice.b <= cap:
             continue
+        memory = latest.memory_of(config, infos[config.model_id])
         kv = memory.kv_bytes(concurrency=choice.b, tokens_per_user=context_tokens) or 0
         shortfall = memory.shortfall(concurrency=choice.b, tokens_per_user=context_tokens)
         refused.append(
