@@ -3,7 +3,7 @@
 Each node's choice (from its latest successful run: the largest concurrency whose per-user
 decode speed S_TG / B meets X, at the smallest measured prompt length PP >= P when P is
 given) and their order (best total throughput first) are decided in SQL by
-`latest.placement_rows`, over the table of each node's latest curve: with 1,000 nodes,
+`registry.placement_rows`, over the table of each node's latest curve: with 1,000 nodes,
 fetching every point into Python costs more than the whole latency budget
 (bench/placement_latency.py). Decided here, over those rows: the answer, and why no node
 qualifies.

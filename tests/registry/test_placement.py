@@ -1,5 +1,5 @@
-"""The placement question: each node's choice in SQL (latest.placement_rows, on both databases)
-and the fleet's answer as a pure function over those rows."""
+"""The placement question: each node's choice in SQL (registry.placement_rows, on both
+databases) and the fleet's answer as a pure function over those rows."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from registry import crud, latest
+from registry import crud, placement_rows
 from registry.ingest import ingest_report
 from registry.models import Node
 from registry.questions.placement import NodeChoice, answer_placement
@@ -102,9 +102,9 @@ def _store(session: Session, **report_fields: object) -> None:
 
 def _rows(
     session: Session, min_tps: float, prompt_tokens: int | None = None, limit: int = 100
-) -> latest.PlacementRows:
+) -> placement_rows.PlacementRows:
     model_ids = [m.id for m in crud.find_models(session, "Mistral-Nemo-Instruct-2407-Q4_K_M")]
-    return latest.placement_rows(
+    return placement_rows.placement_rows(
         session,
         model_ids=model_ids,
         since=None,
@@ -169,7 +169,7 @@ def test_smallest_prompt_length_at_least_p(session: Session) -> None:
     # at PP=4096, B=8 gives only 12.5 per user: B=1 (25) it is
     assert _choices(session, 14, prompt_tokens=2000) == [("m4pro", 4096, 1)]
     assert _choices(session, 14, prompt_tokens=8192) == []
-    assert _rows(session, 14, prompt_tokens=8192) == latest.PlacementRows(
+    assert _rows(session, 14, prompt_tokens=8192) == placement_rows.PlacementRows(
         [], 0, None, ("m4pro", 4096), {}
     )
     too_fast = _rows(session, 30, prompt_tokens=2000)
