@@ -18,6 +18,9 @@ from agent.wire import PlacementAnswer, RunReceipt, RunReport
 __all__ = ["RegistryClient"]
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+# The longest Retry-After taken, as the spool's own backoff: a proxy's "come back next year"
+# must not park a node's results for that long.
+RETRY_AFTER_CAP_S = 3600.0
 
 
 class RegistryClient:
@@ -130,7 +133,7 @@ def _retry_after(value: str | None) -> float | None:
             seconds = parsedate_to_datetime(value).timestamp() - time.time()
         except (TypeError, ValueError):
             return None
-    return max(seconds, 0.0) if math.isfinite(seconds) else None
+    return min(max(seconds, 0.0), RETRY_AFTER_CAP_S) if math.isfinite(seconds) else None
 
 
 def _detail(response: httpx.Response) -> str:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pydantic import ValidationError
+
 from agent.client import RegistryClient
 from agent.errors import (
     ClientError,
@@ -205,7 +207,16 @@ class Spool:
         failures_in_a_row = 0
         for position, run in enumerate(due):
             try:
-                client.submit_run(RunReport.model_validate_json(run.report))
+                report = RunReport.model_validate_json(run.report)
+            except ValidationError as exc:
+                # Spooled by an older agent under looser rules: no registry would take it.
+                progress()
+                reason = f"not a valid report for this agent's wire format: {exc}"
+                self._finish(run.run_id, "rejected", reason, moment)
+                result.rejected += 1
+                continue
+            try:
+                client.submit_run(report)
             except ClientError as exc:
                 failure: ClientError | None = exc
             else:

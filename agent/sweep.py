@@ -21,6 +21,8 @@ from agent.fingerprint import take_fingerprint
 from agent.gguf_model import ModelFileError, sha256_of
 from agent.runners import PointCallback, SweepFailed, SweepOutcome, SweepSpec
 from agent.wire import (
+    ERROR_LENGTH,
+    REASON_LENGTH,
     SCHEMA_VERSION,
     EngineBuild,
     FailedPoint,
@@ -30,6 +32,7 @@ from agent.wire import (
     RunReport,
     RunSettings,
 )
+from agent.wire_bounds import storable_text
 
 __all__ = ["measure_run", "run_report", "sweep_in_child"]
 
@@ -200,12 +203,12 @@ def run_report(
         failed = list(getattr(failure, "failures", []))
         failed_keys = {(f.pp, f.tg, f.b) for f in failed}
         failures = failed + [
-            FailedPoint(pp=pp, tg=tg, b=b, reason=str(failure))
+            FailedPoint(pp=pp, tg=tg, b=b, reason=storable_text(str(failure), REASON_LENGTH))
             for pp, tg, b in spec.grid()
             if (pp, tg, b) not in measured and (pp, tg, b) not in failed_keys
         ]
         status = "partial" if points else "failed"
-        error = str(failure)
+        error = storable_text(str(failure), ERROR_LENGTH)
         settings = RunSettings()
     if not points:
         status = "failed"

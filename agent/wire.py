@@ -10,6 +10,7 @@ gets a new version; the registry answers 422 for a version it does not know.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
@@ -39,6 +40,8 @@ from agent.wire_bounds import (
 )
 
 __all__ = [
+    "ERROR_LENGTH",
+    "REASON_LENGTH",
     "SCHEMA_VERSION",
     "EngineBuild",
     "FailedPoint",
@@ -67,6 +70,8 @@ UTCDateTime = Moment
 # hardware.data: plain JSON within these bounds (the whole fingerprint a few dozen KB)
 HARDWARE_MAX_DEPTH = 16
 HARDWARE_MAX_VALUES = 10_000
+REASON_LENGTH = 4000  # a failed point's reason
+ERROR_LENGTH = 20000  # a failed run's error
 
 RunStatus = Literal["ok", "partial", "failed"]
 """ok: every planned point was measured; partial: some points failed (see `failures`);
@@ -110,8 +115,8 @@ class Point(_Strict):
             if b * tg > 0:
                 raise ValueError(f"t_tg is 0 for {b * tg} generated tokens")
             return s_tg
-        expected = b * tg / t_tg
-        if abs(s_tg - expected) > S_TG_TOLERANCE * expected:
+        expected = b * tg / t_tg  # infinite for a subnormal t_tg: no S_TG agrees with that
+        if not math.isfinite(expected) or abs(s_tg - expected) > S_TG_TOLERANCE * expected:
             raise ValueError(
                 f"s_tg={s_tg} disagrees with b*tg/t_tg={expected:.6g} by more than "
                 f"{S_TG_TOLERANCE:.0%}"
@@ -126,7 +131,7 @@ class FailedPoint(_Strict):
     pp: NonNegativeInt
     tg: NonNegativeInt
     b: int = Field(ge=1, le=INT32_MAX)
-    reason: Text = Field(min_length=1, max_length=4000)
+    reason: Text = Field(min_length=1, max_length=REASON_LENGTH)
 
 
 class EngineBuild(_Strict):
@@ -317,7 +322,7 @@ class RunReport(_Strict):
     started_at: UTCDateTime
     finished_at: UTCDateTime | None = None
     status: RunStatus = "ok"
-    error: Text | None = Field(default=None, max_length=20000)
+    error: Text | None = Field(default=None, max_length=ERROR_LENGTH)
     source: Literal["sweep", "import"] = "sweep"
     engine: EngineBuild = Field(default_factory=EngineBuild)
     model: ModelInfo

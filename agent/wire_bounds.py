@@ -61,6 +61,13 @@ def plain_text(value: str) -> str:
     return value
 
 
+def storable_text(value: str, max_length: int) -> str:
+    """`value` made fit to send: what no database stores replaced by U+FFFD and the end cut
+    off past `max_length` (for messages the agent did not write, such as an exception's)."""
+    value = _UNSTORABLE.sub("\ufffd", value)
+    return value if len(value) <= max_length else value[: max_length - 1] + "\u2026"
+
+
 NAME_LENGTH = 200
 
 

@@ -65,10 +65,11 @@ class RegistrySettings(BaseSettings):
         "for the writer threads without holding a thread or a connection",
     )
     writer_threads: int = Field(
-        default=2,
+        default=1,
         ge=1,
         le=64,
-        description="threads (and connections) storing reports, in batches (SQLite: always 1)",
+        description="threads (and connections) per process storing reports, in batches "
+        "(SQLite: always 1); more rarely help: they share the process's GIL with the reads",
     )
     max_queued: int = Field(
         default=64, ge=0, le=100_000, description="requests per kind that may wait their turn"
@@ -94,8 +95,8 @@ class RegistrySettings(BaseSettings):
         default=50_000,
         ge=0,
         le=10_000_000,
-        description="fleet points /metrics exports at most (the rest: see "
-        "fleetbench_fleet_points_omitted)",
+        description="fleet points /metrics exports at most (beyond that, "
+        "fleetbench_fleet_points_truncated is 1)",
     )
     retention_days: float | None = Field(
         default=None,

@@ -77,10 +77,6 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         gc.collect()
         gc.freeze()
         gc.set_threshold(100_000, 50, 100)
-        import os  # TEMP
-
-        if os.environ.get("FB_GC"):
-            gc.set_threshold(*map(int, os.environ["FB_GC"].split(",")))  # TEMP
         yield
         gc.unfreeze()
         if notifier is not None:

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -375,3 +376,6 @@ class NodeActivity(Base):
     last_run_started_at: Mapped[datetime | None]
     last_run_received_at: Mapped[datetime | None]
     run_count: Mapped[int] = mapped_column(default=0)
+    # Runs added or pruned, ever: it never comes back to a value, so a process's cached
+    # series of the node (registry.series_cache) are valid while it is what they saw.
+    changes: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))

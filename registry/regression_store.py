@@ -130,7 +130,10 @@ def _store_step(session: Session, row: Regression | None, step: Step, **series: 
         with session.begin_nested():
             session.add(row)
     except IntegrityError:
-        _record_step(session.scalars(select(Regression).filter_by(**key)).one(), step)
+        existing = session.scalars(select(Regression).filter_by(**key)).one_or_none()
+        if existing is None:
+            raise  # not the same step inserted first by another ingest
+        _record_step(existing, step)
 
 
 def _record_step(row: Regression, step: Step) -> None:
@@ -203,6 +206,3 @@ def get_regression(session: Session, regression_id: int) -> Regression | None:
 def acknowledge_regression(regression: Regression, *, note: str) -> None:
     regression.acknowledged_at = datetime.now(UTC)
     regression.note = note
-
-
-# --- series and curves -----------------------------------------------------------------

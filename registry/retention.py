@@ -90,6 +90,20 @@ def prune_runs(
             ids = list(session.scalars(prunable_runs(cutoff, batch)))
             if not ids:
                 return pruned
+            # The nodes' activity rows first, in ingest's order (by node): an ingest of
+            # them waits for this batch before it reads its history, and this batch for
+            # one already under way. Then asked again, under those locks: an ingest that
+            # committed meanwhile may have named a candidate in a regression.
+            nodes = select(Run.node_id).where(Run.id.in_(ids)).distinct()
+            session.execute(
+                select(NodeActivity.node_id)
+                .where(NodeActivity.node_id.in_(nodes))
+                .order_by(NodeActivity.node_id)
+                .with_for_update()
+            ).all()
+            ids = list(session.scalars(prunable_runs(cutoff).where(Run.id.in_(ids))))
+            if not ids:
+                continue
             per_node = session.execute(
                 select(Run.node_id, func.count()).where(Run.id.in_(ids)).group_by(Run.node_id)
             ).all()
@@ -105,7 +119,10 @@ def prune_runs(
                 session.execute(
                     update(NodeActivity)
                     .where(NodeActivity.node_id == node_id)
-                    .values(run_count=NodeActivity.run_count - deleted)
+                    .values(
+                        run_count=NodeActivity.run_count - deleted,
+                        changes=NodeActivity.changes + deleted,
+                    )
                 )
             session.commit()
         pruned.runs += len(ids)

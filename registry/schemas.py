@@ -10,6 +10,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent import wire
+from agent.wire_bounds import Text
 from registry.models import Regression, Run
 from registry.questions.health import Health
 from registry.series import Metric
@@ -185,7 +186,7 @@ class RegressionsPublic(_Public):
 
 
 class Acknowledgement(BaseModel):
-    note: str = Field(min_length=1, max_length=4000, description="why it is accepted")
+    note: Text = Field(min_length=1, max_length=4000, description="why it is accepted")
 
 
 def regression_public(row: Regression) -> RegressionPublic:

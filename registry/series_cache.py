@@ -3,10 +3,10 @@ stored them, so that the regression check at ingest does not read and assemble a
 history again for every report (that read was most of an ingest's work: README, "Holding a
 fleet").
 
-A node's entry is valid while the node's run count (node_activity: counted by every ingest
-of every process, lowered by prune) is the count the entry was made at: a run of the node
-that another process stored, or runs pruned, make the counts differ, and the history is
-read from the database again. Entries are made only from committed transactions; at most
+A node's entry is valid while the node's changes (node_activity.changes: raised by every
+ingest of every process and by prune, never lowered) are what the entry was made at: a run
+of the node that another process stored, or runs pruned, make them differ, and the history
+is read from the database again. Entries are made only from committed transactions; at most
 `size` nodes are kept, the least recently used dropped first.
 """
 
@@ -24,7 +24,7 @@ __all__ = ["SeriesCache"]
 
 @dataclass
 class _NodeSeries:
-    node_runs: int  # the node's run count its series were made at
+    changes: int  # the node's changes its series were made at
     models: dict[int, RecentSeries] = field(default_factory=dict)
 
 
@@ -35,13 +35,13 @@ class SeriesCache:
         self._lock = threading.Lock()
 
     def get(
-        self, node_id: int, model_id: int, *, node_runs: int, cells: frozenset[tuple[int, int]]
+        self, node_id: int, model_id: int, *, changes: int, cells: frozenset[tuple[int, int]]
     ) -> RecentSeries | None:
-        """The (node, model)'s series if they are what the database holds for a node of
-        `node_runs` runs, and cover `cells`; else None."""
+        """The (node, model)'s series if they are what the database holds for a node at
+        `changes`, and cover `cells`; else None."""
         with self._lock:
             entry = self._nodes.get(node_id)
-            if entry is None or entry.node_runs != node_runs:
+            if entry is None or entry.changes != changes:
                 return None
             self._nodes.move_to_end(node_id)
             recent = entry.models.get(model_id)
@@ -51,17 +51,17 @@ class SeriesCache:
         self,
         node_id: int,
         *,
-        runs_before: int,
-        runs_after: int,
+        changes_before: int,
+        changes_after: int,
         models: Mapping[int, RecentSeries],
     ) -> None:
-        """A committed transaction took the node from `runs_before` to `runs_after` runs,
+        """A committed transaction took the node from `changes_before` to `changes_after`,
         leaving its models' series as `models`; its other models' series are unchanged (and
         kept, if they were valid before)."""
         with self._lock:
             entry = self._nodes.get(node_id)
-            kept = entry.models if entry is not None and entry.node_runs == runs_before else {}
-            self._nodes[node_id] = _NodeSeries(runs_after, {**kept, **models})
+            kept = entry.models if entry is not None and entry.changes == changes_before else {}
+            self._nodes[node_id] = _NodeSeries(changes_after, {**kept, **models})
             self._nodes.move_to_end(node_id)
             while len(self._nodes) > self.size:
                 self._nodes.popitem(last=False)

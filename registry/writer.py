@@ -98,7 +98,7 @@ class Writer(Generic[Item, Result]):
     def _run(self) -> None:
         while (jobs := self._take()) is not None:
             try:
-                self._commit(jobs)
+                batch = self._commit(jobs)
             except Exception as exc:  # the transaction failed
                 if len(jobs) == 1:
                     _settle(jobs[0], exc)
@@ -106,9 +106,11 @@ class Writer(Generic[Item, Result]):
                 log.warning("a batch of %d reports failed (%s); storing each alone", len(jobs), exc)
                 for job in jobs:
                     try:
-                        self._commit([job])
+                        self._answer([job], self._commit([job]))
                     except Exception as alone:
                         _settle(job, alone)
+            else:
+                self._answer(jobs, batch)
 
     def _take(self) -> list[_Job[Item, Result]] | None:
         """The jobs waiting now (at least one, at most `batch`); None to stop."""
@@ -127,13 +129,24 @@ class Writer(Generic[Item, Result]):
             jobs.append(job)
         return jobs
 
-    def _commit(self, jobs: list[_Job[Item, Result]]) -> None:
+    def _commit(self, jobs: list[_Job[Item, Result]]) -> Batch[Result]:
         with self.sessions() as session, write_transaction(session):
             batch = self.write(session, [job.item for job in jobs])
             session.commit()
+        return batch
+
+    @staticmethod
+    def _answer(jobs: list[_Job[Item, Result]], batch: Batch[Result]) -> None:
+        """After the commit: nothing here may send a stored batch to be stored again."""
         if batch.committed is not None:
-            batch.committed()
-        for job, answer in zip(jobs, batch.answers, strict=True):
+            try:
+                batch.committed()
+            except Exception:
+                log.exception("after a commit")  # what it remembers is only a cache
+        answers: Sequence[Result | Exception] = batch.answers
+        if len(answers) != len(jobs):  # never expected; a thread that died would jam
+            answers = [RuntimeError("the writer lost this report's answer")] * len(jobs)
+        for job, answer in zip(jobs, answers, strict=True):
             _settle(job, answer)
 
 

@@ -82,7 +82,7 @@ def ingest_batch(
     connection = session.connection()
     sql = statements_for(connection.dialect.name)
     answers: list[Stored | Exception | None] = [None] * len(items)
-    runs = _distinct_runs(items, limits, answers)
+    runs, copies = _distinct_runs(items, limits, answers)
     stored = dict(connection.execute(sql.run_digests, {"run_ids": [r.id for r in runs]}).all())
     for run in runs:
         if run.id in stored:
@@ -103,13 +103,16 @@ def ingest_batch(
             winner = connection.execute(sql.run_digests, {"run_ids": [run.id]}).first()
             answers[run.index] = _as_retry(run.id, winner[1] if winner else "", run.digest)
     runs = [run for run in runs if run.id in inserted]
-    node_runs = count_activity(connection, sql, runs)
+    node_changes = count_activity(connection, sql, runs)
     regressed = _latest_and_regressions(
-        session, connection, runs, fingerprints, node_runs, series_cache, learned
+        session, connection, runs, fingerprints, node_changes, series_cache, learned
     )
     for run in runs:
         pair = (run.node_id, run.model_id)
         answers[run.index] = Stored(run.id, created=True, regressed=pair in regressed)
+    for index, first in copies:  # a copy is answered as its first is, once that is known
+        answer = answers[first.index]
+        answers[index] = Stored(first.id, created=False) if isinstance(answer, Stored) else answer
     return [answer if answer is not None else RuntimeError("not answered") for answer in answers]
 
 
@@ -117,11 +120,13 @@ def _distinct_runs(
     items: Sequence[tuple[wire.RunReport, int]],
     limits: IngestLimits,
     answers: list[Stored | Exception | None],
-) -> list[IncomingRun]:
-    """The batch's runs, each once: a report over the size bound is answered refused, a run
-    id given twice is answered as a retry of its first."""
+) -> tuple[list[IncomingRun], list[tuple[int, IncomingRun]]]:
+    """The batch's runs, each once, and the copies of a run given twice with the same body
+    (index, the first), which are answered as the first is. A report over the size bound is
+    answered refused; a run id given twice with different bodies, a conflict."""
     received = _now()
     runs: list[IncomingRun] = []
+    copies: list[tuple[int, IncomingRun]] = []
     first_of: dict[uuid.UUID, IncomingRun] = {}
     for index, (report, node_id) in enumerate(items):
         try:
@@ -131,12 +136,14 @@ def _distinct_runs(
             continue
         run = IncomingRun(index, report, node_id, sha256_of(report.model_dump_json()), received)
         twin = first_of.get(run.id)
-        if twin is not None:
-            answers[index] = _as_retry(run.id, twin.digest, run.digest)
-            continue
-        first_of[run.id] = run
-        runs.append(run)
-    return runs
+        if twin is None:
+            first_of[run.id] = run
+            runs.append(run)
+        elif twin.digest == run.digest:
+            copies.append((index, twin))
+        else:
+            answers[index] = RunConflict(f"run {run.id} exists with a different report")
+    return runs, copies
 
 
 def _as_retry(run_id: uuid.UUID, stored_digest: str, digest: str) -> Stored | Exception:
@@ -150,15 +157,15 @@ def _latest_and_regressions(
     connection: Connection,
     runs: Sequence[IncomingRun],
     fingerprints: Fingerprints,
-    node_runs: Mapping[int, int],
+    node_changes: Mapping[int, int],
     series_cache: SeriesCache | None,
     learned: KnownRows,
 ) -> set[tuple[int, int]]:
     """Brings each (node, model)'s latest curve and the regressions of its series up to
-    date with the batch's runs (`runs`: all it stored; `node_runs`: each node's run count
-    now); returns the pairs a regression is stored for. The series the check reads are
-    taken from `series_cache` where they are still valid, and what they are now is left in
-    `learned` for the cache once the transaction commits."""
+    date with the batch's runs (`runs`: all it stored; `node_changes`: each node's
+    NodeActivity.changes now); returns the pairs a regression is stored for. The series
+    the check reads are taken from `series_cache` where they are still valid, and what they
+    are now is left in `learned` for the cache once the transaction commits."""
     successful = [run for run in runs if run.report.status != "failed"]
     heads = []
     for (node_id, model_id), run in sorted(
@@ -185,11 +192,11 @@ def _latest_and_regressions(
         pair.run_ids.append(run.id)
         pair.cells.update((p.pp, p.tg) for p in run.report.points)
     added = Counter(run.node_id for run in runs)
-    before = {node_id: count - added[node_id] for node_id, count in node_runs.items()}
+    before = {node_id: now - added[node_id] for node_id, now in node_changes.items()}
     histories = _recent_series(session, successful, new_runs, fingerprints, before, series_cache)
-    for node_id, count in node_runs.items():
+    for node_id, now in node_changes.items():
         models = {m: h for (n, m), h in histories.items() if n == node_id}
-        learned.series[node_id] = (before[node_id], count, models)
+        learned.series[node_id] = (before[node_id], now, models)
     return refresh_regressions(
         session, new_runs, {pair: recent.as_lists() for pair, recent in histories.items()}
     )
@@ -200,7 +207,7 @@ def _recent_series(
     runs: Sequence[IncomingRun],
     new_runs: Mapping[tuple[int, int], NewRuns],
     fingerprints: Fingerprints,
-    node_runs_before: Mapping[int, int],
+    node_changes_before: Mapping[int, int],
     series_cache: SeriesCache | None,
 ) -> dict[tuple[int, int], RecentSeries]:
     """Each pair's series with the batch's runs in: the remembered ones with the new runs
@@ -213,7 +220,7 @@ def _recent_series(
         remembered = series_cache.get(
             node_id,
             model_id,
-            node_runs=node_runs_before[node_id],
+            changes=node_changes_before[node_id],
             cells=frozenset(pair.cells),
         )
         if remembered is None:

@@ -156,7 +156,9 @@ def over_series_bound(
     connection: Connection, sql: Statements, runs: Sequence[IncomingRun], limits: IngestLimits
 ) -> list[tuple[IncomingRun, ReportRefused]]:
     """The runs that would take their node's latest curves (this run's in place of its
-    model's) past the bound: what placement, /metrics and the dashboard read per node."""
+    model's) past the bound: what placement, /metrics and the dashboard read per node. Runs
+    of one batch count each other; batches stored at the same moment by other writers do not
+    (the bound may be passed by one run per writer, never more)."""
     candidates = [run for run in runs if run.report.status != "failed"]
     if not candidates:
         return []
@@ -178,6 +180,8 @@ def over_series_bound(
                 "(FLEETBENCH_MAX_SERIES_PER_NODE)"
             )
             refused.append((run, ReportRefused(message)))
+        else:
+            held.setdefault(run.node_id, {})[run.model_id] = len(run.report.points)
     return refused
 
 
@@ -283,8 +287,9 @@ def newest_by(runs: Sequence[IncomingRun], key: Any) -> dict[Any, IncomingRun]:
 def count_activity(
     connection: Connection, sql: Statements, runs: Sequence[IncomingRun]
 ) -> dict[int, int]:
-    """Each node's run count and newest run: one upsert, one row per node. Returns each
-    node's run count now."""
+    """Each node's run count, changes and newest run: one upsert, one row per node.
+    Returns each node's changes now (NodeActivity.changes, what registry.series_cache
+    checks)."""
     counts = Counter(run.node_id for run in runs)
     newest = newest_by(runs, lambda run: run.node_id)
     if not newest:
@@ -298,6 +303,7 @@ def count_activity(
                 "last_run_started_at": run.report.started_at,
                 "last_run_received_at": run.received_at,
                 "run_count": counts[node_id],
+                "changes": counts[node_id],
             }
             for node_id, run in sorted(newest.items())
         ],

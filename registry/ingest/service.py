@@ -69,6 +69,8 @@ class Ingest:
             with self._learning:
                 self._known.learn(learned)
             for node_id, (before, after, models) in learned.series.items():
-                self._series.committed(node_id, runs_before=before, runs_after=after, models=models)
+                self._series.committed(
+                    node_id, changes_before=before, changes_after=after, models=models
+                )
 
         return Batch(answers, committed=remember)

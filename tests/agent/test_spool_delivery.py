@@ -168,7 +168,8 @@ def test_retry_after_is_honoured_and_the_rest_wait_as_long(tmp_path: Path, statu
 
 
 @pytest.mark.parametrize(
-    ("header", "expected"), [("120", 120.0), ("0", 0.0), ("soon", None), (None, None)]
+    ("header", "expected"),
+    [("120", 120.0), ("0", 0.0), ("soon", None), (None, None), ("86400000", 3600.0)],
 )
 def test_the_client_reads_retry_after(header: str | None, expected: float | None) -> None:
     with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
@@ -351,3 +352,28 @@ def test_status_shows_set_aside_runs_with_the_reason(tmp_path: Path) -> None:
         "registry answered 500: internal error"
     )
     assert runs[str(good.run_id)]["state"] == "delivered"
+
+
+def test_a_run_an_older_agent_spooled_that_no_longer_validates_is_set_aside(
+    tmp_path: Path,
+) -> None:
+    """Spooled under looser rules (here: a NUL in the error, which no registry stores): set
+    aside with the reason, and the runs behind it delivered."""
+    spool = Spool(tmp_path / "spool.db")
+    stale, fresh = make_report(), make_report()
+    spool.add(stale, now=NOW)
+    spool.add(fresh, now=NOW + 1)
+    body = json.loads(stale.model_dump_json())
+    body["error"] = "boom\u0000"
+    with sqlite3.connect(tmp_path / "spool.db") as db:
+        db.execute(
+            "UPDATE runs SET report = ? WHERE run_id = ?", (json.dumps(body), str(stale.run_id))
+        )
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        result = spool.flush(client, now=NOW + 10)
+    assert registry.posted == [str(fresh.run_id)]
+    assert (result.delivered, result.rejected, result.deferred) == (1, 1, 0)
+    aside = _run(spool, stale.run_id)
+    assert aside.state == "rejected"
+    assert aside.last_error is not None and "not a valid report" in aside.last_error
+    assert "error" in aside.last_error

@@ -11,7 +11,7 @@ import pytest
 
 from agent.runners import SweepFailed, SweepSpec
 from agent.sweep import run_report, sweep_in_child
-from agent.wire import FailedPoint, ModelInfo, Point
+from agent.wire import ERROR_LENGTH, REASON_LENGTH, FailedPoint, ModelInfo, Point
 
 SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4))
 
@@ -111,3 +111,20 @@ def test_points_whose_kv_cache_cannot_fit_are_skipped_with_the_reason(gemma: Pat
     assert skipped.b == 64
     assert skipped.reason.startswith("skipped: its KV cache for 16640 cells needs 0.29 GiB")
     assert outcome.settings.n_ctx is not None and outcome.settings.n_ctx < 16640
+
+
+def test_a_failure_message_no_registry_could_store_still_makes_a_report() -> None:
+    """An exception's text is not the agent's: a NUL (from a library's message) and a length
+    past the wire's bound are made fit rather than losing the run."""
+    failure = RuntimeError("llama_decode failed: \x00" + "x" * 30_000)
+    report = run_report(
+        node="n1",
+        model=ModelInfo(name="gemma"),
+        spec=SMALL,
+        started_at=datetime.now(UTC),
+        failure=failure,
+    )
+    assert report.status == "failed"
+    assert report.error is not None and report.error.startswith("llama_decode failed: \ufffdx")
+    assert len(report.error) == ERROR_LENGTH and report.error.endswith("\u2026")
+    assert [len(f.reason) for f in report.failures] == [REASON_LENGTH] * 3

@@ -70,6 +70,14 @@ def test_an_acknowledge_id_past_the_column_is_422(live_registry: LiveRegistry) -
     assert "regression_id" in _detail(response)
 
 
+def test_a_nul_in_an_acknowledgement_note_is_422(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    with live_registry.client(token) as client:
+        response = client.post("/v1/regressions/1/acknowledge", json={"note": "o\u0000k"})
+    assert response.status_code == 422, response.text
+    assert "note" in _detail(response)
+
+
 def _report(**changes: Any) -> dict[str, Any]:
     body: dict[str, Any] = json.loads(make_report().model_dump_json())
     for path, value in changes.items():
@@ -132,6 +140,10 @@ HOSTILE_REPORTS = {
     ),
     "S_TG of 1e308": (
         _report(points=[{"pp": 512, "tg": 128, "b": 1, "s_tg": 1e308}]),
+        "s_tg",
+    ),
+    "T_TG so small that B*TG/T_TG is infinite": (
+        _report(points=[{"pp": 512, "tg": 128, "b": 1, "t_tg": 5e-324, "s_tg": 10.0}]),
         "s_tg",
     ),
 }

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -62,6 +62,52 @@ def test_each_report_of_a_batch_is_answered_on_its_own(session: Session) -> None
     activity = session.get(NodeActivity, node)
     assert activity is not None
     assert (activity.run_count, activity.last_run_id) == (2, other.run_id)  # the later start
+
+
+def test_a_copy_in_a_batch_is_answered_as_its_first_once_that_is_known(
+    session: Session,
+) -> None:
+    """Two copies of one run in a batch (a daemon's flush and a manual one at once): when
+    the first is refused, the copy is refused too, never answered "already stored"."""
+    node = _node(session)
+    session.commit()
+    small = make_report(model="Small", table=[(1, 100.0, 10.0)])
+    big = make_report(model="Big")  # the article's 6 points: with Small's, 7 > 6
+    with write_transaction(session):
+        answers = ingest_batch(
+            session,
+            [(small, node), (big, node), (big, node)],
+            limits=IngestLimits(max_series_per_node=6),
+        )
+        session.commit()
+    stored, refused, copy = answers
+    assert stored == Stored(small.run_id, created=True)
+    assert isinstance(refused, ReportRefused) and "7 points" in str(refused)
+    assert copy is refused
+    assert session.get(LatestRun, (node, _model_id(session, "Small"))) is not None
+    assert session.scalar(select(func.count()).select_from(LatestPoint)) == 1
+
+
+def test_runs_of_one_batch_count_against_each_other_for_the_series_bound(
+    session: Session,
+) -> None:
+    node = _node(session)
+    session.commit()
+    first, second = (make_report(model=name) for name in ("Llama", "Qwen"))
+    with write_transaction(session):
+        answers = ingest_batch(
+            session, [(first, node), (second, node)], limits=IngestLimits(max_series_per_node=8)
+        )
+        session.commit()
+    assert answers[0] == Stored(first.run_id, created=True)
+    assert isinstance(answers[1], ReportRefused)
+    assert "would hold 12 points" in str(answers[1]) and "6 of its other models" in str(answers[1])
+    assert session.scalar(select(func.count()).select_from(LatestPoint)) == 6
+
+
+def _model_id(session: Session, name: str) -> int:
+    model = crud.find_models(session, name)[0]
+    return model.id
 
 
 def test_the_newest_run_is_the_nodes_last_and_each_models_latest(session: Session) -> None:

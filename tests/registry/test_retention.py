@@ -93,6 +93,8 @@ def test_prune_keeps_what_the_registry_needs_and_counts_what_it_deleted(
     assert points_after == points_before - pruned.points
     assert progress and progress[-1] == pruned.runs
     assert activity is not None and activity.run_count == len(kept)
+    # Never lowered: a process's cached series of the node see that runs went.
+    assert activity.changes == 12 + pruned.runs
 
 
 def test_prune_runs_from_the_command_line_and_says_what_it_did(database_url: str) -> None:
