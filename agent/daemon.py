@@ -15,92 +15,28 @@ import json
 import logging
 import os
 import sqlite3
-import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from agent import _proc
 from agent.client import RegistryClient
 from agent.config import AgentSettings
-from agent.errors import SpoolUnwritable
+from agent.daemon_config import ConfigError, DaemonConfig, SweepConfig, load_config
+from agent.errors import ClientError, RequestRejected, SpoolUnwritable
 from agent.gguf_model import sha256_of
 from agent.probes.nvidia import nvml_session
-from agent.runners import SweepSpec
-from agent.spool import Spool
+from agent.spool import RETRYABLE_STATUS, Spool
 from agent.sweep import measure_run
 from agent.wire import RunReport
 
 __all__ = ["ConfigError", "Daemon", "DaemonConfig", "SweepConfig", "load_config", "sweep_lock"]
 
 log = logging.getLogger("fleetbench.daemon")
-
-PositiveInts = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-
-
-class ConfigError(ValueError):
-    """The daemon's configuration cannot work; the message names the key."""
-
-
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SweepConfig(_Config):
-    """One scheduled sweep: a model, a schedule and llama-batched-bench's settings."""
-
-    name: str = Field(min_length=1)
-    model: Path
-    model_name: str | None = None
-    cron: str = Field(description="crontab expression, e.g. '0 3 * * *'")
-    npp: PositiveInts = [128]
-    ntg: PositiveInts = [128]
-    npl: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = [1, 2, 4, 8]
-    ctx_size: int | None = Field(default=None, ge=1)
-    batch_size: int = Field(default=2048, ge=1)
-    ubatch_size: int = Field(default=512, ge=1)
-    flash_attn: Literal["on", "off", "auto"] = "auto"
-    kv_unified: bool = False
-    pp_shared: bool = False
-    n_gpu_layers: int = -1
-    threads: int | None = Field(default=None, ge=1)
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    repeats: int = Field(default=3, ge=1)
-    binary: Path | None = Field(
-        default=None, description="the node's llama-batched-bench, instead of in-process"
-    )
-
-    @field_validator("cron")
-    @classmethod
-    def _valid_cron(cls, cron: str) -> str:
-        from apscheduler.triggers.cron import CronTrigger
-
-        CronTrigger.from_crontab(cron)  # raises ValueError naming the bad field
-        return cron
-
-    def spec(self) -> SweepSpec:
-        return SweepSpec(
-            npp=tuple(self.npp),
-            ntg=tuple(self.ntg),
-            npl=tuple(self.npl),
-            n_ctx=self.ctx_size,
-            n_batch=self.batch_size,
-            n_ubatch=self.ubatch_size,
-            flash_attn=self.flash_attn,
-            kv_unified=self.kv_unified,
-            pp_shared=self.pp_shared,
-            n_gpu_layers=self.n_gpu_layers,
-            n_threads=self.threads,
-            cache_type_k=self.cache_type_k,
-            cache_type_v=self.cache_type_v,
-            repeats=self.repeats,
-        )
 
 
 def _engine_identity(binary: Path | None) -> dict[str, str]:
@@ -115,67 +51,6 @@ def _engine_identity(binary: Path | None) -> dict[str, str]:
     except (_proc.CommandNotFound, _proc.CommandFailed):
         return {"llama-batched-bench": "missing"}
     return {"llama-batched-bench": f"{build.build_number} {build.commit} {build.backend}"}
-
-
-class DaemonConfig(_Config):
-    """agent.toml. FLEETBENCH_* variables override the [agent] table."""
-
-    node: str | None = None
-    registry_url: str | None = None
-    token: SecretStr | None = None
-    spool: Path | None = None
-    jitter_s: float = Field(default=300, ge=0)
-    flush_every_s: float = Field(default=60, gt=0)
-    set_aside_after_5xx: int = Field(
-        default=5, ge=1, description="5xx answers for one run, while others are delivered"
-    )
-    set_aside_after_attempts: int = Field(default=20, ge=1)
-    set_aside_after_hours: float = Field(
-        default=24, gt=0, description="... or failing this long and that many attempts"
-    )
-    check_changes_every_s: float = Field(default=3600, gt=0)
-    busy_cpu_percent: float = Field(default=80, gt=0, le=100)
-    busy_gpu_percent: float = Field(default=20, gt=0, le=100)
-    busy_retry_s: float = Field(default=900, gt=0)
-    sweeps: list[SweepConfig] = Field(default_factory=list, alias="sweep", min_length=1)
-
-    @field_validator("sweeps")
-    @classmethod
-    def _unique_names(cls, sweeps: list[SweepConfig]) -> list[SweepConfig]:
-        names = [s.name for s in sweeps]
-        if len(set(names)) != len(names):
-            raise ValueError(f"sweep names must be unique: {names}")
-        return sweeps
-
-
-def load_config(path: Path) -> DaemonConfig:
-    """Reads agent.toml: `[agent]` settings and `[[sweep]]` tables. Raises ConfigError."""
-    try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
-    unknown = set(raw) - {"agent", "sweep"}
-    if unknown:
-        raise ConfigError(
-            f"{path}: unknown table(s) {sorted(unknown)}; expected [agent], [[sweep]]"
-        )
-    try:
-        return DaemonConfig.model_validate({**raw.get("agent", {}), "sweep": raw.get("sweep", [])})
-    except ValidationError as exc:
-        problems = "; ".join(f"{_key(e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
-        raise ConfigError(f"{path}: {problems}") from None
-
-
-def _key(location: tuple[int | str, ...]) -> str:
-    """The TOML key of an error: sweep[0].cron, agent.jitter_s."""
-    if not location or location[0] != "sweep":
-        return "agent." + ".".join(str(p) for p in location)
-    key = "sweep"
-    for part in location[1:]:
-        key += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return key
 
 
 @contextmanager
@@ -354,6 +229,11 @@ class Daemon:
         again, every queued run goes now. A full disk is one line in the log."""
         try:
             self._spool_kept_runs()
+        except SpoolUnwritable as exc:
+            log.error("delivery waits: %s", exc)
+            self._deliver_kept_runs()
+            return
+        try:
             with RegistryClient(self.registry_url, token=self.token) as client:
                 result = self.spool.flush(client)
                 tried = result.delivered + result.rejected + result.deferred
@@ -374,6 +254,25 @@ class Daemon:
                 result.rejected,
                 result.deferred,
             )
+
+    def _deliver_kept_runs(self) -> None:
+        """The spool cannot take the runs kept in memory: they go to the registry directly,
+        so that a daemon stopped before space is back loses none the registry could take."""
+        with RegistryClient(self.registry_url, token=self.token) as client:
+            while self.unspooled:
+                report = self.unspooled[0]
+                try:
+                    client.submit_run(report)
+                except RequestRejected as exc:
+                    if exc.status_code in RETRYABLE_STATUS:
+                        return
+                    log.error("run %s, kept in memory, was refused: %s", report.run_id, exc)
+                except ClientError as exc:
+                    log.warning("run %s stays in memory: %s", report.run_id, exc)
+                    return
+                else:
+                    log.info("run %s, kept in memory, was delivered directly", report.run_id)
+                self.unspooled.pop(0)
 
     def _spool_kept_runs(self) -> None:
         """Moves the runs kept in memory into the spool; raises SpoolUnwritable while it

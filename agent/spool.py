@@ -53,7 +53,7 @@ __all__ = ["FlushResult", "Spool", "SpooledRun"]
 State = Literal["queued", "delivered", "rejected"]
 
 # Refusals that a later attempt can get past: a token being fixed, a timeout, rate limiting.
-_RETRYABLE_STATUS = {401, 408, 429}
+RETRYABLE_STATUS = {401, 408, 429}
 _BACKOFF_BASE_S = 30.0
 _BACKOFF_CAP_S = 3600.0
 # This many failed runs in a row (5xx or no answer) and the registry is unwell: stop there.
@@ -227,10 +227,7 @@ class Spool:
                 result.delivered += 1
                 failures_in_a_row = 0
                 continue
-            if (
-                isinstance(failure, RequestRejected)
-                and failure.status_code not in _RETRYABLE_STATUS
-            ):
+            if isinstance(failure, RequestRejected) and failure.status_code not in RETRYABLE_STATUS:
                 self._finish(run.run_id, "rejected", str(failure), moment)
                 result.rejected += 1
                 failures_in_a_row = 0

@@ -238,12 +238,14 @@ def get_node(session: Session, name: str) -> tuple[NodeSummary, list[HardwareFin
 
 
 def list_models(session: Session) -> Sequence[tuple[Model, int, datetime | None]]:
-    statement = (
-        select(Model, func.count(Run.id), func.max(Run.started_at))
-        .outerjoin(Run, Run.model_id == Model.id)
-        .group_by(Model.id)
-        .order_by(Model.name_key, Model.id)
-    )
+    # Per model, over the (model_id, started_at) index: the count an index-only scan, the
+    # newest one probe; a join and GROUP BY read every run (1.1 s at 3 M runs, 0.2 s so).
+    of_model = Run.model_id == Model.id
+    statement = select(
+        Model,
+        select(func.count()).where(of_model).correlate(Model).scalar_subquery(),
+        select(func.max(Run.started_at)).where(of_model).correlate(Model).scalar_subquery(),
+    ).order_by(Model.name_key, Model.id)
     return [(model, count, last) for model, count, last in session.execute(statement)]
 
 

@@ -21,7 +21,7 @@ from registry.placement_rows import (
     PlacementRows,
     fit_configs,
     memory_of,
-    model_infos,
+    model_info,
     placement_rows,
 )
 from registry.questions.placement import (
@@ -62,7 +62,7 @@ def place(
     rejected: list[RejectedConcurrency] = []
     unchecked: list[tuple[str, str, int]] = []
     caps: dict[FitConfig, int] = {}  # the most users that fit, by fit config (checked)
-    infos = model_infos(session, model_ids)
+    infos = {model.id: model_info(model) for model in models}
     if context_tokens is None:
         found = rows()
     else:

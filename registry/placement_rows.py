@@ -37,7 +37,7 @@ __all__ = [
     "fit_configs",
     "longest_prompt",
     "memory_of",
-    "model_infos",
+    "model_info",
     "placement_rows",
 ]
 
@@ -368,16 +368,10 @@ def fit_configs(
     ]
 
 
-_MODELS = select(Model).where(Model.id.in_(bindparam("model_ids", expanding=True)))
-
-
-def model_infos(session: Session, model_ids: Sequence[int]) -> dict[int, wire.ModelInfo]:
-    """The models' facts, by id, as the wire states them (taken as stored, not validated
-    again: a row stored under older, looser rules must not fail every answer about it)."""
+def model_info(model: Model) -> wire.ModelInfo:
+    """The model's facts as the wire states them, taken as stored and not validated again:
+    a row stored under older, looser rules must not fail every answer about it."""
     fields = wire.ModelInfo.model_fields
-    return {
-        model.id: wire.ModelInfo.model_construct(
-            **{name: getattr(model, name) for name in fields if hasattr(model, name)}
-        )
-        for model in session.scalars(_MODELS, {"model_ids": list(model_ids)})
-    }
+    return wire.ModelInfo.model_construct(
+        **{name: getattr(model, name) for name in fields if hasattr(model, name)}
+    )

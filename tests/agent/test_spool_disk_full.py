@@ -248,47 +248,59 @@ def test_sweep_report_on_a_full_disk_delivers_directly_when_the_registry_answers
     assert stored["id"] == str(run.run_id)
 
 
-def test_the_daemon_keeps_an_unspoolable_run_in_memory_and_spools_it_later(
+def test_the_daemon_keeps_an_unspoolable_run_in_memory_and_delivers_it_directly(
     small_disk: SmallDisk,
     tmp_path: Path,
     live_registry: LiveRegistry,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """The spool cannot take the run: it is kept in memory (and logged as JSON), and handed
+    to the registry directly once one answers, so a daemon stopped before space is back has
+    lost nothing the registry could take."""
     config = DaemonConfig.model_validate(
         {
             "node": "ci-node",
-            "registry_url": live_registry.url,
+            "registry_url": f"http://127.0.0.1:{free_port()}",  # nobody answers, at first
             "token": live_registry.token("ci-node"),
             "sweep": [{"name": "tiny", "model": tmp_path / "tiny.gguf", "cron": "0 3 * * *"}],
         }
     )
     settings = AgentSettings(spool=small_disk.root / "spool.db", cache_dir=tmp_path / "cache")
     daemon = Daemon(config, settings, load=lambda: (5.0, None))
-    measured = make_report(node="ci-node")
-    monkeypatch.setattr("agent.daemon.measure_run", lambda *args, **kwargs: measured)
+    measured, later = make_report(node="ci-node"), make_report(node="ci-node")
+    runs = iter([measured, later])
+    monkeypatch.setattr("agent.daemon.measure_run", lambda *args, **kwargs: next(runs))
     small_disk.fill()
 
     with caplog.at_level(logging.INFO, logger="fleetbench.daemon"):
         assert daemon._sweep(daemon.config.sweeps[0]) == "ok"
-        daemon.flush()  # still full: it waits
+        daemon.flush()  # still full, and no registry: it waits
     assert daemon.unspooled == [measured]
     assert daemon.spool.runs() == []
-    [kept] = [r for r in caplog.records if "kept in memory" in r.getMessage()]
+    [kept] = [r for r in caplog.records if "kept in memory," in r.getMessage()]
     message = kept.getMessage()
     assert kept.levelno == logging.ERROR
     assert RunReport.model_validate_json(message[message.index("{") :]) == measured
     assert re.search(_full(daemon.spool.path), message)
     waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("delivery")]
     assert waits and re.match(f"delivery waits: {_full(daemon.spool.path)}", waits[-1])
-    assert live_registry.count("runs") == 0
+    assert any("stays in memory" in r.getMessage() for r in caplog.records)
+
+    daemon.registry_url = live_registry.url  # the registry answers; the disk is still full
+    with caplog.at_level(logging.INFO, logger="fleetbench.daemon"):
+        daemon.flush()
+    assert daemon.unspooled == []
+    assert daemon.spool.runs() == []
+    assert live_registry.count("runs") == 1
+    assert any("delivered directly" in r.getMessage() for r in caplog.records)
 
     small_disk.free()
+    assert daemon._sweep(daemon.config.sweeps[0]) == "ok"  # space is back: spooled again
     daemon.flush()
-    assert daemon.unspooled == []
     [spooled] = daemon.spool.runs()
-    assert (spooled.run_id, spooled.state) == (str(measured.run_id), "delivered")
-    assert live_registry.count("runs") == 1
+    assert (spooled.run_id, spooled.state) == (str(later.run_id), "delivered")
+    assert live_registry.count("runs") == 2
 
 
 def test_the_daemon_starts_on_a_full_disk_and_keeps_running(

@@ -272,6 +272,8 @@ def test_read_nodes_and_models(live_registry: LiveRegistry) -> None:
     assert node["runs"] == 2
     shas = sorted((m["sha256"] or "", m["n_layer"], m["runs"]) for m in models["data"])
     assert shas == [("", None, 1), ("ab" * 32, 40, 1)]
+    started = report.started_at.isoformat().replace("+00:00", "Z")
+    assert [m["last_run_at"] for m in models["data"]] == [started, started]
 
 
 def test_reads_can_require_a_token(database_url: str) -> None:
