@@ -265,6 +265,7 @@ class Daemon:
                     client.submit_run(report)
                 except RequestRejected as exc:
                     if exc.status_code in RETRYABLE_STATUS:
+                        log.warning("run %s stays in memory: %s", report.run_id, exc)
                         return
                     log.error("run %s, kept in memory, was refused: %s", report.run_id, exc)
                 except ClientError as exc:

@@ -112,7 +112,10 @@ def ingest_batch(
         answers[run.index] = Stored(run.id, created=True, regressed=pair in regressed)
     for index, first in copies:  # a copy is answered as its first is, once that is known
         answer = answers[first.index]
-        answers[index] = Stored(first.id, created=False) if isinstance(answer, Stored) else answer
+        if isinstance(answer, Stored):
+            answers[index] = Stored(first.id, created=False)
+        elif answer is not None:  # its own exception: each request raises its own
+            answers[index] = type(answer)(*answer.args)
     return [answer if answer is not None else RuntimeError("not answered") for answer in answers]
 
 

@@ -37,7 +37,7 @@ class KnownRows:
     row is known to hold). Several processes share a database: a model whose facts another
     process filled is updated once more, harmlessly (the update keeps what is there).
 
-    A transaction also leaves here, by node, its run counts before and after and the recent
+    A transaction also leaves here, by node, its changes before and after and the recent
     series of the models it stored runs of, for the series cache (registry.series_cache)."""
 
     builds: dict[str, int] = field(default_factory=dict)
@@ -180,8 +180,9 @@ def over_series_bound(
                 "(FLEETBENCH_MAX_SERIES_PER_NODE)"
             )
             refused.append((run, ReportRefused(message)))
-        else:
-            held.setdefault(run.node_id, {})[run.model_id] = len(run.report.points)
+        else:  # the larger of the two: an older run does not replace the stored curve
+            models = held.setdefault(run.node_id, {})
+            models[run.model_id] = max(models.get(run.model_id, 0), len(run.report.points))
     return refused
 
 

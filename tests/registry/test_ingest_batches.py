@@ -83,7 +83,7 @@ def test_a_copy_in_a_batch_is_answered_as_its_first_once_that_is_known(
     stored, refused, copy = answers
     assert stored == Stored(small.run_id, created=True)
     assert isinstance(refused, ReportRefused) and "7 points" in str(refused)
-    assert copy is refused
+    assert isinstance(copy, ReportRefused) and str(copy) == str(refused)
     assert session.get(LatestRun, (node, _model_id(session, "Small"))) is not None
     assert session.scalar(select(func.count()).select_from(LatestPoint)) == 1
 
@@ -102,6 +102,29 @@ def test_runs_of_one_batch_count_against_each_other_for_the_series_bound(
     assert answers[0] == Stored(first.run_id, created=True)
     assert isinstance(answers[1], ReportRefused)
     assert "would hold 12 points" in str(answers[1]) and "6 of its other models" in str(answers[1])
+    assert session.scalar(select(func.count()).select_from(LatestPoint)) == 6
+
+
+def test_an_older_run_in_a_batch_does_not_free_room_under_the_series_bound(
+    session: Session,
+) -> None:
+    """A spool flushed after an outage: an older run of a model (fewer points) does not
+    replace the stored curve, so it must not make room for another model's run."""
+    node = _node(session)
+    session.commit()
+    stored = make_report(model="Llama", started_at=DAY0 + timedelta(days=1))
+    with write_transaction(session):
+        assert ingest_batch(session, [(stored, node)])[0] == Stored(stored.run_id, created=True)
+        session.commit()
+    older = make_report(model="Llama", started_at=DAY0, table=[(1, 100.0, 10.0)])
+    other = make_report(model="Qwen", started_at=DAY0 + timedelta(days=2))
+    with write_transaction(session):
+        answers = ingest_batch(
+            session, [(older, node), (other, node)], limits=IngestLimits(max_series_per_node=8)
+        )
+        session.commit()
+    assert answers[0] == Stored(older.run_id, created=True)
+    assert isinstance(answers[1], ReportRefused)
     assert session.scalar(select(func.count()).select_from(LatestPoint)) == 6
 
 
