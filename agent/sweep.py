@@ -55,6 +55,7 @@ def sweep_in_child(
     sender.close()
     points: list[Point] = []
     failures: list[FailedPoint] = []
+    started: SweepOutcome | None = None
     outcome: SweepOutcome | None = None
     error: str | None = None
     while True:
@@ -70,21 +71,34 @@ def sweep_in_child(
             failure = FailedPoint.model_validate_json(payload)
             failures.append(failure)
             on_point(failure)
-        elif kind == "done":
-            engine, settings, model = payload
-            outcome = SweepOutcome(
-                EngineBuild.model_validate_json(engine),
-                RunSettings.model_validate_json(settings),
-                points,
-                failures,
-                ModelInfo.model_validate_json(model) if model else None,
-            )
+        elif kind in ("start", "done"):
+            told = _outcome(*payload)
+            if kind == "start":
+                started = told
+            else:
+                outcome = SweepOutcome(told.engine, told.settings, points, failures, told.model)
         else:
             error = payload
     child.join()
     if outcome is not None:
         return outcome
-    raise SweepFailed(error or _death(child.exitcode), points, failures)
+    raise SweepFailed(error or _death(child.exitcode), points, failures, started)
+
+
+def _outcome(engine: str, settings: str, model: str | None) -> SweepOutcome:
+    return SweepOutcome(
+        EngineBuild.model_validate_json(engine),
+        RunSettings.model_validate_json(settings),
+        model=ModelInfo.model_validate_json(model) if model else None,
+    )
+
+
+def _told(outcome: SweepOutcome) -> tuple[str, str, str | None]:
+    return (
+        outcome.engine.model_dump_json(),
+        outcome.settings.model_dump_json(),
+        outcome.model.model_dump_json() if outcome.model else None,
+    )
 
 
 def _death(exitcode: int | None) -> str:
@@ -102,20 +116,17 @@ def _child(model_path: str, spec: SweepSpec, free_bytes: int | None, sender: Con
         sender.send(("point" if isinstance(result, Point) else "failure", result.model_dump_json()))
 
     try:
-        outcome = run_sweep(Path(model_path), spec, on_point=send, free_bytes=free_bytes)
+        outcome = run_sweep(
+            Path(model_path),
+            spec,
+            on_point=send,
+            on_start=lambda started: sender.send(("start", _told(started))),
+            free_bytes=free_bytes,
+        )
     except Exception as exc:  # reported to the parent, which records the run as failed
         sender.send(("error", f"{type(exc).__name__}: {exc}"))
     else:
-        sender.send(
-            (
-                "done",
-                (
-                    outcome.engine.model_dump_json(),
-                    outcome.settings.model_dump_json(),
-                    outcome.model.model_dump_json() if outcome.model else None,
-                ),
-            )
-        )
+        sender.send(("done", _told(outcome)))
     finally:
         sender.close()
 
@@ -156,9 +167,9 @@ def measure_run(
         else:
             outcome = sweep_in_child(model_path, spec, on_point=on_point)
     except SweepFailed as exc:
-        return report(
-            model=ModelInfo(name=name, sha256=sha256), failure=exc, engine=_engine(binary)
-        )
+        read = exc.started.model if exc.started is not None else None
+        model = (read or ModelInfo(name=name)).model_copy(update={"name": name, "sha256": sha256})
+        return report(model=model, failure=exc, engine=_engine(binary))
     model = (outcome.model or ModelInfo(name=name)).model_copy(
         update={"name": name, "sha256": sha256}
     )
@@ -209,7 +220,12 @@ def run_report(
         ]
         status = "partial" if points else "failed"
         error = storable_text(str(failure), ERROR_LENGTH)
-        settings = RunSettings()
+        # What the engine said it ran with, so a crashed run's points are labelled as a
+        # finished run's would be (settings that seem to change twice around it would cost
+        # the regression check its evidence); else the settings asked for.
+        started = getattr(failure, "started", None)
+        settings = started.settings if started is not None else spec.requested_settings()
+        engine = started.engine if started is not None else engine
     if not points:
         status = "failed"
         error = error or "no point could be measured"

@@ -1,7 +1,9 @@
 """Runners: one module per engine, each measuring a sweep (the llama-batched-bench grid).
 
-A runner gets a `SweepSpec` and reports each point as it finishes (`on_point`), so a sweep
-shows progress and a crash part-way keeps what was measured.
+A runner gets a `SweepSpec`, says what it runs with once it knows (`on_start`: the engine,
+the settings, the model as the engine read it) and reports each point as it finishes
+(`on_point`), so a sweep shows progress and a crash part-way keeps what was measured and
+what it was measured with.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from agent.wire import EngineBuild, FailedPoint, ModelInfo, Point, RunSettings
 
 __all__ = [
     "PointCallback",
+    "StartCallback",
     "SweepFailed",
     "SweepOutcome",
     "SweepSpec",
@@ -46,6 +49,24 @@ class SweepSpec:
 
     def grid(self) -> list[tuple[int, int, int]]:
         return [(pp, tg, pl) for pp in self.npp for tg in self.ntg for pl in self.npl]
+
+    def requested_settings(self) -> RunSettings:
+        """The settings as asked for, for a sweep that failed before its engine said what
+        it runs with (the engine's own, when it did, are SweepFailed.started's)."""
+        return RunSettings(
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch,
+            flash_attn=self.flash_attn,
+            kv_unified=self.kv_unified,
+            pp_shared=self.pp_shared,
+            tg_separate=False,
+            n_gpu_layers=self.n_gpu_layers,
+            n_threads=self.n_threads,
+            n_threads_batch=self.n_threads,
+            cache_type_k=self.cache_type_k,
+            cache_type_v=self.cache_type_v,
+        )
 
     def context_size(self) -> int:
         if self.n_ctx is not None:
@@ -128,6 +149,8 @@ def point_from_samples(
 
 
 PointCallback = Callable[[Point | FailedPoint], None]
+StartCallback = Callable[[SweepOutcome], None]
+"""Told the engine, settings and model (the outcome before any point) once they are known."""
 
 
 class SweepFailed(RuntimeError):
@@ -139,7 +162,9 @@ class SweepFailed(RuntimeError):
         message: str,
         points: list[Point] | None = None,
         failures: list[FailedPoint] | None = None,
+        started: SweepOutcome | None = None,
     ) -> None:
         super().__init__(message)
         self.points = points or []
         self.failures = failures or []
+        self.started = started  # what the engine said it runs with (on_start), if it did

@@ -25,6 +25,7 @@ from agent.kv_cache import kv_cells
 from agent.probes.nvidia import nvml_session
 from agent.runners import (
     PointCallback,
+    StartCallback,
     SweepFailed,
     SweepOutcome,
     SweepSpec,
@@ -49,10 +50,12 @@ def run_sweep(
     spec: SweepSpec,
     *,
     on_point: PointCallback = lambda _: None,
+    on_start: StartCallback = lambda _: None,
     free_bytes: int | None = None,
 ) -> SweepOutcome:
     """Loads the model, reads its architecture from llama.cpp, skips the points whose KV
-    cache cannot fit in `free_bytes` (default: the memory free now) and measures the rest."""
+    cache cannot fit in `free_bytes` (default: the memory free now) and measures the rest.
+    `on_start` is told the engine, the settings the context took and the model first."""
     import llama_cpp
     import llama_cpp.llama_cpp as llama
 
@@ -115,6 +118,7 @@ def run_sweep(
             ),
             model=info,
         )
+        on_start(SweepOutcome(outcome.engine, outcome.settings, model=outcome.model))
         for failure in skipped:
             outcome.failures.append(failure)
             on_point(failure)

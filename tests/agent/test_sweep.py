@@ -83,6 +83,31 @@ def test_a_killed_engine_keeps_what_it_measured(gemma: Path) -> None:
         (4, "the engine's process died of SIGKILL"),
         (8, "the engine's process died of SIGKILL"),
     ]
+    # Labelled as a finished run of the same spec is: the same settings and engine, so
+    # the registry sees no settings or binding change around it.
+    finished = sweep_in_child(gemma, spec)
+    assert report.settings == finished.settings
+    assert report.settings.n_ctx is not None and report.settings.n_ctx >= spec.context_size()
+    assert report.settings.n_threads
+    assert report.engine == finished.engine and report.engine.binding_version
+    assert caught.value.started is not None
+    assert caught.value.started.model == finished.model
+    assert finished.model is not None and finished.model.n_layer == 18
+
+
+def test_a_sweep_that_fails_before_its_engine_starts_reports_the_settings_asked_for() -> None:
+    spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2), n_batch=256, cache_type_k="q8_0")
+    report = run_report(
+        node="n1",
+        model=ModelInfo(name="gemma"),
+        spec=spec,
+        started_at=datetime.now(UTC),
+        failure=SweepFailed("llama.cpp could not load gemma.gguf"),
+    )
+    assert report.status == "failed"
+    assert (report.settings.n_batch, report.settings.n_ubatch) == (256, 512)
+    assert (report.settings.cache_type_k, report.settings.cache_type_v) == ("q8_0", "f16")
+    assert (report.settings.flash_attn, report.settings.kv_unified) == ("auto", False)
 
 
 def test_a_corrupt_model_fails_the_sweep_clearly(tmp_path: Path) -> None:
