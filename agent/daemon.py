@@ -336,18 +336,22 @@ class Daemon:
         )
 
 
-class _SweepState:
-    """The engine and model each sweep last succeeded with (beside the spool). The table is
-    made by the first success, so a daemon starts on a full disk; a success that cannot be
-    recorded is a warning (the next check sweeps again), not a crash.
+# The table and its engine column, newest first (an older agent's last).
+_SUCCESS_TABLES = (("sweep_successes", "engine"), ("last_success", "llama_cpp_python"))
 
-    The column named llama_cpp_python holds the engine's identity as a JSON object (it held
-    llama-cpp-python's version alone before `binary =` sweeps existed; such a value still
-    reads as that)."""
+
+class _SweepState:
+    """The engine and model each sweep last succeeded with (beside the spool), the engine
+    as whatever identity its runner gives (`{"llama-cpp-python": "0.3.36"}`,
+    `{"llama-batched-bench": "7100 0c1e570 CPU"}`), kept as JSON. The table is made by the
+    first success, so a daemon starts on a full disk; a success that cannot be recorded is a
+    warning (the next check sweeps again), not a crash. Rows of older agents' table
+    (`last_success`, whose column held llama-cpp-python's version alone, or that JSON) are
+    read until the sweep succeeds again."""
 
     _TABLE = (
-        "CREATE TABLE IF NOT EXISTS last_success (sweep TEXT PRIMARY KEY,"
-        " llama_cpp_python TEXT, model_sha256 TEXT, at REAL)"
+        "CREATE TABLE IF NOT EXISTS sweep_successes (sweep TEXT PRIMARY KEY,"
+        " engine TEXT NOT NULL, model_sha256 TEXT, at REAL)"
     )
 
     def __init__(self, path: Path) -> None:
@@ -362,15 +366,16 @@ class _SweepState:
             db.close()
 
     def record(self, sweep: str, identity: dict[str, str]) -> None:
+        engine = {k: v for k, v in identity.items() if k != "model_sha256"}
         try:
             with self._connect() as db:
                 db.execute(self._TABLE)
                 db.execute(
-                    "INSERT OR REPLACE INTO last_success VALUES (?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO sweep_successes VALUES (?, ?, ?, ?)",
                     (
                         sweep,
-                        json.dumps({k: v for k, v in identity.items() if k != "model_sha256"}),
-                        identity["model_sha256"],
+                        json.dumps(engine, sort_keys=True),
+                        identity.get("model_sha256"),
                         datetime.now(UTC).timestamp(),
                     ),
                 )
@@ -380,14 +385,17 @@ class _SweepState:
     def last(self, sweep: str) -> dict[str, str] | None:
         if not self.path.exists():
             return None
+        row = None
         with self._connect() as db:
-            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'last_success'").fetchone():
-                row = db.execute(
-                    "SELECT llama_cpp_python, model_sha256 FROM last_success WHERE sweep = ?",
-                    (sweep,),
-                ).fetchone()
-            else:
-                row = None
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+            for table, column in (
+                ("sweep_successes", "engine"),
+                ("last_success", "llama_cpp_python"),
+            ):
+                if row is None and table in tables:
+                    row = db.execute(
+                        f"SELECT {column}, model_sha256 FROM {table} WHERE sweep = ?", (sweep,)
+                    ).fetchone()
         if row is None:
             return None
         try:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon import _engine_identity
+from agent.config import AgentSettings
+from agent.daemon import Daemon, DaemonConfig, SweepConfig
 from agent.runners import SweepFailed, SweepSpec
 from agent.runners.batched_bench_binary import binary_build, find_binary, run_sweep
 from agent.sweep import measure_run
@@ -103,12 +104,45 @@ def test_an_old_binary_that_exits_1_after_its_version_still_gives_it(tmp_path: P
     assert (build.build_number, build.commit) == (4321, "abcdef0")
 
 
-def test_the_daemon_follows_the_binary_s_build(batched_bench: Path) -> None:
+def test_a_daemon_binary_sweep_records_its_success_under_the_binary_s_build(
+    live_registry: LiveRegistry, batched_bench: Path, gemma: Path, tmp_path: Path
+) -> None:
+    """Through the daemon's own sweep path: the run is spooled and delivered, its success
+    recorded under the binary's build (it once raised KeyError after spooling, so the
+    sweep ran again at every hourly check), and nothing has changed since."""
+    sweep = SweepConfig(
+        name="nightly",
+        model=gemma,
+        cron="0 3 * * *",
+        npp=[32],
+        ntg=[4],
+        npl=[1, 2],
+        repeats=1,
+        binary=batched_bench,
+    )
+    config = DaemonConfig.model_validate(
+        {
+            "node": "ci-node",
+            "registry_url": live_registry.url,
+            "token": live_registry.token("ci-node"),
+            "sweep": [sweep],
+        }
+    )
+    settings = AgentSettings(spool=tmp_path / "spool.db", cache_dir=tmp_path / "cache")
+    daemon = Daemon(config, settings, load=lambda: (5.0, None))
+    [sweep] = daemon.config.sweeps
+    assert daemon.changed_since_last_success(sweep) == "no successful run yet"
+    assert daemon.run_sweep(sweep, why="first") == "ok"
+    assert daemon.changed_since_last_success(sweep) is None
     build = binary_build(batched_bench)
-    identity = _engine_identity(batched_bench)
-    assert identity == {
-        "llama-batched-bench": f"{build.build_number} {build.commit} {build.backend}"
-    }
+    remembered = daemon._state.last("nightly")
+    assert remembered is not None
+    expected = f"{build.build_number} {build.commit} {build.backend}"
+    assert remembered["llama-batched-bench"] == expected
+    assert "llama-cpp-python" not in remembered
+    [run] = daemon.spool.runs()
+    assert run.state == "delivered"
+    assert live_registry.count("runs") == 1
 
 
 def test_sweep_command_with_the_binary_reports_its_build(

@@ -194,6 +194,15 @@ def test_the_last_success_of_a_binary_sweep_is_remembered_as_it_was(tmp_path: Pa
     binary = {"llama-batched-bench": "7100 0c1e570 CPU", "model_sha256": "ab" * 32}
     state.record("nightly-binary", binary)
     assert state.last("nightly-binary") == binary
-    with sqlite3.connect(tmp_path / "sweeps.db") as db:
+    with sqlite3.connect(tmp_path / "sweeps.db") as db:  # as older agents made it
+        db.execute(
+            "CREATE TABLE last_success (sweep TEXT PRIMARY KEY,"
+            " llama_cpp_python TEXT, model_sha256 TEXT, at REAL)"
+        )
         db.execute("INSERT INTO last_success VALUES ('old', '0.3.16', 'cd', 0)")
+        db.execute("INSERT INTO last_success VALUES ('nightly-binary', '0.3.1', 'ef', 0)")
     assert state.last("old") == {"llama-cpp-python": "0.3.16", "model_sha256": "cd"}
+    assert state.last("nightly-binary") == binary  # this agent's row first
+    with sqlite3.connect(tmp_path / "sweeps.db") as db:
+        columns = [row[1] for row in db.execute("PRAGMA table_info(sweep_successes)")]
+    assert columns == ["sweep", "engine", "model_sha256", "at"]
