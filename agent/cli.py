@@ -10,13 +10,12 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.progress import Progress
 
 from agent.batched_bench_output import BatchedBenchOutputError
 from agent.client import RegistryClient
 from agent.config import AgentSettings
-from agent.display import curve_table, placement_table, spool_table
+from agent.display import console, curve_table, placement_table, spool_table
 from agent.errors import ClientError, RequestRejected, SpoolError, SpoolUnwritable
 from agent.fingerprint import take_fingerprint
 from agent.gguf_model import ModelFileError, describe_gguf
@@ -27,8 +26,8 @@ from agent.sweep import measure_run
 from agent.wire import FailedPoint, ModelInfo, Point, RunReport
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 RegistryOption = Annotated[
     str | None,

@@ -1,16 +1,28 @@
-"""Tables for people: a run's curve as the batching article shows it, and placement answers."""
+"""Tables for people: a run's curve as the batching article shows it, and placement answers;
+and the consoles they are printed on."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from rich.console import Console
 from rich.table import Table
 
 from agent.spool import SpooledRun
 from agent.wire import PlacementAnswer, Point
 
-__all__ = ["curve_table", "placement_table", "spool_table"]
+__all__ = ["console", "curve_table", "placement_table", "spool_table"]
+
+# Rich lays out for 80 columns when it is not on a terminal and cuts cells to fit ("133.…");
+# in a pipe or a log a table is as wide as its contents instead (tables never stretch).
+_PIPE_WIDTH = 1000
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console as wide as the terminal, or, in a pipe or a log, as what it prints."""
+    terminal = Console(stderr=stderr)
+    return terminal if terminal.is_terminal else Console(stderr=stderr, width=_PIPE_WIDTH)
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:

@@ -273,11 +273,14 @@ def _json(data: dict[str, Any]) -> str:
 
 
 def agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """`fleetbench-agent ARGS` in a fresh process, with only the FLEETBENCH_* variables given."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_")}
+    """`fleetbench-agent ARGS` in a fresh process, with only the FLEETBENCH_* variables given,
+    its output read in a pipe (no terminal, no COLUMNS), as a script or a log reads it."""
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_") and k != "COLUMNS"
+    }
     return subprocess.run(
         [sys.executable, "-m", "agent.cli", *args],
-        env={**clean, **env, "COLUMNS": "200"},
+        env={**clean, **env},
         capture_output=True,
         text=True,
         timeout=120,

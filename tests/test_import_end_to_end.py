@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -44,10 +45,19 @@ def test_import_article_table_then_placement(live_registry: LiveRegistry) -> Non
     assert candidate["llama_cpp_build"] == 11429
     table = agent(*question, **env)
     assert "m4pro" in table.stdout and "133.65" in table.stdout
+    # read in a pipe: every figure and heading whole, as wide as the table needs
+    assert "\u2026" not in table.stdout and "\u2026" not in imported.stderr
+    assert "285.83" in table.stdout and "16.71" in table.stdout and "prefill" in table.stdout
+    assert re.search(r"\b\d{4}-\d{2}-\d{2}\b", table.stdout)  # the date measured, whole
+    assert "ms/token/user" in imported.stderr and "prefill t/s" in imported.stderr
     # an imported table carries no architecture numbers: fit cannot be checked, and says so
     unchecked = agent(*question, "--context-tokens", "8000", **env)
     assert unchecked.returncode == 0, unchecked.stderr
     assert "fit not checked" in unchecked.stdout
+    # the widest table: whole in a pipe too, never "prefi…" or "133.…"
+    assert "\u2026" not in unchecked.stdout
+    assert "prefill" in unchecked.stdout and "measured" in unchecked.stdout
+    assert "285.83" in unchecked.stdout and "133.65" in unchecked.stdout
 
 
 def test_import_several_tables_and_a_model_file(
