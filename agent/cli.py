@@ -16,7 +16,7 @@ from agent.batched_bench_output import BatchedBenchOutputError
 from agent.client import RegistryClient
 from agent.config import AgentSettings
 from agent.display import console, curve_table, placement_table, spool_table
-from agent.errors import ClientError, RequestRejected, SpoolError, SpoolUnwritable
+from agent.errors import ClientError, SpoolError, SpoolUnwritable
 from agent.fingerprint import take_fingerprint
 from agent.gguf_model import ModelFileError, describe_gguf
 from agent.importer import reports_from_output
@@ -115,32 +115,63 @@ def import_output(
             code=2,
         )
     url = registry or settings.registry_url
-    with RegistryClient(url, token=secret) as client:
-        for number, (line, report) in enumerate(reports, start=1):
-            build = report.engine.build_number
-            err.print(
-                curve_table(
-                    report.points,
-                    title=f"run {number}/{len(reports)} (line {line}): {model} on {node}"
-                    + (f", llama.cpp build {build}" if build is not None else ""),
-                )
+    for number, (line, report) in enumerate(reports, start=1):
+        build = report.engine.build_number
+        err.print(
+            curve_table(
+                report.points,
+                title=f"run {number}/{len(reports)} (line {line}): {model} on {node}"
+                + (f", llama.cpp build {build}" if build is not None else ""),
             )
-            try:
-                receipt = client.submit_run(report)
-            except RequestRejected as exc:
-                if exc.status_code == 409:
-                    raise _fail(
-                        f"run {report.run_id} was imported before with another measurement "
-                        "time; pass --measured-at with the time it was imported with"
-                    ) from exc
-                raise _fail(f"run {report.run_id} not stored: {exc}") from exc
-            except ClientError as exc:
-                sent = f" ({number - 1} of {len(reports)} sent before it)" if number > 1 else ""
-                raise _fail(f"run {report.run_id} not stored{sent}: {exc}") from exc
+        )
+    _import_through_the_spool([r for _, r in reports], settings, url, secret)
+
+
+def _import_through_the_spool(
+    reports: list[RunReport], settings: AgentSettings, url: str, token: str
+) -> None:
+    """Spools the imported runs and delivers them (these alone, with this token): what the
+    registry cannot take now stays queued for `flush` or the daemon, never lost."""
+    spool = _spool(settings)
+    try:
+        for report in reports:
+            spool.add(report)
+    except SpoolUnwritable as exc:
+        raise _fail(f"{exc}; nothing was imported", code=SPOOL_UNWRITABLE_EXIT) from exc
+    except ValueError as exc:  # spooled before with another body: another measurement time
+        raise _fail(f"{exc}: {_IMPORTED_BEFORE}") from exc
+    ids = {str(r.run_id) for r in reports}
+    with RegistryClient(url, token=token) as client:
+        try:
+            result = spool.flush(client, every_queued=True, only=ids)
+        except SpoolUnwritable as exc:
+            raise _fail(f"{exc}; the runs are spooled", code=SPOOL_UNWRITABLE_EXIT) from exc
+    states = {r.run_id: r for r in spool.runs() if r.run_id in ids}
+    failed = False
+    for report in reports:
+        run_id = str(report.run_id)
+        receipt, state = result.receipts.get(run_id), states[run_id]
+        if receipt is not None and state.state == "delivered":
             out.print(
-                f"{receipt.outcome}: run {receipt.run_id} ({receipt.points} points) at {url}",
+                f"{receipt.outcome}: run {run_id} ({receipt.points} points) at {url}",
                 soft_wrap=True,
             )
+            continue
+        failed = True
+        why = state.last_error or "not tried"
+        if state.state == "rejected" and "409" in why:
+            why = f"{why}: {_IMPORTED_BEFORE}"
+        elif state.state != "rejected":
+            why = f"{why}; it is queued in {spool.path} (`fleetbench-agent flush` delivers it)"
+        err.print(f"error: run {run_id} not stored: {why}", highlight=False, soft_wrap=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+_IMPORTED_BEFORE = (
+    "it was imported before with another measurement time; pass --measured-at with the "
+    "time it was imported with"
+)
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:

@@ -30,9 +30,9 @@ import random
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -46,7 +46,7 @@ from agent.errors import (
     SpoolError,
     SpoolUnwritable,
 )
-from agent.wire import RunReport
+from agent.wire import RunReceipt, RunReport
 
 __all__ = ["FlushResult", "Spool", "SpooledRun"]
 
@@ -117,6 +117,7 @@ class FlushResult:
     deferred: int = 0  # still queued: the registry is unavailable or asked to retry
     waiting_reason: str | None = None  # why the last run that still waits does
     registry_down: bool = False  # stopped early: no answer, or failures in a row
+    receipts: dict[str, RunReceipt] = field(default_factory=dict)  # by run id, as answered
 
 
 @dataclass(frozen=True)
@@ -180,12 +181,14 @@ class Spool:
         *,
         now: float | None = None,
         every_queued: bool = False,
+        only: Collection[str] | None = None,
         progress: Callable[[], None] = lambda: None,
     ) -> FlushResult:
         """Delivers every queued run that is due (with `every_queued`, every queued run,
-        whatever its backoff) by the rules in the module's docstring, and prunes delivered
-        runs older than `keep_delivered_s`. `progress` is called after each run is tried.
-        Raises SpoolUnwritable when the disk is full."""
+        whatever its backoff; with `only`, of those runs ids only) by the rules in the
+        module's docstring, and prunes delivered runs older than `keep_delivered_s`.
+        `progress` is called after each run is tried. Raises SpoolUnwritable when the disk is
+        full."""
         moment = time.time() if now is None else now
         self._ensure_schema()
         with self._writing() as db:
@@ -201,6 +204,7 @@ class Spool:
                     " ORDER BY server_errors, spooled_at, run_id",
                     (every_queued, moment),
                 )
+                if only is None or row[0] in only
             ]
         result = FlushResult()
         answered_5xx: list[tuple[_Due, str, float]] = []  # counted once the flush is over
@@ -216,7 +220,7 @@ class Spool:
                 result.rejected += 1
                 continue
             try:
-                client.submit_run(report)
+                result.receipts[run.run_id] = client.submit_run(report)
             except ClientError as exc:
                 failure: ClientError | None = exc
             else:

@@ -5,12 +5,14 @@ unreachable fails the tests; it never skips them."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -272,12 +274,31 @@ def _json(data: dict[str, Any]) -> str:
     return json.dumps(data, default=str)
 
 
+class _StateFolders:
+    """Folders for the agents' spools, removed when the test session ends."""
+
+    def __init__(self) -> None:
+        self._root: tempfile.TemporaryDirectory[str] | None = None
+
+    def mkdtemp(self) -> str:
+        if self._root is None:
+            self._root = tempfile.TemporaryDirectory(prefix="fleetbench-agent-state-")
+            atexit.register(self._root.cleanup)
+        return tempfile.mkdtemp(dir=self._root.name)
+
+
+_AGENT_STATE = _StateFolders()
+
+
 def agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """`fleetbench-agent ARGS` in a fresh process, with only the FLEETBENCH_* variables given,
-    its output read in a pipe (no terminal, no COLUMNS), as a script or a log reads it."""
+    its output read in a pipe (no terminal, no COLUMNS), as a script or a log reads it; its
+    spool in a folder of its own unless `env` names one (XDG_STATE_HOME or FLEETBENCH_SPOOL)."""
     clean = {
         k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_") and k != "COLUMNS"
     }
+    if "XDG_STATE_HOME" not in env and "FLEETBENCH_SPOOL" not in env:
+        clean["XDG_STATE_HOME"] = _AGENT_STATE.mkdtemp()
     return subprocess.run(
         [sys.executable, "-m", "agent.cli", *args],
         env={**clean, **env},

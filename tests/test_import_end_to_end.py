@@ -111,10 +111,29 @@ def test_import_errors_are_clear(live_registry: LiveRegistry, tmp_path: Path) ->
     assert wrong_node.returncode == 1
     assert "registry answered 403" in wrong_node.stderr
 
-    down = import_file(ARTICLE_EXAMPLE, "--registry", "http://127.0.0.1:9", "--token", token)
-    assert down.returncode == 1
-    assert "unreachable" in down.stderr
     assert live_registry.count("runs") == 0
+
+
+def test_an_import_while_the_registry_is_down_is_delivered_later(
+    live_registry: LiveRegistry, tmp_path: Path
+) -> None:
+    """Through the spool, as sweeps go: queued, said so (exit 1), and `flush` delivers it."""
+    token = live_registry.token("m4pro")
+    state = {"XDG_STATE_HOME": str(tmp_path / "state"), "FLEETBENCH_TOKEN": token}
+    down = import_file(ARTICLE_EXAMPLE, "--registry", "http://127.0.0.1:9", **state)
+    assert down.returncode == 1
+    assert "unreachable" in down.stderr and "queued in" in down.stderr
+    assert "fleetbench-agent flush" in down.stderr
+    assert live_registry.count("runs") == 0
+    status = agent("status", "--json", **state)
+    [queued] = json.loads(status.stdout)
+    assert queued["state"] == "queued"
+
+    flushed = agent("flush", "--registry", live_registry.url, **state)
+    assert flushed.returncode == 0, flushed.stderr
+    assert flushed.stdout.startswith("1 delivered, 0 rejected, 0 still waiting")
+    assert live_registry.count("runs") == 1
+    assert live_registry.count("run_points") == 6
 
 
 def test_dry_run_prints_reports_and_sends_nothing() -> None:
