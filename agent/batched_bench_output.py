@@ -84,40 +84,61 @@ _BACKEND_HINTS = (
 _FLASH_ATTN = {-1: "auto", 0: "off", 1: "on"}
 
 
-def parse_batched_bench_output(text: str) -> list[ParsedRun]:
-    """Every run found in `text`, in order. Raises `NoTableFound` when there is none."""
+def parse_batched_bench_output(
+    text: str, *, skipped: list[BadRow] | None = None
+) -> list[ParsedRun]:
+    """Every run found in `text`, in order. Raises `NoTableFound` when there is none, and
+    `BadRow` for a row that is not a valid measurement; with `skipped`, a table holding such
+    a row is left out instead, its BadRow appended there, and the other tables are read
+    (BadRow is raised only when no table is left). A file with exactly one build line (a
+    report often ends with it, after every table) gives that build to every table."""
     runs: list[ParsedRun] = []
     table: _TableBuilder | None = None
     settings: dict[str, int] = {}
     build = _BuildInfo()
+    problems: list[BadRow] = []
+    build_lines = 0
+
+    def close() -> None:
+        if table is not None and table.problem is not None:
+            problems.append(table.problem)
+        else:
+            _close(table, runs)
 
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
-        build.observe(line)
+        build_lines += build.observe(line)
         if (match := _SETTINGS_LINE.match(line)) is not None:
-            _close(table, runs)
+            close()
             table = None
             settings = {k: int(v) for k, v in _SETTING.findall(match.group(1))}
         elif line.startswith("{") and "speed_tg" in line:
-            _close(table, runs)
+            close()
             table = None
             _add_jsonl_record(line, number, runs, build)
         elif line.startswith("|"):
             cells = _cells(line)
             if cells is None:  # a |---| separator: it ends a table that has rows
                 if table is not None and table.run.points:
-                    _close(table, runs)
+                    close()
                     table = None
             elif (columns := _header_columns(cells)) is not None:
-                _close(table, runs)
+                close()
                 table = _TableBuilder(number, columns, settings, build.engine())
                 settings = {}  # a settings line describes the one table after it
             elif table is not None and not table.add_row(cells, number):
-                _close(table, runs)  # a row of some other table ends ours
+                close()  # a row of some other table ends ours
                 table = None
         # Any other line (stderr noise, prose) is skipped, inside a table too.
 
-    _close(table, runs)
+    close()
+    if problems and (skipped is None or not runs):
+        raise problems[0]
+    if skipped is not None:
+        skipped.extend(problems)
+    if build_lines == 1:
+        for run in runs:
+            run.engine = _with_build(run.engine, build.engine())
     if not runs:
         raise NoTableFound(
             "no llama-batched-bench table found: expected a header such as "
@@ -143,20 +164,24 @@ class _BuildInfo:
         self.commit: str | None = None
         self.backend: str | None = None
 
-    def observe(self, line: str) -> None:
+    def observe(self, line: str) -> bool:
+        """Takes what the line says; True when it is a build (or version) line."""
+        for pattern, backend in _BACKEND_HINTS:
+            if (hint := pattern.search(line)) is not None:
+                self.backend = backend or hint.group(1)
+                break
         if (m := _BUILD_LINE.match(line)) is not None:
             first, second = m.groups()
             # llama.cpp prints `build: <number> (<commit>)`; people also write it reversed.
             number, commit = (first, second) if first.isdigit() else (second, first)
             if number.isdigit():
                 self.number, self.commit = int(number), commit
+                return True
         elif (m := _VERSION_LINE.match(line)) is not None:
             number, commit = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
             self.number, self.commit = int(number), commit
-        for pattern, backend in _BACKEND_HINTS:
-            if (hint := pattern.search(line)) is not None:
-                self.backend = backend or hint.group(1)
-                break
+            return True
+        return False
 
     def engine(self) -> EngineBuild:
         return EngineBuild(
@@ -165,6 +190,16 @@ class _BuildInfo:
             backend=self.backend,
             binding="llama-batched-bench",
         )
+
+
+def _with_build(engine: EngineBuild, build: EngineBuild) -> EngineBuild:
+    """`engine` with what it lacks taken from the file's one build line."""
+    missing = {
+        name: getattr(build, name)
+        for name in ("build_number", "commit", "backend")
+        if getattr(engine, name) is None and getattr(build, name) is not None
+    }
+    return engine.model_copy(update=missing) if missing else engine
 
 
 class _TableBuilder:
@@ -178,9 +213,11 @@ class _TableBuilder:
             settings=_settings_from(settings),
             engine=engine,
         )
+        self.problem: BadRow | None = None  # its first row that is no valid measurement
 
     def add_row(self, cells: list[str], line: int) -> bool:
-        """Adds the row if it belongs to this table (as many cells, all numbers)."""
+        """Adds the row if it belongs to this table (as many cells, all numbers); a row that
+        belongs but is no valid measurement is the table's problem."""
         if len(cells) != len(self.run.columns):
             return False
         values: dict[str, float | int | None] = {}
@@ -191,7 +228,10 @@ class _TableBuilder:
                 return False
             values[column] = number  # type: ignore[assignment]
             decimals[column] = len(cell.partition(".")[2])
-        self.run.points.append(_point(values, self.run.settings, decimals, line=line))
+        try:
+            self.run.points.append(_point(values, self.run.settings, decimals, line=line))
+        except BadRow as bad:
+            self.problem = self.problem or bad
         return True
 
 
@@ -359,7 +399,7 @@ def _derived(
 
     decode_tokens = b * tg
     _fill_rate(v, "t_tg", "s_tg", decode_tokens)
-    _mend_rounded_time(v, "t_tg", "s_tg", decode_tokens, decimals)
+    _mend_rounding(v, "t_tg", "s_tg", decode_tokens, decimals)
     if shared is not None:
         prompt_tokens = pp if shared else b * pp
         _fill_rate(v, "t_pp", "s_pp", prompt_tokens)
@@ -380,21 +420,24 @@ def _fill_rate(v: dict[str, float | int | None], time: str, speed: str, tokens: 
         v[speed] = tokens / t
 
 
-def _mend_rounded_time(
+def _mend_rounding(
     v: dict[str, float | int | None],
     time: str,
     speed: str,
     tokens: int,
     decimals: dict[str, int],
 ) -> None:
-    """The table prints times to 3 decimals: on short runs that rounding alone can move
-    tokens/time past the 1% the wire format allows. Where it does, the printed speed is the
-    more precise figure, and the time is taken from it."""
+    """The table prints times to 3 decimals and speeds to 2: on short runs (the time) or on
+    slow machines (the speed: 0.16 t/s for 5 tokens in 30.895 s) rounding alone can move
+    tokens/time past the 1% the wire format allows. Where one figure's printed precision
+    explains the gap, that figure is taken from the other, more precise one."""
     t, s = v.get(time), v.get(speed)
-    if not t or not s or not tokens or time not in decimals:
+    if not t or not s or not tokens or time not in decimals or speed not in decimals:
         return
-    exact = tokens / s
-    if abs(s - tokens / t) / (tokens / t) > S_TG_TOLERANCE:
-        half_unit = 0.5 * 10 ** -decimals[time]
-        if abs(exact - t) <= half_unit:
-            v[time] = exact
+    from_time = tokens / t
+    if abs(s - from_time) / from_time <= S_TG_TOLERANCE:
+        return
+    if abs(tokens / s - t) <= 0.5 * 10 ** -decimals[time]:
+        v[time] = tokens / s
+    elif abs(from_time - s) <= 0.5 * 10 ** -decimals[speed]:
+        v[speed] = from_time

@@ -12,7 +12,7 @@ import typer
 from pydantic import ValidationError
 from rich.progress import Progress
 
-from agent.batched_bench_output import BatchedBenchOutputError
+from agent.batched_bench_output import BadRow, BatchedBenchOutputError
 from agent.client import RegistryClient
 from agent.config import AgentSettings
 from agent.display import console, curve_table, placement_table, spool_table
@@ -90,13 +90,16 @@ def import_output(
 ) -> None:
     """Read llama-batched-bench tables (or --output-format jsonl) and report each as a run."""
     settings = _settings()
+    skipped: list[BadRow] = []  # tables left out for a row that is no valid measurement
     try:
         text = file.read_text(encoding="utf-8", errors="replace")
         info = describe_gguf(model_file, name=model) if model_file else ModelInfo(name=model)
         when = measured_at or datetime.fromtimestamp(file.stat().st_mtime, UTC)
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
-        reports = reports_from_output(text, node=node, model=info, measured_at=when)
+        reports = reports_from_output(
+            text, node=node, model=info, measured_at=when, skipped=skipped
+        )
     except (OSError, ModelFileError) as exc:
         raise _fail(str(exc)) from exc
     except BatchedBenchOutputError as exc:
@@ -104,8 +107,12 @@ def import_output(
     except ValidationError as exc:  # --node or --model that no report may carry
         raise _fail(_field_errors(exc)) from exc
 
+    for problem in skipped:
+        err.print(f"error: {file}: {problem}; that table is left out", highlight=False)
     if dry_run:
         out.print_json(json.dumps([r.report.model_dump(mode="json") for r in reports]))
+        if skipped:
+            raise typer.Exit(1)
         return
     secret = token or _token(settings)
     if not secret:
@@ -125,6 +132,8 @@ def import_output(
             )
         )
     _import_through_the_spool([r for _, r in reports], settings, url, secret)
+    if skipped:
+        raise typer.Exit(1)
 
 
 def _import_through_the_spool(

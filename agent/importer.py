@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import NamedTuple
 
-from agent.batched_bench_output import parse_batched_bench_output
+from agent.batched_bench_output import BadRow, parse_batched_bench_output
 from agent.wire import SCHEMA_VERSION, ModelInfo, RunReport
 
 __all__ = ["IMPORT_NAMESPACE", "ImportedRun", "reports_from_output"]
@@ -24,12 +24,18 @@ class ImportedRun(NamedTuple):
 
 
 def reports_from_output(
-    text: str, *, node: str, model: ModelInfo, measured_at: datetime
+    text: str,
+    *,
+    node: str,
+    model: ModelInfo,
+    measured_at: datetime,
+    skipped: list[BadRow] | None = None,
 ) -> list[ImportedRun]:
-    """One report per table (or block of JSONL records) in `text`.
-    Raises BatchedBenchOutputError for text that cannot be read."""
+    """One report per table (or block of JSONL records) in `text`; with `skipped`, tables
+    holding a row that is no valid measurement are left out and said there. Raises
+    BatchedBenchOutputError for text that cannot be read."""
     reports = []
-    for parsed in parse_batched_bench_output(text):
+    for parsed in parse_batched_bench_output(text, skipped=skipped):
         draft = RunReport(
             schema_version=SCHEMA_VERSION,
             run_id=_PLACEHOLDER,

@@ -171,3 +171,19 @@ def test_reimport_with_another_time_is_refused_not_duplicated(live_registry: Liv
     assert moved.returncode == 1
     assert "imported before with another measurement time" in moved.stderr
     assert live_registry.count("runs") == 1
+
+
+def test_a_table_with_a_bad_row_does_not_keep_the_others_out(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("m4pro")
+    result = import_file(
+        FIXTURES / "import" / "one-bad-row-two-tables.md",
+        "--registry",
+        live_registry.url,
+        "--token",
+        token,
+    )
+    assert result.returncode == 1
+    assert "one-bad-row-two-tables.md: line 3: s_tg:" in result.stderr
+    assert "that table is left out" in result.stderr
+    assert result.stdout.startswith("created: run ") and result.stdout.count("created") == 1
+    assert live_registry.count("runs") == 1 and live_registry.count("run_points") == 2

@@ -256,3 +256,69 @@ def test_a_broken_jsonl_record_names_its_line() -> None:
 def test_parse_build_from_version_output(text: str, number: int | None, commit: str | None) -> None:
     build = parse_build(text)
     assert (build.build_number, build.commit) == (number, commit)
+
+
+# --- what real outputs posted by users contain (fixtures written in those formats) ----------
+
+IMPORTS = FIXTURES / "import"
+
+
+def test_speeds_printed_with_two_decimals_on_a_slow_machine_and_crlf() -> None:
+    """S_TG 0.16 for 5 tokens in 30.895 s is 1.1% off B*TG/T_TG by rounding alone: the
+    speed is taken from the time, which is printed more precisely."""
+    [run] = parse_batched_bench_output((IMPORTS / "slow-two-decimals-crlf.md").read_text())
+    assert [p.b for p in run.points] == [1, 2, 3]
+    first = run.points[0]
+    assert first.t_tg == 30.895 and first.s_tg == pytest.approx(5 / 30.895)
+    assert [p.s_tg for p in run.points[1:]] == [0.30, 0.43]  # within 1% as printed
+    assert (run.engine.build_number, run.engine.commit) == (4910, "2c9f833d")
+    assert (run.settings.n_threads, run.settings.flash_attn) == (4, "off")
+
+
+def test_crlf_and_lone_cr_line_ends_read_as_newlines() -> None:
+    text = (IMPORTS / "slow-two-decimals-crlf.md").read_bytes().decode()
+    assert "\r\n" in text
+    [run] = parse_batched_bench_output(text)
+    assert [p.b for p in run.points] == [1, 2, 3]
+
+
+def test_one_build_line_at_the_end_applies_to_every_table() -> None:
+    text = (IMPORTS / "build-line-at-the-end.md").read_bytes().decode()  # mixed line ends
+    first, second = parse_batched_bench_output(text)
+    assert [p.b for p in first.points] == [1, 3, 5]  # odd B values
+    assert [p.s_tg for p in first.points] == [127.41, 341.77, 517.02]
+    assert [(p.pp, p.b, p.s_pp) for p in second.points] == [(0, 1, 0.0), (0, 2, 0.0)]
+    for run in (first, second):
+        assert (run.engine.build_number, run.engine.commit) == (6710, "7f1a3c2")
+
+
+def test_two_build_lines_each_apply_to_the_tables_after_them() -> None:
+    table = "| PP | TG | B | S_TG t/s |\n|---|---|---|---|\n| 128 | 32 | 1 | 50.00 |\n"
+    text = f"{table}\nbuild: 100 (aaaaaaa)\n\n{table}\nbuild: 200 (bbbbbbb)\n"
+    first, second = parse_batched_bench_output(text)
+    assert (first.engine.build_number, second.engine.build_number) == (None, 100)
+
+
+def test_other_tools_tables_are_ignored_and_a_crashed_table_keeps_its_rows() -> None:
+    """llama-bench's table and llama-sweep-bench's 7 columns (no B) look alike: neither is
+    read as batched-bench; the table cut short by an assert keeps the rows printed."""
+    [run] = parse_batched_bench_output((IMPORTS / "other-tools-and-a-crash.md").read_text())
+    assert run.line == 19
+    assert [(p.b, p.n_kv, p.s_tg) for p in run.points] == [(1, 640, 128.26), (4, 2560, 422.79)]
+    assert (run.settings.n_ctx, run.settings.flash_attn, run.settings.n_gpu_layers) == (
+        8192,
+        "on",
+        99,
+    )
+    assert run.engine.build_number == 6527  # the one build line, after the crash
+
+
+def test_a_table_with_a_bad_row_is_left_out_and_the_others_read() -> None:
+    text = (IMPORTS / "one-bad-row-two-tables.md").read_text()
+    skipped: list[BadRow] = []
+    [run] = parse_batched_bench_output(text, skipped=skipped)
+    assert [(p.b, p.s_tg) for p in run.points] == [(1, 128.0), (2, 240.0)]
+    [problem] = skipped
+    assert str(problem).startswith("line 3: s_tg:")
+    with pytest.raises(BadRow, match="line 3"):  # strict: the first problem is an error
+        parse_batched_bench_output(text)
