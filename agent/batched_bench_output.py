@@ -90,14 +90,14 @@ def parse_batched_bench_output(
     """Every run found in `text`, in order. Raises `NoTableFound` when there is none, and
     `BadRow` for a row that is not a valid measurement; with `skipped`, a table holding such
     a row is left out instead, its BadRow appended there, and the other tables are read
-    (BadRow is raised only when no table is left). A file with exactly one build line (a
-    report often ends with it, after every table) gives that build to every table."""
+    (BadRow is raised only when no table is left). A file whose one build line comes after
+    every table (a report's footer) gives that build to every table."""
     runs: list[ParsedRun] = []
     table: _TableBuilder | None = None
     settings: dict[str, int] = {}
     build = _BuildInfo()
     problems: list[BadRow] = []
-    build_lines = 0
+    build_lines, build_line_at = 0, 0
 
     def close() -> None:
         if table is not None and table.problem is not None:
@@ -107,7 +107,8 @@ def parse_batched_bench_output(
 
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
-        build_lines += build.observe(line)
+        if build.observe(line):
+            build_lines, build_line_at = build_lines + 1, number
         if (match := _SETTINGS_LINE.match(line)) is not None:
             close()
             table = None
@@ -136,8 +137,8 @@ def parse_batched_bench_output(
         raise problems[0]
     if skipped is not None:
         skipped.extend(problems)
-    if build_lines == 1:
-        for run in runs:
+    if build_lines == 1 and all(run.line < build_line_at for run in runs):
+        for run in runs:  # the one build line, after every table: a report's footer
             run.engine = _with_build(run.engine, build.engine())
     if not runs:
         raise NoTableFound(

@@ -140,38 +140,49 @@ def _import_through_the_spool(
     reports: list[RunReport], settings: AgentSettings, url: str, token: str
 ) -> None:
     """Spools the imported runs and delivers them (these alone, with this token): what the
-    registry cannot take now stays queued for `flush` or the daemon, never lost."""
-    spool = _spool(settings)
+    registry cannot take now stays queued, never lost. Importing again asks the registry
+    again, whatever the spool made of the runs before."""
     try:
-        for report in reports:
-            spool.add(report)
-    except SpoolUnwritable as exc:
-        raise _fail(f"{exc}; nothing was imported", code=SPOOL_UNWRITABLE_EXIT) from exc
-    except ValueError as exc:  # spooled before with another body: another measurement time
-        raise _fail(f"{exc}: {_IMPORTED_BEFORE}") from exc
-    ids = {str(r.run_id) for r in reports}
-    with RegistryClient(url, token=token) as client:
-        try:
+        spool = _spool(settings)
+        for added, report in enumerate(reports):
+            try:
+                spool.add(report, again=True)
+            except SpoolError as exc:
+                before = f"; {added} of {len(reports)} run(s) spooled before it" if added else ""
+                raise _fail(
+                    f"{exc}{before}; nothing else was sent", code=SPOOL_UNWRITABLE_EXIT
+                ) from exc
+            except ValueError as exc:  # delivered before with another measurement time
+                raise _fail(f"{exc}: {_IMPORTED_BEFORE}") from exc
+        ids = {str(r.run_id) for r in reports}
+        with RegistryClient(url, token=token) as client:
             result = spool.flush(client, every_queued=True, only=ids)
-        except SpoolUnwritable as exc:
-            raise _fail(f"{exc}; the runs are spooled", code=SPOOL_UNWRITABLE_EXIT) from exc
-    states = {r.run_id: r for r in spool.runs() if r.run_id in ids}
+        states = {r.run_id: r for r in spool.runs() if r.run_id in ids}
+    except SpoolError as exc:  # unreadable, or the disk filled meanwhile
+        raise _fail(
+            f"{exc}; import again once the spool can be written", code=SPOOL_UNWRITABLE_EXIT
+        ) from exc
     failed = False
     for report in reports:
         run_id = str(report.run_id)
-        receipt, state = result.receipts.get(run_id), states[run_id]
-        if receipt is not None and state.state == "delivered":
+        receipt, state = result.receipts.get(run_id), states.get(run_id)
+        if receipt is not None:
             out.print(
                 f"{receipt.outcome}: run {run_id} ({receipt.points} points) at {url}",
                 soft_wrap=True,
             )
             continue
         failed = True
-        why = state.last_error or "not tried"
-        if state.state == "rejected" and "409" in why:
+        why = (state.last_error if state else None) or "not tried"
+        if why.startswith("registry answered 409"):
             why = f"{why}: {_IMPORTED_BEFORE}"
-        elif state.state != "rejected":
-            why = f"{why}; it is queued in {spool.path} (`fleetbench-agent flush` delivers it)"
+        elif why.startswith("registry answered 401"):
+            why = f"{why}; give the node's token and import again"
+        elif state is not None and state.state == "queued":
+            why = (
+                f"{why}; it is queued in {spool.path}: import again when the registry answers, "
+                "or `fleetbench-agent flush` with that node's token"
+            )
         err.print(f"error: run {run_id} not stored: {why}", highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)

@@ -388,10 +388,7 @@ class _SweepState:
         row = None
         with self._connect() as db:
             tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
-            for table, column in (
-                ("sweep_successes", "engine"),
-                ("last_success", "llama_cpp_python"),
-            ):
+            for table, column in _SUCCESS_TABLES:
                 if row is None and table in tables:
                     row = db.execute(
                         f"SELECT {column}, model_sha256 FROM {table} WHERE sweep = ?", (sweep,)

@@ -156,22 +156,33 @@ class Spool:
 
     # --- writing --------------------------------------------------------------------------
 
-    def add(self, report: RunReport, *, now: float | None = None) -> None:
+    def add(self, report: RunReport, *, now: float | None = None, again: bool = False) -> None:
         """Keeps the report until the registry has it. Adding the same run again is a no-op;
         the same run id with another report is an error (it would be refused as 409).
-        Raises SpoolUnwritable when the disk is full."""
+        With `again` (a run imported again), a run delivered or set aside before is queued
+        once more, so the registry says what it holds, and one never delivered takes the
+        new report. Raises SpoolUnwritable when the disk is full."""
         body = report.model_dump_json()
         moment = time.time() if now is None else now
+        run_id = str(report.run_id)
         self._ensure_schema()
         with self._writing() as db:
             db.execute(
                 "INSERT OR IGNORE INTO runs (run_id, report, state, next_attempt_at, spooled_at)"
                 " VALUES (?, ?, 'queued', ?, ?)",
-                (str(report.run_id), body, moment, moment),
+                (run_id, body, moment, moment),
             )
-            (stored,) = db.execute(
-                "SELECT report FROM runs WHERE run_id = ?", (str(report.run_id),)
+            stored, state = db.execute(
+                "SELECT report, state FROM runs WHERE run_id = ?", (run_id,)
             ).fetchone()
+            if again and (stored == body or state != "delivered"):
+                db.execute(
+                    "UPDATE runs SET report = ?, state = 'queued', next_attempt_at = ?,"
+                    " attempts = 0, server_errors = 0, first_failed_at = NULL,"
+                    " last_error = NULL, finished_at = NULL WHERE run_id = ?",
+                    (body, moment, run_id),
+                )
+                return
         if stored != body:
             raise ValueError(f"run {report.run_id} is already spooled with another report")
 

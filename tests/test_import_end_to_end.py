@@ -162,14 +162,31 @@ def test_import_of_an_invalid_row_names_the_line_and_sends_nothing(
     assert live_registry.count("runs") == 0
 
 
-def test_reimport_with_another_time_is_refused_not_duplicated(live_registry: LiveRegistry) -> None:
+def test_reimport_with_another_time_is_refused_not_duplicated(
+    live_registry: LiveRegistry, tmp_path: Path
+) -> None:
+    """One spool, as a user has: importing again is a harmless retry; another measurement
+    time is refused, in the spool or by the registry, and the right time then goes in."""
     token = live_registry.token("m4pro")
     common = ("--registry", live_registry.url, "--token", token)
-    first = import_file(ARTICLE_EXAMPLE, *common, "--measured-at", "2026-10-16T12:00:00Z")
-    moved = import_file(ARTICLE_EXAMPLE, *common, "--measured-at", "2026-11-01T08:00:00Z")
+    spool = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    first = import_file(ARTICLE_EXAMPLE, *common, "--measured-at", "2026-10-16T12:00:00Z", **spool)
+    again = import_file(ARTICLE_EXAMPLE, *common, "--measured-at", "2026-10-16T12:00:00Z", **spool)
+    moved = import_file(ARTICLE_EXAMPLE, *common, "--measured-at", "2026-11-01T08:00:00Z", **spool)
     assert first.returncode == 0, first.stderr
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("already stored: run ")
     assert moved.returncode == 1
     assert "imported before with another measurement time" in moved.stderr
+    assert "Traceback" not in moved.stderr
+
+    other = {"XDG_STATE_HOME": str(tmp_path / "elsewhere")}  # a copy whose mtime is today
+    copied = import_file(ARTICLE_EXAMPLE, *common, **other)
+    assert copied.returncode == 1
+    assert "registry answered 409" in copied.stderr and "--measured-at" in copied.stderr
+    fixed = import_file(ARTICLE_EXAMPLE, *common, "--measured-at", "2026-10-16T12:00:00Z", **other)
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stdout.startswith("already stored: run ")
     assert live_registry.count("runs") == 1
 
 

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import ValidationError
+
 from agent.kv_cache import fits, kv_cells
 from agent.wire import EngineBuild, FailedPoint, ModelInfo, Point, RunSettings
 
@@ -52,7 +54,15 @@ class SweepSpec:
 
     def requested_settings(self) -> RunSettings:
         """The settings as asked for, for a sweep that failed before its engine said what
-        it runs with (the engine's own, when it did, are SweepFailed.started's)."""
+        it runs with (the engine's own, when it did, are SweepFailed.started's); none that
+        the wire format refuses (a negative thread count, say): the run is reported all the
+        same."""
+        try:
+            return self._requested_settings()
+        except ValidationError:
+            return RunSettings()
+
+    def _requested_settings(self) -> RunSettings:
         return RunSettings(
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,

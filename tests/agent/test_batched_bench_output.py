@@ -266,7 +266,8 @@ IMPORTS = FIXTURES / "import"
 def test_speeds_printed_with_two_decimals_on_a_slow_machine_and_crlf() -> None:
     """S_TG 0.16 for 5 tokens in 30.895 s is 1.1% off B*TG/T_TG by rounding alone: the
     speed is taken from the time, which is printed more precisely."""
-    [run] = parse_batched_bench_output((IMPORTS / "slow-two-decimals-crlf.md").read_text())
+    text = (IMPORTS / "slow-two-decimals-crlf.md").read_bytes().decode()  # CRLF kept
+    [run] = parse_batched_bench_output(text)
     assert [p.b for p in run.points] == [1, 2, 3]
     first = run.points[0]
     assert first.t_tg == 30.895 and first.s_tg == pytest.approx(5 / 30.895)
@@ -276,10 +277,17 @@ def test_speeds_printed_with_two_decimals_on_a_slow_machine_and_crlf() -> None:
 
 
 def test_crlf_and_lone_cr_line_ends_read_as_newlines() -> None:
-    text = (IMPORTS / "slow-two-decimals-crlf.md").read_bytes().decode()
-    assert "\r\n" in text
-    [run] = parse_batched_bench_output(text)
-    assert [p.b for p in run.points] == [1, 2, 3]
+    crlf = (IMPORTS / "slow-two-decimals-crlf.md").read_bytes().decode()
+    mixed = (IMPORTS / "build-line-at-the-end.md").read_bytes().decode()
+    assert "\r\n" in crlf and "|\r|" in mixed  # a lone CR between two rows
+    assert [p.b for p in parse_batched_bench_output(crlf)[0].points] == [1, 2, 3]
+    assert [p.b for p in parse_batched_bench_output(mixed)[1].points] == [1, 2]
+
+
+def test_one_build_line_before_a_table_is_not_given_to_the_tables_before_it() -> None:
+    table = "| PP | TG | B | S_TG t/s |\n|---|---|---|---|\n| 128 | 32 | 1 | 50.00 |\n"
+    first, second = parse_batched_bench_output(f"{table}\nbuild: 100 (aaaaaaa)\n\n{table}")
+    assert (first.engine.build_number, second.engine.build_number) == (None, 100)
 
 
 def test_one_build_line_at_the_end_applies_to_every_table() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from agent.runners import SweepFailed, SweepSpec
 from agent.sweep import run_report, sweep_in_child
-from agent.wire import ERROR_LENGTH, REASON_LENGTH, FailedPoint, ModelInfo, Point
+from agent.wire import ERROR_LENGTH, REASON_LENGTH, FailedPoint, ModelInfo, Point, RunSettings
 
 SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4))
 
@@ -153,3 +153,15 @@ def test_a_failure_message_no_registry_could_store_still_makes_a_report() -> Non
     assert report.error is not None and report.error.startswith("llama_decode failed: \ufffdx")
     assert len(report.error) == ERROR_LENGTH and report.error.endswith("\u2026")
     assert [len(f.reason) for f in report.failures] == [REASON_LENGTH] * 3
+
+
+def test_settings_asked_for_that_the_wire_refuses_still_make_a_report() -> None:
+    spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1,), n_threads=-1)
+    report = run_report(
+        node="n1",
+        model=ModelInfo(name="gemma"),
+        spec=spec,
+        started_at=datetime.now(UTC),
+        failure=SweepFailed("llama.cpp could not load gemma.gguf"),
+    )
+    assert report.status == "failed" and report.settings == RunSettings()
