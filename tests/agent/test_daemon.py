@@ -17,7 +17,15 @@ import psutil
 import pytest
 
 from agent.config import AgentSettings
-from agent.daemon import ConfigError, Daemon, DaemonConfig, SweepConfig, load_config, sweep_lock
+from agent.daemon import (
+    ConfigError,
+    Daemon,
+    DaemonConfig,
+    SweepConfig,
+    busy_reason,
+    load_config,
+    sweep_lock,
+)
 from tests.conftest import LiveRegistry
 
 GOOD = """
@@ -206,3 +214,20 @@ def test_the_last_success_of_a_binary_sweep_is_remembered_as_it_was(tmp_path: Pa
     with sqlite3.connect(tmp_path / "sweeps.db") as db:
         columns = [row[1] for row in db.execute("PRAGMA table_info(sweep_successes)")]
     assert columns == ["sweep", "engine", "model_sha256", "at"]
+
+
+@pytest.mark.parametrize(
+    ("cpu", "gpu", "reason"),
+    [
+        (80.0, None, None),  # at the limit is not over it
+        (80.1, None, "CPU 80% busy (limit 80%)"),
+        (93.0, 55.0, "CPU 93% busy (limit 80%)"),  # the CPU is said first
+        (10.0, 20.0, None),
+        (10.0, 55.0, "GPU 55% busy (limit 20%)"),
+        (10.0, None, None),  # no NVIDIA GPU: only the CPU counts
+    ],
+)
+def test_the_busy_guard_decides_on_each_limit(
+    cpu: float, gpu: float | None, reason: str | None
+) -> None:
+    assert busy_reason(cpu_percent=cpu, gpu_percent=gpu, cpu_limit=80, gpu_limit=20) == reason

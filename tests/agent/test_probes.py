@@ -2,34 +2,60 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.fingerprint import fingerprint_of, take_fingerprint
 from agent.probes import PROBES, Collected, NoData, ProbeResult, register, run_probes
-from agent.probes.host import HostProbe, parse_cpuinfo, parse_os_release
+from agent.probes.host import HostProbe, parse_cpuinfo, parse_meminfo, parse_os_release
 from tests.conftest import FIXTURES
 
 EPYC = FIXTURES / "probes" / "linux-epyc"
 
 
-def test_host_probe_reads_a_captured_linux_machine() -> None:
-    collected = HostProbe(proc=EPYC, etc=EPYC).collect()
+def test_host_probe_reads_a_captured_linux_machine(tmp_path: Path) -> None:
+    """The captured machine's figures, not this one's: its cpuinfo doubled into two sockets
+    (4 cores, 4 threads) and a meminfo of 64 GiB, which this machine does not have."""
+    one_socket = (EPYC / "cpuinfo").read_text()
+    (tmp_path / "cpuinfo").write_text(
+        one_socket + one_socket.replace("physical id\t: 0", "physical id\t: 1")
+    )
+    (tmp_path / "meminfo").write_text("MemTotal:       67108864 kB\nMemFree:  1024 kB\n")
+    collected = HostProbe(proc=tmp_path, etc=EPYC).collect()
     assert collected.data["cpu_model"] == "AMD EPYC"
-    assert collected.data["cpu_sockets"] == 1
+    assert (collected.data["cpu_sockets"], collected.data["cpu_cores"]) == (2, 4)
+    assert collected.data["cpu_threads"] == 4
+    assert collected.data["memory_bytes"] == 64 * 2**30
     assert collected.data["os_release"] == "Debian GNU/Linux 12 (bookworm)"
-    assert collected.data["memory_bytes"] > 0
     assert "hostname" not in collected.data
     assert set(collected.identity) <= set(collected.data)
+    captured = HostProbe(proc=EPYC, etc=EPYC).collect().data  # the file as captured
+    assert (captured["cpu_sockets"], captured["cpu_cores"], captured["cpu_threads"]) == (1, 2, 2)
 
 
-def test_parse_cpuinfo_counts_sockets() -> None:
+def test_parse_cpuinfo_counts_sockets_cores_and_threads() -> None:
     one_socket = (EPYC / "cpuinfo").read_text()
     two_sockets = one_socket + one_socket.replace("physical id\t: 0", "physical id\t: 1")
-    assert parse_cpuinfo(one_socket) == {"model": "AMD EPYC", "sockets": 1}
-    assert parse_cpuinfo(two_sockets)["sockets"] == 2
-    assert parse_cpuinfo("") == {"model": None, "sockets": None}
+    assert parse_cpuinfo(one_socket) == {
+        "model": "AMD EPYC",
+        "sockets": 1,
+        "cores": 2,
+        "threads": 2,
+    }
+    assert parse_cpuinfo(two_sockets) | {"model": None} == {
+        "model": None,
+        "sockets": 2,
+        "cores": 4,
+        "threads": 4,
+    }
+    assert parse_cpuinfo("") == {"model": None, "sockets": None, "cores": None, "threads": None}
+
+
+def test_parse_meminfo() -> None:
+    assert parse_meminfo("MemTotal:       16384 kB\n") == 16 * 2**20
+    assert parse_meminfo("MemFree: 1 kB\n") is None
 
 
 def test_parse_os_release() -> None:

@@ -16,7 +16,7 @@ from registry.questions.placement import (
     largest_fitting_concurrency,
     why_fit_unchecked,
 )
-from registry.questions.regressions import SeriesRun, find_steps
+from registry.questions.regressions import SeriesRun, describe_cause, find_steps
 from tests.conftest import ARTICLE_MODEL_INFO, ARTICLE_TABLE
 
 GIB = 2**30
@@ -187,3 +187,41 @@ def test_a_step_judged_before_is_a_segment_start_for_later_runs() -> None:
     for end in range(36, 46):
         assert find_steps(runs[:end], judge_from=end - 5, known_steps=[30]) == []
         assert find_steps(runs[:end], judge_from=end - 5) != []
+
+
+def _labelled(build: str, binding: str, hardware: str, settings: str) -> SeriesRun:
+    return SeriesRun(
+        uuid.uuid4(), datetime(2026, 11, 1, tzinfo=UTC), 1.0, build, binding, hardware, settings
+    )
+
+
+BEFORE = _labelled("b6400", "llama-cpp-python 0.3.16", "abc123", "ctx=2048")
+
+
+@pytest.mark.parametrize(
+    ("after", "kinds", "cause"),
+    [
+        (BEFORE, (), "nothing known changed (same build, binding, hardware and settings)"),
+        (
+            _labelled("b6527", "llama-cpp-python 0.3.16", "abc123", "ctx=2048"),
+            ("llama.cpp build",),
+            "llama.cpp build changed (b6400 -> b6527)",
+        ),
+        (
+            _labelled("b6400", "llama-cpp-python 0.3.36", "def456", "ctx=2048"),
+            ("binding", "hardware"),
+            "binding changed (llama-cpp-python 0.3.16 -> llama-cpp-python 0.3.36); "
+            "hardware or driver changed (abc123 -> def456)",
+        ),
+        (
+            _labelled("b6400", "llama-cpp-python 0.3.16", "abc123", "ctx=4096"),
+            ("settings",),
+            "settings changed",
+        ),
+    ],
+)
+def test_the_cause_names_what_changed_between_two_runs(
+    after: SeriesRun, kinds: tuple[str, ...], cause: str
+) -> None:
+    assert after.changes_from(BEFORE) == kinds
+    assert describe_cause(after.changes_from(BEFORE), BEFORE, after) == cause
