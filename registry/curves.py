@@ -1,4 +1,5 @@
-"""A node's batching curves of a model: the latest successful run of each engine build."""
+"""A node's batching curves of a model: the latest successful run of each engine build, read
+(`latest_curves`) and answered (`curves_answer`, the figures from registry.questions.curves)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,20 @@ from typing import Any
 from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from registry.models import RUN_NEWEST_FIRST, RUN_SUCCESSFUL, EngineBuild, Run, RunPoint
+from registry import series
+from registry.models import (
+    RUN_NEWEST_FIRST,
+    RUN_SUCCESSFUL,
+    EngineBuild,
+    Model,
+    Node,
+    Run,
+    RunPoint,
+)
+from registry.questions.curves import curve_figures
+from registry.schemas import CurvePointPublic, CurvePublic, CurvesPublic
 
-__all__ = ["Curve", "CurveBuild", "CurvePoint", "latest_curves"]
+__all__ = ["Curve", "CurveBuild", "CurvePoint", "curves_answer", "latest_curves"]
 
 
 @dataclass(frozen=True)
@@ -111,3 +123,32 @@ def latest_curves(session: Session, *, node_id: int, model_ids: Sequence[int]) -
                 )
             )
     return found
+
+
+def curves_answer(
+    session: Session, node: Node, models: Sequence[Model], *, knee_threshold: float
+) -> CurvesPublic:
+    """`GET /v1/curves`: the node's curves of the models (files sharing one name count as
+    one model), each labelled with its build and its knee."""
+    curves = []
+    for curve in latest_curves(session, node_id=node.id, model_ids=[m.id for m in models]):
+        knee, figures = curve_figures([(p.b, p.s_tg, p.s_pp) for p in curve.points], knee_threshold)
+        build = curve.build
+        curves.append(
+            CurvePublic(
+                label=series.build_label(build),
+                build_number=build.build_number,
+                commit=build.commit,
+                backend=build.backend,
+                binding_version=series.binding_label(build),
+                run_id=curve.run_id,
+                measured_at=curve.measured_at,
+                pp=curve.pp,
+                tg=curve.tg,
+                knee=knee,
+                points=[CurvePointPublic(**vars(f)) for f in figures],
+            )
+        )
+    return CurvesPublic(
+        node=node.name, model=models[0].name, knee_threshold=knee_threshold, curves=curves
+    )

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from registry import crud, regression_store, series
-from registry.curves import latest_curves
+from registry.curves import curves_answer
 from registry.db import write_transaction
 from registry.deps import NodeAuth, ReadAccess, SessionDep, models_or_404, node_or_404
 from registry.export import export_response
 from registry.models import Model, Node
 from registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
-from registry.questions.knee import KNEE_THRESHOLD, find_knee
+from registry.questions.knee import KNEE_THRESHOLD
 from registry.questions.regressions import describe_cause
 from registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
 from registry.schemas import (
     Acknowledgement,
-    CurvePointPublic,
-    CurvePublic,
     CurvesPublic,
     RegressionPublic,
     RegressionsPublic,
@@ -114,45 +111,9 @@ def read_curves(
 ) -> Response:
     """The node's batching curves for the model, one per build, each with its knee."""
     found_node, models = _node_and_models(session, node, model)
-    curves = []
-    for curve in latest_curves(session, node_id=found_node.id, model_ids=[m.id for m in models]):
-        knee = find_knee([(p.b, p.s_tg) for p in curve.points], knee_threshold)
-        build = curve.build
-        curves.append(
-            CurvePublic(
-                label=series.build_label(build),
-                build_number=build.build_number,
-                commit=build.commit,
-                backend=build.backend,
-                binding_version=series.binding_label(build),
-                run_id=curve.run_id,
-                measured_at=curve.measured_at,
-                pp=curve.pp,
-                tg=curve.tg,
-                knee=knee,
-                points=[
-                    CurvePointPublic(
-                        b=p.b,
-                        total_tps=p.s_tg,
-                        per_user_tps=p.s_tg / p.b,
-                        ms_per_token=_finite(1000 * p.b / p.s_tg) if p.s_tg else None,
-                        prefill_tps=p.s_pp,
-                        past_knee=knee is not None and p.b > knee,
-                    )
-                    for p in curve.points
-                ],
-            )
-        )
-    answer = CurvesPublic(
-        node=found_node.name, model=models[0].name, knee_threshold=knee_threshold, curves=curves
-    )
+    answer = curves_answer(session, found_node, models, knee_threshold=knee_threshold)
     # Serialized here: FastAPI would validate and dump the answer a second time.
     return Response(answer.model_dump_json(), media_type="application/json")
-
-
-def _finite(value: float) -> float | None:
-    """None for a value JSON cannot carry (a speed so small its inverse overflows)."""
-    return value if math.isfinite(value) else None
 
 
 @router.get(

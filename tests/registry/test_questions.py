@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from agent.wire import ModelInfo
+from registry.questions.curves import curve_figures
 from registry.questions.hardware import summarize_hardware
 from registry.questions.knee import find_knee
 from registry.questions.placement import (
@@ -225,3 +226,27 @@ def test_the_cause_names_what_changed_between_two_runs(
 ) -> None:
     assert after.changes_from(BEFORE) == kinds
     assert describe_cause(after.changes_from(BEFORE), BEFORE, after) == cause
+
+
+def test_a_curve_s_figures_per_user_per_token_and_past_the_knee() -> None:
+    """The article's M4 Pro table (B, S_TG, S_PP): knee at 8; at B = 32 each user gets 6.05
+    tokens/s and waits 165 ms per token."""
+    points = [
+        (1, 28.3, 250.0),
+        (2, 42.1, 260.0),
+        (4, 70.0, 270.0),
+        (8, 133.7, 285.8),
+        (16, 166.0, None),
+        (32, 193.6, 290.0),
+    ]
+    knee, figures = curve_figures(points, 0.25)
+    assert knee == 8
+    assert [f.past_knee for f in figures] == [False, False, False, False, True, True]
+    last = figures[-1]
+    assert (last.b, last.total_tps, last.prefill_tps) == (32, 193.6, 290.0)
+    assert last.per_user_tps == pytest.approx(6.05)
+    assert last.ms_per_token == pytest.approx(1000 * 32 / 193.6)
+    assert figures[4].prefill_tps is None
+    _, [tiny] = curve_figures([(1, 1e-320, None)], 0.25)
+    assert tiny.ms_per_token is None  # 1000 / 1e-320 overflows: no figure, never inf
+    assert curve_figures([], 0.25) == (None, [])
