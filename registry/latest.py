@@ -27,7 +27,6 @@ from sqlalchemy import (
     bindparam,
     delete,
     insert,
-    or_,
     select,
     tuple_,
     update,
@@ -36,7 +35,15 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from agent import wire
-from registry.models import EngineBuild, LatestPoint, LatestRun, Model, Node, table_of
+from registry.models import (
+    EngineBuild,
+    LatestPoint,
+    LatestRun,
+    Model,
+    Node,
+    newer_run,
+    table_of,
+)
 from registry.questions.knee import find_knee
 
 __all__ = [
@@ -55,14 +62,9 @@ def _upserts(dialect: str) -> tuple[Any, Any, Any]:
     heads, points = table_of(LatestRun), table_of(LatestPoint)
     upsert = insert_for(heads)
     new = upsert.excluded
-    newer = or_(
-        new.started_at > heads.c.started_at,
-        and_(new.started_at == heads.c.started_at, new.received_at > heads.c.received_at),
-        and_(
-            new.started_at == heads.c.started_at,
-            new.received_at == heads.c.received_at,
-            new.run_id < heads.c.run_id,
-        ),
+    newer = newer_run(
+        (new.started_at, new.received_at, new.run_id),
+        (heads.c.started_at, heads.c.received_at, heads.c.run_id),
     )
     replaced = (
         "run_id",

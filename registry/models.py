@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     JSON,
     BigInteger,
+    ColumnElement,
     DateTime,
     Dialect,
     Double,
@@ -18,11 +19,14 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SQLColumnExpression,
     String,
     Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
+    and_,
+    or_,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -42,7 +46,9 @@ __all__ = [
     "NodeToken",
     "Regression",
     "Run",
+    "RunOrder",
     "RunPoint",
+    "newer_run",
     "table_of",
 ]
 
@@ -226,6 +232,20 @@ class Run(Base):
 # and which runs have a curve to offer.
 RUN_NEWEST_FIRST = (Run.started_at.desc(), Run.received_at.desc(), Run.id)
 RUN_SUCCESSFUL = Run.status != "failed"
+
+RunOrder = tuple[SQLColumnExpression[Any], SQLColumnExpression[Any], SQLColumnExpression[Any]]
+"""A run's (started_at, received_at, id) columns, wherever a table keeps them."""
+
+
+def newer_run(run: RunOrder, than: RunOrder) -> ColumnElement[bool]:
+    """SQL: `run` comes before `than` in RUN_NEWEST_FIRST's order (the one rule for which of
+    two runs is a node's latest, used wherever a table keeps the latest)."""
+    (started, received, run_id), (other_started, other_received, other_id) = run, than
+    return or_(
+        started > other_started,
+        and_(started == other_started, received > other_received),
+        and_(started == other_started, received == other_received, run_id < other_id),
+    )
 
 
 class RunPoint(Base):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Select, and_, delete, exists, func, or_, select, update
+from sqlalchemy import Select, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from registry.db import write_transaction
@@ -24,6 +24,7 @@ from registry.models import (
     Regression,
     Run,
     RunPoint,
+    newer_run,
 )
 
 __all__ = ["Pruned", "prunable_runs", "prune_runs"]
@@ -43,14 +44,9 @@ def prunable_runs(cutoff: datetime, limit: int | None = None) -> Select[uuid.UUI
         newer.model_id == Run.model_id,
         newer.build_id == Run.build_id,
         newer.status != "failed",
-        or_(
-            newer.started_at > Run.started_at,
-            and_(newer.started_at == Run.started_at, newer.received_at > Run.received_at),
-            and_(
-                newer.started_at == Run.started_at,
-                newer.received_at == Run.received_at,
-                newer.id < Run.id,
-            ),
+        newer_run(
+            (newer.started_at, newer.received_at, newer.id),
+            (Run.started_at, Run.received_at, Run.id),
         ),
     )
     statement = select(Run.id).where(

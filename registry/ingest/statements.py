@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, func, insert, or_, select
+from sqlalchemy import bindparam, case, func, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from registry.models import (
@@ -18,6 +18,7 @@ from registry.models import (
     NodeActivity,
     Run,
     RunPoint,
+    newer_run,
     table_of,
 )
 
@@ -70,15 +71,12 @@ def statements_for(dialect: str) -> Statements:
     run = count_runs.excluded
     newer = or_(
         activity.c.last_run_id.is_(None),
-        run.last_run_started_at > activity.c.last_run_started_at,
-        and_(
-            run.last_run_started_at == activity.c.last_run_started_at,
-            or_(
-                run.last_run_received_at > activity.c.last_run_received_at,
-                and_(
-                    run.last_run_received_at == activity.c.last_run_received_at,
-                    run.last_run_id < activity.c.last_run_id,
-                ),
+        newer_run(
+            (run.last_run_started_at, run.last_run_received_at, run.last_run_id),
+            (
+                activity.c.last_run_started_at,
+                activity.c.last_run_received_at,
+                activity.c.last_run_id,
             ),
         ),
     )
