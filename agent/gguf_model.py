@@ -1,15 +1,19 @@
 """Describe a GGUF model file: its sha256 and the architecture numbers KV-cache maths needs.
 
-Reads metadata with the `gguf` package (imported lazily: it pulls in numpy).
+The metadata is read from the file's header alone, skipping the tokenizer's arrays and the
+tensor data: the `gguf` package's reader builds every field, which took 9 s for Gemma 3's
+262k-token vocabulary (GGUF v2 and v3: docs/gguf.md of llama.cpp's ggml).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import struct
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from agent.wire import ModelInfo
 
@@ -63,26 +67,94 @@ def describe_gguf(
     """ModelInfo for a GGUF file read with the `gguf` package (slow for large vocabularies:
     sweeps take the same numbers from llama.cpp, which loads the model anyway);
     `name` defaults to the file name without `.gguf`."""
-    from gguf import GGUFReader
-
     try:
-        reader = GGUFReader(path)
+        with path.open("rb") as f:
+            metadata, n_params = _read_header(f)
     except FileNotFoundError as exc:
         raise ModelFileError(f"model file not found: {path}") from exc
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, struct.error) as exc:
         raise ModelFileError(f"{path} is not a readable GGUF file: {exc}") from exc
-    metadata = {
-        key: _plain(field.contents())
-        for key, field in reader.fields.items()
-        if not key.startswith("tokenizer.")
-    }
     return model_info(
         metadata,
         name=name or path.name.removesuffix(".gguf"),
         sha256=sha256_of(path, cache=sha256_cache),
         file_size=path.stat().st_size,
-        n_params=sum(int(t.n_elements) for t in reader.tensors),
+        n_params=n_params,
     )
+
+
+# GGUF value types: struct format of the fixed-size ones; 8 is a string, 9 an array.
+_SCALARS = {
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
+}
+_STRING, _ARRAY = 8, 9
+
+
+def _read_header(f: BinaryIO) -> tuple[dict[str, Any], int]:
+    """The metadata (arrays of strings, the tokenizer's, left out) and the parameter count
+    (the tensors' elements) from a GGUF header; raises ValueError for what is not one."""
+    if f.read(4) != b"GGUF":
+        raise ValueError("no GGUF magic")
+    (version,) = _unpack(f, "I")
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is not supported (2 or later)")
+    n_tensors, n_kv = _unpack(f, "QQ")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = _string(f)
+        (kind,) = _unpack(f, "I")
+        value = _value(f, kind)
+        if value is not _SKIPPED:
+            metadata[key] = value
+    n_params = 0
+    for _ in range(n_tensors):
+        _string(f)
+        (n_dims,) = _unpack(f, "I")
+        n_params += math.prod(_unpack(f, "Q" * n_dims))
+        _unpack(f, "IQ")  # type, offset
+    return metadata, n_params
+
+
+_SKIPPED = object()
+
+
+def _value(f: BinaryIO, kind: int) -> Any:
+    if kind in _SCALARS:
+        return _unpack(f, _SCALARS[kind])[0]
+    if kind == _STRING:
+        return _string(f)
+    if kind != _ARRAY:
+        raise ValueError(f"unknown GGUF value type {kind}")
+    item, count = _unpack(f, "IQ")
+    if item in _SCALARS:
+        return list(_unpack(f, _SCALARS[item] * count))
+    if item == _STRING:  # a vocabulary: hundreds of thousands of strings nobody here reads
+        for _ in range(count):
+            (length,) = _unpack(f, "Q")
+            f.seek(length, 1)
+        return _SKIPPED
+    return [_value(f, item) for _ in range(count)]
+
+
+def _unpack(f: BinaryIO, fmt: str) -> tuple[Any, ...]:
+    layout = "<" + fmt
+    data = f.read(struct.calcsize(layout))
+    return struct.unpack(layout, data)
+
+
+def _string(f: BinaryIO) -> str:
+    (length,) = _unpack(f, "Q")
+    return f.read(length).decode("utf-8", errors="replace")
 
 
 def model_info(
@@ -152,9 +224,3 @@ def _count_swa_layers(pattern: Any, arch: str, n_layer: int | None) -> int | Non
     if pattern == 0:
         return n_layer
     return sum(1 for il in range(n_layer) if il % pattern < pattern - 1)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value.item() if hasattr(value, "item") else value

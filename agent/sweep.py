@@ -18,7 +18,7 @@ from pathlib import Path
 
 from agent import _proc
 from agent.fingerprint import take_fingerprint
-from agent.gguf_model import ModelFileError, sha256_of
+from agent.gguf_model import ModelFileError, describe_gguf, sha256_of
 from agent.runners import PointCallback, SweepFailed, SweepOutcome, SweepSpec
 from agent.wire import (
     ERROR_LENGTH,
@@ -170,10 +170,18 @@ def measure_run(
         read = exc.started.model if exc.started is not None else None
         model = (read or ModelInfo(name=name)).model_copy(update={"name": name, "sha256": sha256})
         return report(model=model, failure=exc, engine=_engine(binary))
-    model = (outcome.model or ModelInfo(name=name)).model_copy(
-        update={"name": name, "sha256": sha256}
-    )
+    read = outcome.model or _architecture(model_path, name, sha256_cache)
+    model = (read or ModelInfo(name=name)).model_copy(update={"name": name, "sha256": sha256})
     return report(model=model, outcome=outcome)
+
+
+def _architecture(model_path: Path, name: str, sha256_cache: Path | None) -> ModelInfo | None:
+    """What a runner that does not say (the node's binary) leaves out: the architecture
+    numbers from the file's header, so placement can check a binary run's KV fit too."""
+    try:
+        return describe_gguf(model_path, name=name, sha256_cache=sha256_cache)
+    except ModelFileError:
+        return None
 
 
 def _engine(binary: Path | None) -> EngineBuild | None:

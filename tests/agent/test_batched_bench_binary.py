@@ -41,6 +41,22 @@ def test_sweep_with_the_binary(batched_bench: Path, gemma: Path) -> None:
     assert outcome.engine.build_number is not None
 
 
+def test_a_binary_run_carries_the_model_s_architecture(
+    batched_bench: Path, gemma: Path, tmp_path: Path
+) -> None:
+    """Read from the GGUF header (the binary does not say), so placement can check the KV
+    fit of a binary run as of an in-process one: Gemma 3 270M's numbers."""
+    report = measure_run(
+        gemma, SMALL, node="n", binary=batched_bench, sha256_cache=tmp_path / "sha256.json"
+    )
+    assert report.status == "ok"
+    model = report.model
+    assert (model.n_layer, model.n_head_kv, model.head_dim_k, model.head_dim_v) == (18, 1, 256, 256)
+    assert (model.sliding_window, model.n_swa_layers, model.n_ctx_train) == (512, 15, 32768)
+    assert (model.quantization, model.n_params) == ("Q4_K_M", 268098176)
+    assert model.sha256 is not None and model.file_size == gemma.stat().st_size
+
+
 def test_repeats_take_the_median(batched_bench: Path, gemma: Path) -> None:
     spec = SweepSpec(npp=(16,), ntg=(4,), npl=(2,), repeats=2)
     [point] = run_sweep(batched_bench, gemma, spec).points
