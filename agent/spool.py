@@ -207,15 +207,15 @@ class Spool:
                 "DELETE FROM runs WHERE state = 'delivered' AND finished_at < ?",
                 (moment - self.keep_delivered_s,),
             )
+            chosen = "" if only is None else f" AND run_id IN ({', '.join('?' * len(only))})"
             due = [
                 _Due(*row)
                 for row in db.execute(
                     "SELECT run_id, report, attempts, server_errors, first_failed_at FROM runs"
-                    " WHERE state = 'queued' AND (? OR next_attempt_at <= ?)"
+                    f" WHERE state = 'queued' AND (? OR next_attempt_at <= ?){chosen}"
                     " ORDER BY server_errors, spooled_at, run_id",
-                    (every_queued, moment),
+                    (every_queued, moment, *(only or ())),
                 )
-                if only is None or row[0] in only
             ]
         result = FlushResult()
         answered_5xx: list[tuple[_Due, str, float]] = []  # counted once the flush is over

@@ -168,11 +168,14 @@ def measure_run(
             outcome = sweep_in_child(model_path, spec, on_point=on_point)
     except SweepFailed as exc:
         read = exc.started.model if exc.started is not None else None
-        model = (read or ModelInfo(name=name)).model_copy(update={"name": name, "sha256": sha256})
-        return report(model=model, failure=exc, engine=_engine(binary))
+        return report(model=_named(read, name, sha256), failure=exc, engine=_engine(binary))
     read = outcome.model or _architecture(model_path, name, sha256_cache)
-    model = (read or ModelInfo(name=name)).model_copy(update={"name": name, "sha256": sha256})
-    return report(model=model, outcome=outcome)
+    return report(model=_named(read, name, sha256), outcome=outcome)
+
+
+def _named(read: ModelInfo | None, name: str, sha256: str) -> ModelInfo:
+    """What the engine (or the file's header) read of the model, under the run's name."""
+    return (read or ModelInfo(name=name)).model_copy(update={"name": name, "sha256": sha256})
 
 
 def _architecture(model_path: Path, name: str, sha256_cache: Path | None) -> ModelInfo | None:
@@ -221,8 +224,9 @@ def run_report(
         measured = {(p.pp, p.tg, p.b) for p in points}
         failed = list(getattr(failure, "failures", []))
         failed_keys = {(f.pp, f.tg, f.b) for f in failed}
+        reason = storable_text(str(failure), REASON_LENGTH)
         failures = failed + [
-            FailedPoint(pp=pp, tg=tg, b=b, reason=storable_text(str(failure), REASON_LENGTH))
+            FailedPoint(pp=pp, tg=tg, b=b, reason=reason)
             for pp, tg, b in spec.grid()
             if (pp, tg, b) not in measured and (pp, tg, b) not in failed_keys
         ]

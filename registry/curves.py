@@ -74,16 +74,7 @@ def _statements() -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ...]]]:
         .subquery("ranked")
     )
     runs = (
-        select(
-            Run.id,
-            Run.started_at,
-            EngineBuild.engine,
-            EngineBuild.build_number,
-            EngineBuild.commit,
-            EngineBuild.backend,
-            EngineBuild.binding,
-            EngineBuild.binding_version,
-        )
+        select(Run.id, Run.started_at, *series.BUILD_COLUMNS)
         .join(EngineBuild, EngineBuild.id == Run.build_id)
         .where(Run.id.in_(select(ranked.c.id).where(ranked.c.rank == 1)))
         .order_by(Run.started_at, Run.received_at)

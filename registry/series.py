@@ -30,6 +30,7 @@ from registry.models import (
 from registry.questions.regressions import SeriesRun
 
 __all__ = [
+    "BUILD_COLUMNS",
     "HISTORY_RUNS",
     "METRICS",
     "Cell",
@@ -116,18 +117,22 @@ Cell = tuple[int, int, int, Metric]  # PP, TG, B, metric: one series of a node's
 _RUN_OLDEST_FIRST = (Run.started_at, Run.received_at, Run.id.desc())
 
 
-# What a series needs of each run (its labels say what it ran on) and of each point.
-_LABEL_COLUMNS = (
-    Run.id,
-    Run.started_at,
-    Run.received_at,
-    *(getattr(Run, k) for k in _SETTINGS),
+# What build_label and binding_label read of a run's engine build, in that order.
+BUILD_COLUMNS = (
     EngineBuild.engine,
     EngineBuild.build_number,
     EngineBuild.commit,
     EngineBuild.backend,
     EngineBuild.binding,
     EngineBuild.binding_version,
+)
+# What a series needs of each run (its labels say what it ran on) and of each point.
+_LABEL_COLUMNS = (
+    Run.id,
+    Run.started_at,
+    Run.received_at,
+    *(getattr(Run, k) for k in _SETTINGS),
+    *BUILD_COLUMNS,
     HardwareFingerprint.description,
     HardwareFingerprint.hash,
 )

@@ -52,31 +52,34 @@ class SweepSpec:
     def grid(self) -> list[tuple[int, int, int]]:
         return [(pp, tg, pl) for pp in self.npp for tg in self.ntg for pl in self.npl]
 
+    def run_settings(self, **taken: int | None) -> RunSettings:
+        """The settings it runs with: as asked, but for what the engine took instead
+        (`taken`: n_ctx, n_batch, n_ubatch, n_threads, n_threads_batch)."""
+        asked: dict[str, object] = {
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "n_ubatch": self.n_ubatch,
+            "flash_attn": self.flash_attn,
+            "kv_unified": self.kv_unified,
+            "pp_shared": self.pp_shared,
+            "tg_separate": False,
+            "n_gpu_layers": self.n_gpu_layers,
+            "n_threads": self.n_threads,
+            "n_threads_batch": self.n_threads,
+            "cache_type_k": self.cache_type_k,
+            "cache_type_v": self.cache_type_v,
+        }
+        return RunSettings.model_validate(asked | taken)
+
     def requested_settings(self) -> RunSettings:
         """The settings as asked for, for a sweep that failed before its engine said what
         it runs with (the engine's own, when it did, are SweepFailed.started's); none that
         the wire format refuses (a negative thread count, say): the run is reported all the
         same."""
         try:
-            return self._requested_settings()
+            return self.run_settings()
         except ValidationError:
             return RunSettings()
-
-    def _requested_settings(self) -> RunSettings:
-        return RunSettings(
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            n_ubatch=self.n_ubatch,
-            flash_attn=self.flash_attn,
-            kv_unified=self.kv_unified,
-            pp_shared=self.pp_shared,
-            tg_separate=False,
-            n_gpu_layers=self.n_gpu_layers,
-            n_threads=self.n_threads,
-            n_threads_batch=self.n_threads,
-            cache_type_k=self.cache_type_k,
-            cache_type_v=self.cache_type_v,
-        )
 
     def context_size(self) -> int:
         if self.n_ctx is not None:

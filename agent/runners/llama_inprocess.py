@@ -32,7 +32,7 @@ from agent.runners import (
     plan_grid,
     point_from_samples,
 )
-from agent.wire import EngineBuild, FailedPoint, Point, RunSettings
+from agent.wire import EngineBuild, FailedPoint, Point
 
 __all__ = ["quiet_llama_logs", "run_sweep"]
 
@@ -100,21 +100,14 @@ def run_sweep(
                 binding="llama-cpp-python",
                 binding_version=llama_cpp.__version__,
             ),
-            settings=RunSettings(
+            settings=spec.run_settings(
                 n_ctx=llama.llama_n_ctx(ctx) if ctx else n_ctx,
                 # llama.cpp lowers n_batch to the context size: split by what it took, or
                 # a larger batch aborts the process (GGML_ASSERT in llama_decode).
                 n_batch=llama.llama_n_batch(ctx) if ctx else spec.n_batch,
                 n_ubatch=llama.llama_n_ubatch(ctx) if ctx else spec.n_ubatch,
-                flash_attn=spec.flash_attn,
-                kv_unified=spec.kv_unified,
-                pp_shared=spec.pp_shared,
-                tg_separate=False,
-                n_gpu_layers=spec.n_gpu_layers,
                 n_threads=threads,
                 n_threads_batch=threads,
-                cache_type_k=spec.cache_type_k,
-                cache_type_v=spec.cache_type_v,
             ),
             model=info,
         )

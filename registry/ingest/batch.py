@@ -88,11 +88,9 @@ def ingest_batch(
         if run.id in stored:
             answers[run.index] = _as_retry(run.id, stored[run.id], run.digest)
     runs = [run for run in runs if answers[run.index] is None]
-    known_now = KnownRows(dict(known.builds), dict(known.models))
     for run in runs:
-        run.build_id = build_id_of(connection, sql, run.report.engine, known_now, learned)
-        run.model_id = model_id_of(connection, sql, run.report.model, known_now, learned)
-        known_now.learn(learned)
+        run.build_id = build_id_of(connection, sql, run.report.engine, known, learned)
+        run.model_id = model_id_of(connection, sql, run.report.model, known, learned)
     for run, refused in over_series_bound(connection, sql, runs, limits):
         answers[run.index] = refused
     runs = [run for run in runs if answers[run.index] is None]

@@ -78,12 +78,6 @@ class IncomingRun:
     def order_key(self) -> OrderKey:
         return order_key(self.report.started_at, self.received_at, self.id)
 
-    def newer_than(self, other: IncomingRun) -> bool:
-        """As RUN_NEWEST_FIRST orders runs: started, then received, then the smaller id."""
-        mine = (self.report.started_at, self.received_at)
-        theirs = (other.report.started_at, other.received_at)
-        return mine > theirs or (mine == theirs and self.id < other.id)
-
 
 def _get_or_insert(
     connection: Connection, find: Any, insert_row: Any, identity: str, values: dict[str, Any]
@@ -106,7 +100,8 @@ def build_id_of(
 ) -> int:
     fields = engine.model_dump()
     identity = build_identity(fields)
-    build_id = known.builds.get(identity)
+    # What this batch learned first: it is newer than what the process remembers.
+    build_id = learned.builds.get(identity) or known.builds.get(identity)
     if build_id is None:
         row = _get_or_insert(connection, sql.build_by_identity, sql.insert_build, identity, fields)
         build_id = learned.builds[identity] = int(row.id)
@@ -122,7 +117,7 @@ def model_id_of(
 ) -> int:
     key = model_name_key(info.name)
     identity = f"sha256:{info.sha256}" if info.sha256 else f"name:{key}"
-    remembered = known.models.get(identity)
+    remembered = learned.models.get(identity) or known.models.get(identity)
     if remembered is None:
         row = _get_or_insert(
             connection,
@@ -280,7 +275,7 @@ def newest_by(runs: Sequence[IncomingRun], key: Any) -> dict[Any, IncomingRun]:
     newest: dict[Any, IncomingRun] = {}
     for run in runs:
         k = key(run)
-        if k not in newest or run.newer_than(newest[k]):
+        if k not in newest or run.order_key > newest[k].order_key:  # RUN_NEWEST_FIRST's
             newest[k] = run
     return newest
 

@@ -11,7 +11,15 @@ import pytest
 
 from agent.runners import SweepFailed, SweepSpec
 from agent.sweep import run_report, sweep_in_child
-from agent.wire import ERROR_LENGTH, REASON_LENGTH, FailedPoint, ModelInfo, Point, RunSettings
+from agent.wire import (
+    ERROR_LENGTH,
+    REASON_LENGTH,
+    FailedPoint,
+    ModelInfo,
+    Point,
+    RunReport,
+    RunSettings,
+)
 
 SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4))
 
@@ -97,13 +105,7 @@ def test_a_killed_engine_keeps_what_it_measured(gemma: Path) -> None:
 
 def test_a_sweep_that_fails_before_its_engine_starts_reports_the_settings_asked_for() -> None:
     spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2), n_batch=256, cache_type_k="q8_0")
-    report = run_report(
-        node="n1",
-        model=ModelInfo(name="gemma"),
-        spec=spec,
-        started_at=datetime.now(UTC),
-        failure=SweepFailed("llama.cpp could not load gemma.gguf"),
-    )
+    report = _failed_to_load(spec)
     assert report.status == "failed"
     assert (report.settings.n_batch, report.settings.n_ubatch) == (256, 512)
     assert (report.settings.cache_type_k, report.settings.cache_type_v) == ("q8_0", "f16")
@@ -157,11 +159,17 @@ def test_a_failure_message_no_registry_could_store_still_makes_a_report() -> Non
 
 def test_settings_asked_for_that_the_wire_refuses_still_make_a_report() -> None:
     spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1,), n_threads=-1)
-    report = run_report(
+    report = _failed_to_load(spec)
+    assert report.status == "failed" and report.settings == RunSettings()
+
+
+def _failed_to_load(spec: SweepSpec) -> RunReport:
+    """The report of a sweep whose model llama.cpp could not load (before the engine said
+    what it runs with)."""
+    return run_report(
         node="n1",
         model=ModelInfo(name="gemma"),
         spec=spec,
         started_at=datetime.now(UTC),
         failure=SweepFailed("llama.cpp could not load gemma.gguf"),
     )
-    assert report.status == "failed" and report.settings == RunSettings()
