@@ -24,9 +24,9 @@ from pathlib import Path
 
 import psutil
 
-from agent.fingerprint import take_fingerprint
-from agent.runners import SweepSpec
-from agent.sweep import sweep_in_child
+from fleetbench.agent.fingerprint import take_fingerprint
+from fleetbench.agent.runners import SweepSpec
+from fleetbench.agent.sweep import sweep_in_child
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -60,7 +60,7 @@ def start_registry(
     once /healthz answers."""
     port = free_port()
     env = {**os.environ, "FLEETBENCH_DATABASE_URL": database_url, **(extra_env or {})}
-    command = [sys.executable, "-m", "registry.cli", "serve", "--port", str(port)]
+    command = [sys.executable, "-m", "fleetbench.registry.cli", "serve", "--port", str(port)]
     if workers != 1:
         command += ["--workers", str(workers)]
     process = subprocess.Popen(

@@ -59,7 +59,7 @@ repeats = 1
         "XDG_CACHE_HOME": str(work / "cache"),
     }
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "daemon", "--config", str(config)],
+        [sys.executable, "-m", "fleetbench.agent.cli", "daemon", "--config", str(config)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=(work / "daemon.log").open("w"),

@@ -174,8 +174,8 @@ def node_name(node: int) -> str:
 
 
 def prepare_database(args: argparse.Namespace, work: Path) -> str:
-    from registry import crud
-    from registry.db import create_db_engine, session_factory, upgrade_schema
+    from fleetbench.registry import crud
+    from fleetbench.registry.db import create_db_engine, session_factory, upgrade_schema
 
     url = f"sqlite:///{work / 'registry.db'}" if args.database == "sqlite" else args.database_url
     if args.database == "postgresql":
@@ -195,7 +195,7 @@ def prepare_database(args: argparse.Namespace, work: Path) -> str:
 def stored_run_ids(url: str) -> set[str]:
     from sqlalchemy import text
 
-    from registry.db import create_db_engine
+    from fleetbench.registry.db import create_db_engine
 
     engine = create_db_engine(url)
     with engine.connect() as connection:

@@ -64,7 +64,7 @@ from bench.common import (
     start_registry,
     stop_registry,
 )
-from registry.ingest import build_identity
+from fleetbench.registry.ingest import build_identity
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/fleetbench_bench"
 CONCURRENCIES = (1, 2, 4, 8, 16, 32)
@@ -425,8 +425,13 @@ def migrate(url: str, revision: str = "head") -> None:
     (the knees of the curves migration 0004 copied from the runs)."""
     from alembic import command
 
-    from registry import latest
-    from registry.db import alembic_config, create_db_engine, session_factory, write_transaction
+    from fleetbench.registry import latest
+    from fleetbench.registry.db import (
+        alembic_config,
+        create_db_engine,
+        session_factory,
+        write_transaction,
+    )
 
     engine = create_db_engine(url)
     try:
@@ -529,7 +534,7 @@ def fill(url: str, shape: FleetShape) -> None:
 
 def fleet_is_filled(url: str, shape: FleetShape) -> bool:
     """True when the database is at the schema head and holds the fleet's row counts."""
-    from registry.db import create_db_engine, schema_revisions
+    from fleetbench.registry.db import create_db_engine, schema_revisions
 
     engine = create_db_engine(url)
     try:

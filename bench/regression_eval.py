@@ -28,7 +28,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from registry.questions.regressions import DetectionSettings, SeriesRun, find_steps
+from fleetbench.registry.questions.regressions import DetectionSettings, SeriesRun, find_steps
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 

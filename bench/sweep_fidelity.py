@@ -27,9 +27,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.runners import SweepSpec, batched_bench_binary
-from agent.sweep import sweep_in_child
-from agent.wire import Point
+from fleetbench.agent.runners import SweepSpec, batched_bench_binary
+from fleetbench.agent.sweep import sweep_in_child
+from fleetbench.contract.wire import Point
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -99,7 +99,7 @@ def overhead(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
             *env_args,
             sys.executable,
             "-m",
-            "agent.cli",
+            "fleetbench.agent.cli",
             "sweep",
             "-m",
             str(model),

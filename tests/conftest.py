@@ -29,11 +29,11 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from agent import wire
-from registry import crud
-from registry.config import RegistrySettings
-from registry.db import create_db_engine, session_factory, upgrade_schema
-from registry.main import create_app
+from fleetbench.contract import wire
+from fleetbench.registry import crud
+from fleetbench.registry.config import RegistrySettings
+from fleetbench.registry.db import create_db_engine, session_factory, upgrade_schema
+from fleetbench.registry.main import create_app
 
 POSTGRES_URL = os.environ.get(
     "FLEETBENCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -300,7 +300,7 @@ def agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     if "XDG_STATE_HOME" not in env and "FLEETBENCH_SPOOL" not in env:
         clean["XDG_STATE_HOME"] = _AGENT_STATE.mkdtemp()
     return subprocess.run(
-        [sys.executable, "-m", "agent.cli", *args],
+        [sys.executable, "-m", "fleetbench.agent.cli", *args],
         env={**clean, **env},
         capture_output=True,
         text=True,

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentSettings
-from agent.daemon import Daemon, DaemonConfig, SweepConfig
-from agent.runners import SweepFailed, SweepSpec
-from agent.runners.batched_bench_binary import binary_build, find_binary, run_sweep
-from agent.sweep import measure_run
-from agent.wire import FailedPoint, Point
+from fleetbench.agent.config import AgentSettings
+from fleetbench.agent.daemon import Daemon, DaemonConfig, SweepConfig
+from fleetbench.agent.runners import SweepFailed, SweepSpec
+from fleetbench.agent.runners.batched_bench_binary import binary_build, find_binary, run_sweep
+from fleetbench.agent.sweep import measure_run
+from fleetbench.contract.wire import FailedPoint, Point
 from tests.conftest import LiveRegistry, agent
 
 SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2))

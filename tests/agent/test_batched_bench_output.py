@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from agent.batched_bench_output import (
+from fleetbench.agent.batched_bench_output import (
     BadRow,
     NoTableFound,
     parse_batched_bench_output,

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.config import AgentSettings
-from agent.daemon import (
+from fleetbench.agent.config import AgentSettings
+from fleetbench.agent.daemon import (
     ConfigError,
     Daemon,
     DaemonConfig,
@@ -82,7 +82,7 @@ def test_a_bad_config_names_the_key(tmp_path: Path, change: tuple[str, str], mes
 def test_daemon_command_rejects_a_bad_config_at_start(tmp_path: Path) -> None:
     path = _write(tmp_path, GOOD.replace('cron = "0 3 * * *"', 'cron = "every night"'))
     result = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "daemon", "--config", str(path)],
+        [sys.executable, "-m", "fleetbench.agent.cli", "daemon", "--config", str(path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -97,7 +97,8 @@ def test_the_sweep_lock_holds_across_processes(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from agent.daemon import sweep_lock\n"
+            "import sys, time; from pathlib import Path\n"
+            "from fleetbench.agent.daemon import sweep_lock\n"
             "with sweep_lock(Path(sys.argv[1])) as got:\n"
             "    print(got, flush=True); time.sleep(30)",
             str(lock),
@@ -196,7 +197,7 @@ def test_the_last_success_of_a_binary_sweep_is_remembered_as_it_was(tmp_path: Pa
     """A `binary =` sweep's engine is the binary's build, not llama-cpp-python's version:
     recorded and read back the same, so an unchanged build does not sweep again hourly;
     a row an older agent wrote still reads."""
-    from agent.daemon import _SweepState
+    from fleetbench.agent.daemon import _SweepState
 
     state = _SweepState(tmp_path / "sweeps.db")
     binary = {"llama-batched-bench": "7100 0c1e570 CPU", "model_sha256": "ab" * 32}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentSettings
-from agent.daemon import Daemon, DaemonConfig, load_config
+from fleetbench.agent.config import AgentSettings
+from fleetbench.agent.daemon import Daemon, DaemonConfig, load_config
 from tests.agent.flaky_registry import flaky_registry
 from tests.conftest import free_port, make_report
 

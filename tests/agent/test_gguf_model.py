@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.gguf_model import ModelFileError, describe_gguf
+from fleetbench.agent.gguf_model import ModelFileError, describe_gguf
 from tests.agent.tiny_gguf import write_tiny_gguf
 
 

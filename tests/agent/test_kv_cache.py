@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.kv_cache import fits, kv_cache_bytes
-from agent.wire import ModelInfo
+from fleetbench.contract.kv_cache import fits, kv_cache_bytes
+from fleetbench.contract.wire import ModelInfo
 from tests.conftest import ARTICLE_MODEL_INFO
 
 NEMO = ARTICLE_MODEL_INFO  # Mistral NeMo 12B: 40 layers, 8 KV heads of 128

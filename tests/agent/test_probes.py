@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from agent.fingerprint import fingerprint_of, take_fingerprint
-from agent.probes import PROBES, Collected, NoData, ProbeResult, register, run_probes
-from agent.probes.host import HostProbe, parse_cpuinfo, parse_meminfo, parse_os_release
+from fleetbench.agent.fingerprint import fingerprint_of, take_fingerprint
+from fleetbench.agent.probes import PROBES, Collected, NoData, ProbeResult, register, run_probes
+from fleetbench.agent.probes.host import HostProbe, parse_cpuinfo, parse_meminfo, parse_os_release
 from tests.conftest import FIXTURES
 
 EPYC = FIXTURES / "probes" / "linux-epyc"

@@ -11,10 +11,10 @@ from typing import Any
 import pynvml
 import pytest
 
-from agent.probes import NoData
-from agent.probes.amd import AmdProbe, parse_rocm_smi
-from agent.probes.apple import AppleProbe, parse_system_profiler
-from agent.probes.nvidia import NvidiaProbe, cuda_version_text
+from fleetbench.agent.probes import NoData
+from fleetbench.agent.probes.amd import AmdProbe, parse_rocm_smi
+from fleetbench.agent.probes.apple import AppleProbe, parse_system_profiler
+from fleetbench.agent.probes.nvidia import NvidiaProbe, cuda_version_text
 
 PROBES = Path(__file__).parent.parent / "fixtures" / "probes"
 

@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from agent.runners import SweepSpec, needed_cells, plan_grid, point_from_samples
-from agent.wire import ModelInfo, RunSettings
+from fleetbench.agent.runners import SweepSpec, needed_cells, plan_grid, point_from_samples
+from fleetbench.contract.wire import ModelInfo, RunSettings
 
 # 2 layers x 2 KV heads x (64 + 64) values x 2 bytes (f16): 1,024 bytes per cell
 TINY = ModelInfo(name="tiny", n_layer=2, n_head_kv=2, head_dim_k=64, head_dim_v=64, file_size=0)

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.client import RegistryClient
-from agent.spool import Spool
-from registry.config import RegistrySettings
+from fleetbench.agent.client import RegistryClient
+from fleetbench.agent.spool import Spool
+from fleetbench.registry.config import RegistrySettings
 from tests.conftest import LiveRegistry, free_port, make_report, running_registry
 
 HOUR = 3600.0
@@ -135,10 +135,13 @@ def test_status_command_shows_the_spool(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path), "COLUMNS": "200"}
     env.pop("FLEETBENCH_SPOOL", None)
     text = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "status"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "fleetbench.agent.cli", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     as_json = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "status", "--json"],
+        [sys.executable, "-m", "fleetbench.agent.cli", "status", "--json"],
         env=env,
         capture_output=True,
         text=True,

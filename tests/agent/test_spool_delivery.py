@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.client import RegistryClient
-from agent.errors import RegistryUnavailable, RequestRejected
-from agent.spool import Spool, SpooledRun
+from fleetbench.agent.client import RegistryClient
+from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
+from fleetbench.agent.spool import Spool, SpooledRun
 from tests.agent.flaky_registry import Answer, flaky_registry
 from tests.conftest import LiveRegistry, agent, free_port, make_report
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentSettings
-from agent.daemon import Daemon, DaemonConfig
-from agent.errors import SpoolUnwritable
-from agent.spool import Spool
-from agent.wire import RunReport
+from fleetbench.agent.config import AgentSettings
+from fleetbench.agent.daemon import Daemon, DaemonConfig
+from fleetbench.agent.errors import SpoolUnwritable
+from fleetbench.agent.spool import Spool
+from fleetbench.contract.wire import RunReport
 from tests.agent.test_spool_delivery import OLD_SCHEMA
 from tests.conftest import LiveRegistry, agent, free_port, make_report
 
@@ -270,7 +270,7 @@ def test_the_daemon_keeps_an_unspoolable_run_in_memory_and_delivers_it_directly(
     daemon = Daemon(config, settings, load=lambda: (5.0, None))
     measured, later = make_report(node="ci-node"), make_report(node="ci-node")
     runs = iter([measured, later])
-    monkeypatch.setattr("agent.daemon.measure_run", lambda *args, **kwargs: next(runs))
+    monkeypatch.setattr("fleetbench.agent.daemon.measure_run", lambda *args, **kwargs: next(runs))
     small_disk.fill()
 
     with caplog.at_level(logging.INFO, logger="fleetbench.daemon"):
@@ -316,7 +316,7 @@ def test_the_daemon_starts_on_a_full_disk_and_keeps_running(
     )
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_")}
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "daemon", "--config", str(config)],
+        [sys.executable, "-m", "fleetbench.agent.cli", "daemon", "--config", str(config)],
         env={**clean, "FLEETBENCH_CACHE_DIR": str(tmp_path / "cache")},
         stderr=subprocess.PIPE,
         text=True,

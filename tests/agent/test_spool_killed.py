@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.spool import Spool
+from fleetbench.agent.spool import Spool
 from tests.conftest import LiveRegistry, make_report
 
 
@@ -28,7 +28,14 @@ def test_a_flush_killed_six_times_loses_nothing_and_stores_nothing_twice(
         "FLEETBENCH_SPOOL": str(spool_path),
         "FLEETBENCH_TOKEN": token,
     }
-    command = [sys.executable, "-m", "agent.cli", "flush", "--registry", live_registry.url]
+    command = [
+        sys.executable,
+        "-m",
+        "fleetbench.agent.cli",
+        "flush",
+        "--registry",
+        live_registry.url,
+    ]
     killed_after_some = 0
     for attempt in range(6):
         before = spool.counts()["delivered"]

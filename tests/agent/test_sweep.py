@@ -9,9 +9,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.runners import SweepFailed, SweepSpec
-from agent.sweep import run_report, sweep_in_child
-from agent.wire import (
+from fleetbench.agent.runners import SweepFailed, SweepSpec
+from fleetbench.agent.sweep import run_report, sweep_in_child
+from fleetbench.contract.wire import (
     ERROR_LENGTH,
     REASON_LENGTH,
     FailedPoint,

@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from registry.admission import Lane, LaneLimits
-from registry.config import RegistrySettings
-from registry.db import create_db_engine, upgrade_schema
+from fleetbench.registry.admission import Lane, LaneLimits
+from fleetbench.registry.config import RegistrySettings
+from fleetbench.registry.db import create_db_engine, upgrade_schema
 from tests.conftest import JSON, make_report, running_registry
 
 # --- the lanes -----------------------------------------------------------------------------

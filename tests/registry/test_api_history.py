@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent import wire
+from fleetbench.contract import wire
 from tests.conftest import (
     ARTICLE_MODEL,
     DAY0,

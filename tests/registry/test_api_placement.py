@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent import wire
-from registry.config import RegistrySettings
+from fleetbench.contract import wire
+from fleetbench.registry.config import RegistrySettings
 from tests.conftest import (
     ARTICLE_MODEL,
     ARTICLE_MODEL_INFO,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from agent import wire
-from registry.config import RegistrySettings
+from fleetbench.contract import wire
+from fleetbench.registry.config import RegistrySettings
 from tests.conftest import (
     ARTICLE_MODEL,
     LiveRegistry,

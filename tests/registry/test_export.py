@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from agent import wire
-from registry.config import RegistrySettings
-from registry.export import (
+from fleetbench.contract import wire
+from fleetbench.registry.config import RegistrySettings
+from fleetbench.registry.export import (
     RUN_COLUMNS,
     Cell,
     export_response,
@@ -227,7 +227,7 @@ def test_export_response_names_the_download() -> None:
 
 
 def test_text_a_spreadsheet_would_run_as_a_formula_is_quoted() -> None:
-    from registry.export import rows_to_csv
+    from fleetbench.registry.export import rows_to_csv
 
     text = rows_to_csv(["node", "s_tg"], [{"node": "=HYPERLINK(1)", "s_tg": -1.5}])
     assert text.splitlines()[1] == "'=HYPERLINK(1),-1.5"  # numbers stay numbers

@@ -18,13 +18,13 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from agent import wire
-from registry.config import RegistrySettings
-from registry.db import create_db_engine
+from fleetbench.contract import wire
+from fleetbench.registry.config import RegistrySettings
+from fleetbench.registry.db import create_db_engine
 from tests.conftest import JSON, free_port, make_report, running_registry
 
 ROOT = Path(__file__).resolve().parents[2]
-REGISTRY = [sys.executable, "-m", "registry.cli"]
+REGISTRY = [sys.executable, "-m", "fleetbench.registry.cli"]
 
 
 def _whole(database_url: str, reports: list[wire.RunReport]) -> tuple[int, int]:
@@ -71,8 +71,8 @@ def _serve(database_url: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def _tokens(database_url: str, nodes: int) -> list[str]:
-    from registry import crud
-    from registry.db import session_factory
+    from fleetbench.registry import crud
+    from fleetbench.registry.db import session_factory
 
     engine = create_db_engine(database_url)
     with session_factory(engine)() as session:

@@ -22,7 +22,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 
-from registry.main import create_app
+from fleetbench.registry.main import create_app
 from tests.conftest import ARTICLE_MODEL_INFO, LiveRegistry, make_report, post_report
 
 FUZZ_NODE = "fuzz-node"

@@ -8,10 +8,10 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from registry import crud
-from registry.ingest import ingest_report
-from registry.models import Regression
-from registry.series import HISTORY_RUNS
+from fleetbench.registry import crud
+from fleetbench.registry.ingest import ingest_report
+from fleetbench.registry.models import Regression
+from fleetbench.registry.series import HISTORY_RUNS
 from tests.conftest import DAY0, make_report, scaled
 
 

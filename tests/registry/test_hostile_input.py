@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from registry.config import RegistrySettings
+from fleetbench.registry.config import RegistrySettings
 from tests.conftest import (
     ARTICLE_MODEL,
     JSON,

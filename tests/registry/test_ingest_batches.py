@@ -14,10 +14,10 @@ from sqlalchemy import Engine, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from agent import wire
-from registry import crud
-from registry.db import session_factory, write_transaction
-from registry.ingest import (
+from fleetbench.contract import wire
+from fleetbench.registry import crud
+from fleetbench.registry.db import session_factory, write_transaction
+from fleetbench.registry.ingest import (
     Ingest,
     IngestLimits,
     ReportRefused,
@@ -26,7 +26,7 @@ from registry.ingest import (
     ingest_batch,
     ingest_report,
 )
-from registry.models import LatestPoint, LatestRun, NodeActivity, Regression
+from fleetbench.registry.models import LatestPoint, LatestRun, NodeActivity, Regression
 from tests.conftest import make_report, scaled
 
 DAY0 = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
@@ -242,7 +242,7 @@ def test_the_series_cache_gives_the_detector_what_the_database_would(
     """The same history stored three ways: one report per transaction with no cache; one
     writer with its cache; two writers (two processes) taking turns, each cache going stale
     whenever the other stored a run of the node. The same regressions every time."""
-    from registry.db import create_db_engine, upgrade_schema
+    from fleetbench.registry.db import create_db_engine, upgrade_schema
 
     reports = _history(seed=3)
     sessions = session_factory(engine)

@@ -17,12 +17,12 @@ from prometheus_client.samples import Sample
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session
 
-from agent import wire
-from registry import crud
-from registry.config import RegistrySettings
-from registry.db import create_db_engine, session_factory
-from registry.ingest import ingest_report
-from registry.metrics import FleetCollector, RegistryMetrics
+from fleetbench.contract import wire
+from fleetbench.registry import crud
+from fleetbench.registry.config import RegistrySettings
+from fleetbench.registry.db import create_db_engine, session_factory
+from fleetbench.registry.ingest import ingest_report
+from fleetbench.registry.metrics import FleetCollector, RegistryMetrics
 from tests.conftest import (
     ARTICLE_MODEL,
     ARTICLE_TABLE,

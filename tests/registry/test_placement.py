@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from registry import crud, placement_rows
-from registry.ingest import ingest_report
-from registry.models import Node
-from registry.questions.placement import NodeChoice, answer_placement
+from fleetbench.registry import crud, placement_rows
+from fleetbench.registry.ingest import ingest_report
+from fleetbench.registry.models import Node
+from fleetbench.registry.questions.placement import NodeChoice, answer_placement
 from tests.conftest import ARTICLE_TABLE, make_report
 
 RUN = uuid.UUID(int=1)

@@ -8,16 +8,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent.wire import ModelInfo
-from registry.questions.curves import curve_figures
-from registry.questions.hardware import summarize_hardware
-from registry.questions.knee import find_knee
-from registry.questions.placement import (
+from fleetbench.contract.wire import ModelInfo
+from fleetbench.registry.questions.curves import curve_figures
+from fleetbench.registry.questions.hardware import summarize_hardware
+from fleetbench.registry.questions.knee import find_knee
+from fleetbench.registry.questions.placement import (
     NodeMemory,
     largest_fitting_concurrency,
     why_fit_unchecked,
 )
-from registry.questions.regressions import SeriesRun, describe_cause, find_steps
+from fleetbench.registry.questions.regressions import SeriesRun, describe_cause, find_steps
 from tests.conftest import ARTICLE_MODEL_INFO, ARTICLE_TABLE
 
 GIB = 2**30

@@ -15,10 +15,15 @@ from alembic import command
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
-from registry import crud, latest, retention
-from registry.db import alembic_config, session_factory, upgrade_schema, write_transaction
-from registry.ingest import ingest_report
-from registry.models import (
+from fleetbench.registry import crud, latest, retention
+from fleetbench.registry.db import (
+    alembic_config,
+    session_factory,
+    upgrade_schema,
+    write_transaction,
+)
+from fleetbench.registry.ingest import ingest_report
+from fleetbench.registry.models import (
     EngineBuild,
     LatestPoint,
     LatestRun,
@@ -98,7 +103,7 @@ def test_prune_keeps_what_the_registry_needs_and_counts_what_it_deleted(
 
 
 def test_prune_runs_from_the_command_line_and_says_what_it_did(database_url: str) -> None:
-    from registry.db import create_db_engine
+    from fleetbench.registry.db import create_db_engine
 
     engine = create_db_engine(database_url)
     with session_factory(engine)() as session:
@@ -112,7 +117,7 @@ def test_prune_runs_from_the_command_line_and_says_what_it_did(database_url: str
                 session.commit()
     engine.dispose()
     env = {**os.environ, "FLEETBENCH_DATABASE_URL": database_url}
-    command_line = [sys.executable, "-m", "registry.cli", "prune", "--days", "30"]
+    command_line = [sys.executable, "-m", "fleetbench.registry.cli", "prune", "--days", "30"]
     looked = subprocess.run(
         [*command_line, "--dry-run"], env=env, cwd=ROOT, capture_output=True, text=True
     )
@@ -134,7 +139,7 @@ def test_migration_0004_fills_the_latest_tables_from_the_runs_stored(
     """A database at 0003 with a history (the newest run of one model failed, an old run
     holding one cell twice) is upgraded: each node's latest successful run per model, its
     points, and the node's newest run and run count; the knees are computed after."""
-    from registry.db import create_db_engine
+    from fleetbench.registry.db import create_db_engine
 
     engine = create_db_engine(empty_database_url)
     command.upgrade(alembic_config(engine), "0003")
@@ -199,7 +204,7 @@ def test_migration_0004_fills_the_latest_tables_from_the_runs_stored(
 
 
 def test_migrate_computes_the_knees_the_migration_left_unknown(empty_database_url: str) -> None:
-    from registry.db import create_db_engine
+    from fleetbench.registry.db import create_db_engine
 
     engine = create_db_engine(empty_database_url)
     upgrade_schema(engine)
@@ -214,7 +219,7 @@ def test_migrate_computes_the_knees_the_migration_left_unknown(empty_database_ur
         session.commit()
     env = {**os.environ, "FLEETBENCH_DATABASE_URL": empty_database_url}
     done = subprocess.run(
-        [sys.executable, "-m", "registry.cli", "migrate"],
+        [sys.executable, "-m", "fleetbench.registry.cli", "migrate"],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -12,10 +12,10 @@ import httpx
 from alembic import command
 from sqlalchemy import Engine, inspect
 
-from registry.db import alembic_config, create_db_engine, schema_revisions
+from fleetbench.registry.db import alembic_config, create_db_engine, schema_revisions
 from tests.conftest import free_port
 
-REGISTRY = [sys.executable, "-m", "registry.cli"]
+REGISTRY = [sys.executable, "-m", "fleetbench.registry.cli"]
 
 
 def _run(

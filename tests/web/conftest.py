@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, sync_playwright
 
-from agent import wire
+from fleetbench.contract import wire
 from tests.conftest import LiveRegistry, make_report, post_report
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.web.pages import CONTENT_SECURITY_POLICY, STATIC_DIR, plotly_js_path
+from fleetbench.registry.web.pages import CONTENT_SECURITY_POLICY, STATIC_DIR, plotly_js_path
 from tests.conftest import LiveRegistry
 
 ROOT = Path(__file__).resolve().parents[2]

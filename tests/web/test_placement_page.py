@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-from agent import wire
+from fleetbench.contract import wire
 from tests.conftest import ARTICLE_MODEL
 from tests.web.conftest import Dashboard, Fleet, apple_m4_pro, hours_ago
 

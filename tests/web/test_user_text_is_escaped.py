@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import quote, urlencode
 
-from agent import wire
+from fleetbench.contract import wire
 from tests.conftest import ARTICLE_TABLE
 from tests.web.conftest import TIMES, Dashboard, Fleet, hours_ago
 

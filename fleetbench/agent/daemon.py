@@ -1,0 +1,404 @@
+"""`fleetbench-agent daemon`: scheduled sweeps, delivered without loss, unattended.
+
+Each configured sweep runs on its cron schedule (with random jitter, so a fleet does not
+sweep in the same second), and at once when the llama.cpp build or the model file has
+changed since its last successful run, so a regression after an upgrade shows the next
+morning. Never two sweeps at once: one worker thread in the process, a file lock across
+processes. While other work holds the CPU or GPU above a threshold the sweep is postponed,
+saying why: benchmarks neither disturb production nor get polluted by it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from fleetbench.agent import _proc
+from fleetbench.agent.client import RegistryClient
+from fleetbench.agent.config import AgentSettings
+from fleetbench.agent.daemon_config import ConfigError, DaemonConfig, SweepConfig, load_config
+from fleetbench.agent.errors import ClientError, RequestRejected, SpoolUnwritable
+from fleetbench.agent.gguf_model import sha256_of
+from fleetbench.agent.probes.nvidia import nvml_session
+from fleetbench.agent.spool import RETRYABLE_STATUS, Spool
+from fleetbench.agent.sweep import measure_run
+from fleetbench.contract.wire import RunReport
+
+__all__ = ["ConfigError", "Daemon", "DaemonConfig", "SweepConfig", "load_config", "sweep_lock"]
+
+log = logging.getLogger("fleetbench.daemon")
+
+
+def _engine_identity(binary: Path | None) -> dict[str, str]:
+    if binary is None:
+        import importlib.metadata
+
+        return {"llama-cpp-python": importlib.metadata.version("llama-cpp-python")}
+    from fleetbench.agent.runners import batched_bench_binary
+
+    try:
+        build = batched_bench_binary.binary_build(binary)
+    except (_proc.CommandNotFound, _proc.CommandFailed):
+        return {"llama-batched-bench": "missing"}
+    return {"llama-batched-bench": f"{build.build_number} {build.commit} {build.backend}"}
+
+
+@contextmanager
+def sweep_lock(path: Path) -> Iterator[bool]:
+    """Holds an exclusive lock on `path` (never waits): True if this process got it. A lock
+    file, so that two daemons (or a daemon and a manual sweep) never measure at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def busy_reason(
+    *,
+    cpu_percent: float,
+    gpu_percent: float | None,
+    cpu_limit: float,
+    gpu_limit: float,
+) -> str | None:
+    if cpu_percent > cpu_limit:
+        return f"CPU {cpu_percent:.0f}% busy (limit {cpu_limit:.0f}%)"
+    if gpu_percent is not None and gpu_percent > gpu_limit:
+        return f"GPU {gpu_percent:.0f}% busy (limit {gpu_limit:.0f}%)"
+    return None
+
+
+def _gpu_percent() -> float | None:
+    try:
+        with nvml_session() as (nvml, _):
+            if nvml is None:
+                return None  # no NVIDIA GPU: nothing to guard
+            rates = [
+                nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(i)).gpu
+                for i in range(nvml.nvmlDeviceGetCount())
+            ]
+    except Exception:  # NVML failing is no reason to hold sweeps back
+        return None
+    return float(max(rates)) if rates else None
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        settings: AgentSettings | None = None,
+        *,
+        load: Callable[[], tuple[float, float | None]] | None = None,
+    ) -> None:
+        settings = settings or AgentSettings()
+        env_set = settings.model_fields_set  # FLEETBENCH_* variables win over the file
+        self.config = config
+        self.node = settings.node if "node" in env_set or not config.node else config.node
+        self.registry_url = (
+            settings.registry_url
+            if "registry_url" in env_set or not config.registry_url
+            else config.registry_url
+        )
+        token = settings.token if "token" in env_set or not config.token else config.token
+        self.token = token.get_secret_value() if token else None
+        self.spool = Spool(
+            settings.spool if "spool" in env_set or not config.spool else config.spool,
+            set_aside_after_5xx=config.set_aside_after_5xx,
+            set_aside_after_attempts=config.set_aside_after_attempts,
+            set_aside_after_s=config.set_aside_after_hours * 3600,
+            keep_delivered_s=settings.spool_retention_days * 86400,
+        )
+        self.lock_path = self.spool.path.with_name("sweep.lock")
+        self.sha256_cache = settings.cache_dir / "sha256.json"
+        self.load = load or (lambda: (psutil.cpu_percent(interval=1.0), _gpu_percent()))
+        self._state = _SweepState(self.spool.path.with_name("sweeps.db"))
+        self.scheduler: Any = None
+        self.unspooled: list[RunReport] = []  # runs a full disk kept out of the spool
+        self._registry_down = True  # until a flush says otherwise: probe it when in doubt
+
+    # --- one sweep ----------------------------------------------------------------------
+
+    def run_sweep(self, sweep: SweepConfig, *, why: str) -> str:
+        """Runs one sweep now unless the machine is busy or another sweep holds the lock;
+        returns what happened. Never raises: a failed sweep is a failed run, reported."""
+        cpu, gpu = self.load()
+        busy = busy_reason(
+            cpu_percent=cpu,
+            gpu_percent=gpu,
+            cpu_limit=self.config.busy_cpu_percent,
+            gpu_limit=self.config.busy_gpu_percent,
+        )
+        if busy is not None:
+            self._postpone(sweep, f"postponed {sweep.name} ({why}): {busy}")
+            return "postponed: " + busy
+        with sweep_lock(self.lock_path) as acquired:
+            if not acquired:
+                self._postpone(sweep, f"postponed {sweep.name} ({why}): another sweep is running")
+                return "postponed: another sweep is running"
+            log.info("sweep %s starts (%s)", sweep.name, why)
+            status = self._sweep(sweep)
+        self.flush()
+        return status
+
+    def _sweep(self, sweep: SweepConfig) -> str:
+        report = measure_run(
+            sweep.model,
+            sweep.spec(),
+            node=self.node,
+            name=sweep.model_name,
+            sha256_cache=self.sha256_cache,
+            binary=sweep.binary,
+        )
+        try:
+            self.spool.add(report)
+        except SpoolUnwritable as exc:
+            # Kept in memory until space is back, and in the log meanwhile, so that even a
+            # stopped daemon loses nothing.
+            self.unspooled.append(report)
+            log.error(
+                "sweep %s: run %s kept in memory, %s: %s",
+                sweep.name,
+                report.run_id,
+                exc,
+                report.model_dump_json(),
+            )
+        log.info("sweep %s: run %s %s", sweep.name, report.run_id, report.status)
+        if report.status != "failed":
+            self._state.record(sweep.name, self._identity(sweep))
+        return report.status
+
+    def _postpone(self, sweep: SweepConfig, message: str) -> None:
+        log.warning(message)
+        if self.scheduler is not None:
+            self.scheduler.add_job(
+                self.run_sweep,
+                "date",
+                run_date=datetime.now(UTC) + timedelta(seconds=self.config.busy_retry_s),
+                args=[sweep],
+                kwargs={"why": "postponed"},
+                id=f"retry:{sweep.name}",
+                replace_existing=True,
+            )
+
+    # --- changes since the last success ---------------------------------------------------
+
+    def _identity(self, sweep: SweepConfig) -> dict[str, str]:
+        """What a sweep's results depend on besides the machine: the engine (the binary's
+        build, or llama-cpp-python's version, which fixes the llama.cpp it vendors) and the
+        model file."""
+        try:
+            model = sha256_of(sweep.model, cache=self.sha256_cache)
+        except OSError:
+            model = "missing"
+        return {**_engine_identity(sweep.binary), "model_sha256": model}
+
+    def changed_since_last_success(self, sweep: SweepConfig) -> str | None:
+        """Why the sweep should run now: its build or model changed since it last succeeded
+        (or it never did). None when nothing changed."""
+        before = self._state.last(sweep.name)
+        now = self._identity(sweep)
+        if before is None:
+            return "no successful run yet"
+        changed = [f"{k} {before.get(k)} -> {v}" for k, v in now.items() if before.get(k) != v]
+        return "changed: " + ", ".join(changed) if changed else None
+
+    def check_changes(self) -> None:
+        for sweep in self.config.sweeps:
+            if (why := self.changed_since_last_success(sweep)) is not None:
+                self.run_sweep(sweep, why=why)
+
+    def flush(self) -> None:
+        """Writes the runs kept in memory to the spool, then delivers what is due. When runs
+        wait out a backoff because the registry was down, asks its /healthz: answering
+        again, every queued run goes now. A full disk is one line in the log."""
+        try:
+            self._spool_kept_runs()
+        except SpoolUnwritable as exc:
+            log.error("delivery waits: %s", exc)
+            self._deliver_kept_runs()
+            return
+        try:
+            with RegistryClient(self.registry_url, token=self.token) as client:
+                result = self.spool.flush(client)
+                tried = result.delivered + result.rejected + result.deferred
+                if not tried and self._registry_down and self.spool.counts()["queued"]:
+                    if not client.healthy():
+                        return
+                    log.info("the registry answers again: delivering every queued run")
+                    result = self.spool.flush(client, every_queued=True)
+                    tried = result.delivered + result.rejected + result.deferred
+        except SpoolUnwritable as exc:
+            log.error("delivery waits: %s", exc)
+            return
+        if tried:
+            self._registry_down = result.registry_down
+            log.info(
+                "delivery: %d delivered, %d rejected, %d waiting",
+                result.delivered,
+                result.rejected,
+                result.deferred,
+            )
+
+    def _deliver_kept_runs(self) -> None:
+        """The spool cannot take the runs kept in memory: they go to the registry directly,
+        so that a daemon stopped before space is back loses none the registry could take."""
+        with RegistryClient(self.registry_url, token=self.token) as client:
+            while self.unspooled:
+                report = self.unspooled[0]
+                try:
+                    client.submit_run(report)
+                except RequestRejected as exc:
+                    if exc.status_code in RETRYABLE_STATUS:
+                        log.warning("run %s stays in memory: %s", report.run_id, exc)
+                        return
+                    log.error("run %s, kept in memory, was refused: %s", report.run_id, exc)
+                except ClientError as exc:
+                    log.warning("run %s stays in memory: %s", report.run_id, exc)
+                    return
+                else:
+                    log.info("run %s, kept in memory, was delivered directly", report.run_id)
+                self.unspooled.pop(0)
+
+    def _spool_kept_runs(self) -> None:
+        """Moves the runs kept in memory into the spool; raises SpoolUnwritable while it
+        still cannot take them."""
+        while self.unspooled:
+            report = self.unspooled[0]
+            self.spool.add(report)
+            self.unspooled.pop(0)
+            log.info("run %s, kept in memory, is in the spool now", report.run_id)
+
+    # --- the schedule ---------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Runs until stopped (SIGTERM or Ctrl-C)."""
+        self.schedule()
+        log.info(
+            "daemon for node %s: %d sweep(s), registry %s, spool %s (pid %d)",
+            self.node,
+            len(self.config.sweeps),
+            self.registry_url,
+            self.spool.path,
+            os.getpid(),
+        )
+        if (problem := self.spool.unwritable_reason()) is not None:
+            log.error("%s: runs are kept in memory until it can", problem)
+        self.scheduler.start()
+
+    def schedule(self) -> None:
+        """Makes the scheduler (not started) with every job: the sweeps, deliveries and
+        change checks."""
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.schedulers.blocking import BlockingScheduler
+        from apscheduler.triggers.cron import CronTrigger
+
+        # One worker: sweeps, change checks and deliveries never overlap in this process.
+        self.scheduler = BlockingScheduler(
+            executors={"default": ThreadPoolExecutor(1)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600},
+            timezone=UTC,
+        )
+        for sweep in self.config.sweeps:
+            trigger = CronTrigger.from_crontab(sweep.cron)
+            trigger.jitter = int(self.config.jitter_s) or None
+            self.scheduler.add_job(
+                self.run_sweep, trigger, args=[sweep], kwargs={"why": "scheduled"}, id=sweep.name
+            )
+        # Jitter: a fleet that lost the registry does not come back in the same second.
+        self.scheduler.add_job(
+            self.flush,
+            "interval",
+            seconds=self.config.flush_every_s,
+            jitter=max(1, int(self.config.flush_every_s / 4)),
+            id="flush",
+        )
+        self.scheduler.add_job(
+            self.check_changes,
+            "interval",
+            seconds=self.config.check_changes_every_s,
+            next_run_time=datetime.now(UTC),  # at start, too
+        )
+
+
+# The table and its engine column, newest first (an older agent's last).
+_SUCCESS_TABLES = (("sweep_successes", "engine"), ("last_success", "llama_cpp_python"))
+
+
+class _SweepState:
+    """The engine and model each sweep last succeeded with (beside the spool), the engine
+    as whatever identity its runner gives (`{"llama-cpp-python": "0.3.36"}`,
+    `{"llama-batched-bench": "7100 0c1e570 CPU"}`), kept as JSON. The table is made by the
+    first success, so a daemon starts on a full disk; a success that cannot be recorded is a
+    warning (the next check sweeps again), not a crash. Rows of older agents' table
+    (`last_success`, whose column held llama-cpp-python's version alone, or that JSON) are
+    read until the sweep succeeds again."""
+
+    _TABLE = (
+        "CREATE TABLE IF NOT EXISTS sweep_successes (sweep TEXT PRIMARY KEY,"
+        " engine TEXT NOT NULL, model_sha256 TEXT, at REAL)"
+    )
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            yield db
+        finally:
+            db.close()
+
+    def record(self, sweep: str, identity: dict[str, str]) -> None:
+        engine = {k: v for k, v in identity.items() if k != "model_sha256"}
+        try:
+            with self._connect() as db:
+                db.execute(self._TABLE)
+                db.execute(
+                    "INSERT OR REPLACE INTO sweep_successes VALUES (?, ?, ?, ?)",
+                    (
+                        sweep,
+                        json.dumps(engine, sort_keys=True),
+                        identity.get("model_sha256"),
+                        datetime.now(UTC).timestamp(),
+                    ),
+                )
+        except sqlite3.OperationalError as exc:
+            log.warning("sweep %s: its success cannot be recorded in %s: %s", sweep, self.path, exc)
+
+    def last(self, sweep: str) -> dict[str, str] | None:
+        if not self.path.exists():
+            return None
+        row = None
+        with self._connect() as db:
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+            for table, column in _SUCCESS_TABLES:
+                if row is None and table in tables:
+                    row = db.execute(
+                        f"SELECT {column}, model_sha256 FROM {table} WHERE sweep = ?", (sweep,)
+                    ).fetchone()
+        if row is None:
+            return None
+        try:
+            engine = json.loads(row[0])
+        except ValueError:
+            engine = None
+        if not isinstance(engine, dict):  # recorded by an older agent: the version alone
+            engine = {"llama-cpp-python": row[0]}
+        return {**engine, "model_sha256": row[1]}

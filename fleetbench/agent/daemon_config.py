@@ -1,0 +1,138 @@
+"""agent.toml, the daemon's configuration: `[agent]` settings and the `[[sweep]]` tables,
+validated so that a bad file stops the daemon at start with the key named
+(`sweep[0].cron: ...`)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from fleetbench.agent.runners import SweepSpec
+
+__all__ = ["ConfigError", "DaemonConfig", "SweepConfig", "load_config"]
+
+PositiveInts = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class ConfigError(ValueError):
+    """The daemon's configuration cannot work; the message names the key."""
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SweepConfig(_Config):
+    """One scheduled sweep: a model, a schedule and llama-batched-bench's settings."""
+
+    name: str = Field(min_length=1)
+    model: Path
+    model_name: str | None = None
+    cron: str = Field(description="crontab expression, e.g. '0 3 * * *'")
+    npp: PositiveInts = [128]
+    ntg: PositiveInts = [128]
+    npl: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = [1, 2, 4, 8]
+    ctx_size: int | None = Field(default=None, ge=1)
+    batch_size: int = Field(default=2048, ge=1)
+    ubatch_size: int = Field(default=512, ge=1)
+    flash_attn: Literal["on", "off", "auto"] = "auto"
+    kv_unified: bool = False
+    pp_shared: bool = False
+    n_gpu_layers: int = -1
+    threads: int | None = Field(default=None, ge=1)
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    repeats: int = Field(default=3, ge=1)
+    binary: Path | None = Field(
+        default=None, description="the node's llama-batched-bench, instead of in-process"
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, cron: str) -> str:
+        from apscheduler.triggers.cron import CronTrigger
+
+        CronTrigger.from_crontab(cron)  # raises ValueError naming the bad field
+        return cron
+
+    def spec(self) -> SweepSpec:
+        return SweepSpec(
+            npp=tuple(self.npp),
+            ntg=tuple(self.ntg),
+            npl=tuple(self.npl),
+            n_ctx=self.ctx_size,
+            n_batch=self.batch_size,
+            n_ubatch=self.ubatch_size,
+            flash_attn=self.flash_attn,
+            kv_unified=self.kv_unified,
+            pp_shared=self.pp_shared,
+            n_gpu_layers=self.n_gpu_layers,
+            n_threads=self.threads,
+            cache_type_k=self.cache_type_k,
+            cache_type_v=self.cache_type_v,
+            repeats=self.repeats,
+        )
+
+
+class DaemonConfig(_Config):
+    """agent.toml. FLEETBENCH_* variables override the [agent] table."""
+
+    node: str | None = None
+    registry_url: str | None = None
+    token: SecretStr | None = None
+    spool: Path | None = None
+    jitter_s: float = Field(default=300, ge=0)
+    flush_every_s: float = Field(default=60, gt=0)
+    set_aside_after_5xx: int = Field(
+        default=5, ge=1, description="5xx answers for one run, while others are delivered"
+    )
+    set_aside_after_attempts: int = Field(default=20, ge=1)
+    set_aside_after_hours: float = Field(
+        default=24, gt=0, description="... or failing this long and that many attempts"
+    )
+    check_changes_every_s: float = Field(default=3600, gt=0)
+    busy_cpu_percent: float = Field(default=80, gt=0, le=100)
+    busy_gpu_percent: float = Field(default=20, gt=0, le=100)
+    busy_retry_s: float = Field(default=900, gt=0)
+    sweeps: list[SweepConfig] = Field(default_factory=list, alias="sweep", min_length=1)
+
+    @field_validator("sweeps")
+    @classmethod
+    def _unique_names(cls, sweeps: list[SweepConfig]) -> list[SweepConfig]:
+        names = [s.name for s in sweeps]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sweep names must be unique: {names}")
+        return sweeps
+
+
+def load_config(path: Path) -> DaemonConfig:
+    """Reads agent.toml: `[agent]` settings and `[[sweep]]` tables. Raises ConfigError."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    unknown = set(raw) - {"agent", "sweep"}
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown table(s) {sorted(unknown)}; expected [agent], [[sweep]]"
+        )
+    try:
+        return DaemonConfig.model_validate({**raw.get("agent", {}), "sweep": raw.get("sweep", [])})
+    except ValidationError as exc:
+        problems = "; ".join(f"{_key(e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
+        raise ConfigError(f"{path}: {problems}") from None
+
+
+def _key(location: tuple[int | str, ...]) -> str:
+    """The TOML key of an error: sweep[0].cron, agent.jitter_s."""
+    if not location or location[0] != "sweep":
+        return "agent." + ".".join(str(p) for p in location)
+    key = "sweep"
+    for part in location[1:]:
+        key += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return key

@@ -1,0 +1,112 @@
+"""Tables for people: a run's curve as the batching article shows it, and placement answers;
+and the consoles they are printed on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from rich.console import Console
+from rich.table import Table
+
+from fleetbench.agent.spool import SpooledRun
+from fleetbench.contract.answers import PlacementAnswer
+from fleetbench.contract.wire import Point
+
+__all__ = ["console", "curve_table", "placement_table", "spool_table"]
+
+# Rich lays out for 80 columns when it is not on a terminal and cuts cells to fit ("133.…");
+# in a pipe or a log a table is as wide as its contents instead (tables never stretch).
+_PIPE_WIDTH = 1000
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console as wide as the terminal, or, in a pipe or a log, as what it prints."""
+    terminal = Console(stderr=stderr)
+    return terminal if terminal.is_terminal else Console(stderr=stderr, width=_PIPE_WIDTH)
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def curve_table(points: Sequence[Point], *, title: str) -> Table:
+    """B, total decode t/s, per-user t/s, ms per token for each user, prefill t/s."""
+    table = Table(title=title, title_justify="left")
+    for header in ("PP", "TG", "B", "total decode t/s", "per user t/s", "ms/token/user"):
+        table.add_column(header, justify="right")
+    table.add_column("prefill t/s", justify="right")
+    for p in points:
+        per_user = p.s_tg / p.b if p.s_tg is not None else None
+        ms_per_token = 1000 / per_user if per_user else None
+        table.add_row(
+            str(p.pp),
+            str(p.tg),
+            str(p.b),
+            _fmt(p.s_tg),
+            _fmt(per_user),
+            _fmt(ms_per_token, 0),
+            _fmt(p.s_pp),
+        )
+    return table
+
+
+def placement_table(answer: PlacementAnswer) -> Table:
+    table = Table(
+        title=f"{answer.model}: at least {answer.min_tps_per_user:g} tokens/s per user "
+        "(speeds in tokens/s)",
+        title_justify="left",
+        caption=answer.reason,
+        caption_justify="left",
+    )
+    table.add_column("node")
+    for header in ("B", "per user", "total", "prefill", "PP/TG", "KV GiB", "build"):
+        table.add_column(header, justify="right")
+    table.add_column("measured")
+    table.add_column("notes")
+    for c in answer.candidates:
+        notes = [
+            *(["past the knee"] if c.past_knee else []),
+            *(["fit not checked"] if answer.context_tokens and c.fit == "not checked" else []),
+        ]
+        table.add_row(
+            c.node,
+            str(c.concurrency),
+            _fmt(c.per_user_tps),
+            _fmt(c.total_tps),
+            _fmt(c.prefill_tps),
+            f"{c.prompt_tokens}/{c.gen_tokens}",
+            _fmt(c.kv_cache_gib),
+            "-" if c.llama_cpp_build is None else str(c.llama_cpp_build),
+            c.measured_at.strftime("%Y-%m-%d"),
+            ", ".join(notes),
+        )
+    for r in answer.rejected:
+        table.add_row(r.node, str(r.concurrency), *[""] * 8, f"refused: {r.reason}")
+    return table
+
+
+def spool_table(runs: Sequence[SpooledRun]) -> Table:
+    """Runs not delivered: queued ones with their next attempt, rejected ones (refused, or
+    set aside after repeated failures) with the reason."""
+    table = Table(title="runs not delivered", title_justify="left")
+    for header in ("run", "state", "attempts", "5xx", "failing since", "next attempt"):
+        table.add_column(header)
+    table.add_column("last error")
+    for r in runs:
+        next_attempt = _when(r.next_attempt_at) if r.state == "queued" else "-"
+        failing_since = "-" if r.first_failed_at is None else _when(r.first_failed_at)
+        table.add_row(
+            r.run_id,
+            r.state,
+            str(r.attempts),
+            str(r.server_errors),
+            failing_since,
+            next_attempt,
+            r.last_error or "",
+        )
+    return table
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S")

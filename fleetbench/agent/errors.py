@@ -1,0 +1,72 @@
+"""The agent's exceptions.
+
+FleetbenchError
+ ├── ClientError            talking to the registry failed
+ │    ├── RegistryUnavailable   no answer, a timeout or a 5xx: try again later
+ │    └── RequestRejected       a 4xx: the registry will not take the request as it is
+ └── SpoolError             the local spool cannot be read
+      └── SpoolUnwritable       ... or cannot be written (a full disk, a read-only file)
+
+Bad input files raise ValueErrors of their own: fleetbench.agent.batched_bench_output's
+BatchedBenchOutputError (NoTableFound, BadRow) and fleetbench.agent.gguf_model.ModelFileError.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClientError",
+    "FleetbenchError",
+    "RegistryUnavailable",
+    "RequestRejected",
+    "SpoolError",
+    "SpoolUnwritable",
+]
+
+
+class FleetbenchError(Exception):
+    """Base of the agent's errors."""
+
+
+class ClientError(FleetbenchError):
+    """A request to the registry failed. `retry_after`: the seconds the registry asked the
+    agent to wait (its Retry-After header), None when it did not say."""
+
+    retry_after: float | None = None
+
+
+class RegistryUnavailable(ClientError):
+    """The registry did not answer, timed out, or answered 5xx: retrying later may work.
+    `status_code` is None when no answer came (the registry is down or unreachable)."""
+
+    def __init__(
+        self, message: str, *, status_code: int | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retry_after = retry_after
+
+
+class RequestRejected(ClientError):
+    """The registry answered 4xx: the request is wrong as it stands."""
+
+    def __init__(self, status_code: int, detail: str, *, retry_after: float | None = None) -> None:
+        super().__init__(f"registry answered {status_code}: {detail}")
+        self.status_code = status_code
+        self.detail = detail
+        self.retry_after = retry_after
+
+
+class SpoolError(FleetbenchError):
+    """The spool file cannot be read; the message names the file and why."""
+
+
+class SpoolUnwritable(SpoolError):
+    """The spool cannot be written (a full disk, an I/O error, a read-only file). It can
+    still be read; `free_bytes` is what its file system has left."""
+
+    def __init__(self, path: str, cause: str, free_bytes: int | None) -> None:
+        free = "" if free_bytes is None else f": {free_bytes} bytes free"
+        super().__init__(f"the spool at {path} cannot be written ({cause}{free})")
+        self.path = path
+        self.cause = cause
+        self.free_bytes = free_bytes

@@ -1,0 +1,226 @@
+"""Describe a GGUF model file: its sha256 and the architecture numbers KV-cache maths needs.
+
+The metadata is read from the file's header alone, skipping the tokenizer's arrays and the
+tensor data: the `gguf` package's reader builds every field, which took 9 s for Gemma 3's
+262k-token vocabulary (GGUF v2 and v3: docs/gguf.md of llama.cpp's ggml).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from fleetbench.contract.wire import ModelInfo
+
+__all__ = ["ModelFileError", "describe_gguf", "model_info", "sha256_of"]
+
+# Where a GGUF has no `<arch>.attention.sliding_window_pattern`, llama.cpp assumes a pattern
+# per architecture (every n-th layer attends globally); these are its defaults for the
+# common sliding-window families (src/models/<arch>.cpp, load_swa_pattern).
+_DEFAULT_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "gpt-oss": 2}
+
+_HASH_CHUNK = 1 << 20
+
+
+class ModelFileError(ValueError):
+    """The model file is missing, unreadable or not a GGUF file."""
+
+
+def sha256_of(path: Path, *, cache: Path | None = None) -> str:
+    """The file's SHA-256. With `cache` (a JSON file), a file whose path, size and mtime
+    are unchanged is not read again: a 20 GB model is hashed once, not every night."""
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    known: dict[str, str] = {}
+    if cache is not None:
+        try:
+            known = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            known = {}
+        if key in known:
+            return known[key]
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    if cache is not None:
+        prefix = f"{path.resolve()}|"
+        kept = {k: v for k, v in known.items() if not k.startswith(prefix)}  # stale entries
+        temporary = cache.with_suffix(".tmp")
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({**kept, key: digest.hexdigest()}))
+            temporary.replace(cache)
+        except OSError:  # a full disk: the digest is right, it is only not remembered
+            temporary.unlink(missing_ok=True)
+    return digest.hexdigest()
+
+
+def describe_gguf(
+    path: Path, *, name: str | None = None, sha256_cache: Path | None = None
+) -> ModelInfo:
+    """ModelInfo for a GGUF file read with the `gguf` package (slow for large vocabularies:
+    sweeps take the same numbers from llama.cpp, which loads the model anyway);
+    `name` defaults to the file name without `.gguf`."""
+    try:
+        with path.open("rb") as f:
+            metadata, n_params = _read_header(f)
+    except FileNotFoundError as exc:
+        raise ModelFileError(f"model file not found: {path}") from exc
+    except (OSError, ValueError, struct.error) as exc:
+        raise ModelFileError(f"{path} is not a readable GGUF file: {exc}") from exc
+    return model_info(
+        metadata,
+        name=name or path.name.removesuffix(".gguf"),
+        sha256=sha256_of(path, cache=sha256_cache),
+        file_size=path.stat().st_size,
+        n_params=n_params,
+    )
+
+
+# GGUF value types: struct format of the fixed-size ones; 8 is a string, 9 an array.
+_SCALARS = {
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
+}
+_STRING, _ARRAY = 8, 9
+
+
+def _read_header(f: BinaryIO) -> tuple[dict[str, Any], int]:
+    """The metadata (arrays of strings, the tokenizer's, left out) and the parameter count
+    (the tensors' elements) from a GGUF header; raises ValueError for what is not one."""
+    if f.read(4) != b"GGUF":
+        raise ValueError("no GGUF magic")
+    (version,) = _unpack(f, "I")
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is not supported (2 or later)")
+    n_tensors, n_kv = _unpack(f, "QQ")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = _string(f)
+        (kind,) = _unpack(f, "I")
+        value = _value(f, kind)
+        if value is not _SKIPPED:
+            metadata[key] = value
+    n_params = 0
+    for _ in range(n_tensors):
+        _string(f)
+        (n_dims,) = _unpack(f, "I")
+        n_params += math.prod(_unpack(f, "Q" * n_dims))
+        _unpack(f, "IQ")  # type, offset
+    return metadata, n_params
+
+
+_SKIPPED = object()
+
+
+def _value(f: BinaryIO, kind: int) -> Any:
+    if kind in _SCALARS:
+        return _unpack(f, _SCALARS[kind])[0]
+    if kind == _STRING:
+        return _string(f)
+    if kind != _ARRAY:
+        raise ValueError(f"unknown GGUF value type {kind}")
+    item, count = _unpack(f, "IQ")
+    if item in _SCALARS:
+        return list(_unpack(f, _SCALARS[item] * count))
+    if item == _STRING:  # a vocabulary: hundreds of thousands of strings nobody here reads
+        for _ in range(count):
+            (length,) = _unpack(f, "Q")
+            f.seek(length, 1)
+        return _SKIPPED
+    return [_value(f, item) for _ in range(count)]
+
+
+def _unpack(f: BinaryIO, fmt: str) -> tuple[Any, ...]:
+    layout = "<" + fmt
+    data = f.read(struct.calcsize(layout))
+    return struct.unpack(layout, data)
+
+
+def _string(f: BinaryIO) -> str:
+    (length,) = _unpack(f, "Q")
+    return f.read(length).decode("utf-8", errors="replace")
+
+
+def model_info(
+    metadata: Mapping[str, Any],
+    *,
+    name: str,
+    sha256: str | None,
+    file_size: int | None,
+    n_params: int | None,
+) -> ModelInfo:
+    """The architecture numbers KV-cache maths needs, from GGUF metadata (key -> value), as
+    llama.cpp reads them. Raises ModelFileError when there is no architecture."""
+    from gguf import LlamaFileType
+
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelFileError(f"{name} has no general.architecture: not a model GGUF")
+
+    def key(suffix: str) -> Any:
+        value = metadata.get(f"{arch}.{suffix}")
+        if isinstance(value, list):
+            # Per-layer arrays (e.g. head_count_kv on some hybrids): the largest bounds memory.
+            numbers = [v for v in value if isinstance(v, int | float)]
+            return max(numbers) if numbers else None
+        return value
+
+    n_layer = key("block_count")
+    n_embd = key("embedding_length")
+    n_head = key("attention.head_count")
+    n_head_kv = key("attention.head_count_kv")
+    if n_head_kv is None:
+        n_head_kv = n_head  # llama.cpp: no KV head count means no grouped-query attention
+    head_dim = n_embd // n_head if n_embd and n_head else None
+    file_type = metadata.get("general.file_type")
+    quantization = None
+    if isinstance(file_type, int):
+        try:
+            quantization = LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+        except ValueError:
+            quantization = None
+    sliding_window = key("attention.sliding_window")
+    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
+    return ModelInfo(
+        name=name,
+        sha256=sha256,
+        quantization=quantization,
+        n_params=n_params,
+        file_size=file_size,
+        n_layer=n_layer,
+        n_head_kv=n_head_kv,
+        head_dim_k=key("attention.key_length") or head_dim,
+        head_dim_v=key("attention.value_length") or head_dim,
+        n_ctx_train=key("context_length"),
+        sliding_window=sliding_window,
+        n_swa_layers=_count_swa_layers(pattern, arch, n_layer) if sliding_window else None,
+    )
+
+
+def _count_swa_layers(pattern: Any, arch: str, n_layer: int | None) -> int | None:
+    """Layers that use the sliding window, as llama.cpp's set_swa_pattern decides them."""
+    if isinstance(pattern, list):
+        return sum(bool(is_swa) for is_swa in pattern)
+    if pattern is None:
+        pattern = _DEFAULT_SWA_PATTERN.get(arch)
+    if not isinstance(pattern, int) or n_layer is None:
+        return None
+    if pattern == 0:
+        return n_layer
+    return sum(1 for il in range(n_layer) if il % pattern < pattern - 1)

@@ -1,0 +1,54 @@
+"""Turn llama-batched-bench output that nodes already have into run reports."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import NamedTuple
+
+from fleetbench.agent.batched_bench_output import BadRow, parse_batched_bench_output
+from fleetbench.contract.wire import SCHEMA_VERSION, ModelInfo, RunReport
+
+__all__ = ["IMPORT_NAMESPACE", "ImportedRun", "reports_from_output"]
+
+# Import run ids are derived from what was measured (not from when: the time defaults to
+# the file's mtime, which a copy changes): importing the same table again is a harmless
+# retry, never a second copy of the run.
+IMPORT_NAMESPACE = uuid.UUID("5b0f7a52-9a4e-4f4e-9d43-2f3c1b6a8e10")
+_PLACEHOLDER = uuid.UUID(int=0)
+
+
+class ImportedRun(NamedTuple):
+    line: int  # where its table or records start in the text
+    report: RunReport
+
+
+def reports_from_output(
+    text: str,
+    *,
+    node: str,
+    model: ModelInfo,
+    measured_at: datetime,
+    skipped: list[BadRow] | None = None,
+) -> list[ImportedRun]:
+    """One report per table (or block of JSONL records) in `text`; with `skipped`, tables
+    holding a row that is no valid measurement are left out and said there. Raises
+    BatchedBenchOutputError for text that cannot be read."""
+    reports = []
+    for parsed in parse_batched_bench_output(text, skipped=skipped):
+        draft = RunReport(
+            schema_version=SCHEMA_VERSION,
+            run_id=_PLACEHOLDER,
+            node=node,
+            started_at=measured_at,
+            status="ok",
+            source="import",
+            engine=parsed.engine,
+            model=model,
+            settings=parsed.settings,
+            points=parsed.points,
+        )
+        content = draft.model_dump_json(exclude={"run_id", "started_at"})
+        run_id = uuid.uuid5(IMPORT_NAMESPACE, content)
+        reports.append(ImportedRun(parsed.line, draft.model_copy(update={"run_id": run_id})))
+    return reports

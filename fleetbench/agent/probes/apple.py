@@ -1,0 +1,65 @@
+"""Apple silicon: chip, CPU and GPU cores and unified memory, from system_profiler."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+from typing import Any
+
+from fleetbench.agent import _proc
+from fleetbench.agent.probes import Collected, NoData, register
+
+__all__ = ["AppleProbe", "parse_system_profiler"]
+
+COMMAND = ["system_profiler", "SPHardwareDataType", "SPDisplaysDataType", "-json"]
+
+
+@register("apple")
+class AppleProbe:
+    def collect(self) -> Collected:
+        if platform.system() != "Darwin":
+            raise NoData("not macOS")
+        data = parse_system_profiler(_proc.run(COMMAND, timeout=60))
+        if not data.get("chip", "").startswith("Apple"):
+            raise NoData(f"not Apple silicon: {data.get('chip')}")
+        return Collected(data, identity=tuple(k for k in data if k != "model_name"))
+
+
+_MEMORY = re.compile(r"^\s*([\d.]+)\s*(GB|TB|MB)\s*$")
+_UNITS = {"MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+
+
+def parse_system_profiler(text: str) -> dict[str, Any]:
+    """The machine from `system_profiler SPHardwareDataType SPDisplaysDataType -json`."""
+    report = json.loads(text)
+    hardware = (report.get("SPHardwareDataType") or [{}])[0]
+    gpus = [
+        gpu
+        for gpu in report.get("SPDisplaysDataType") or []
+        if gpu.get("sppci_device_type") == "spdisplays_gpu" or "sppci_cores" in gpu
+    ]
+    data: dict[str, Any] = {
+        "chip": hardware.get("chip_type") or hardware.get("cpu_type"),
+        "model": hardware.get("machine_model"),
+        "model_name": hardware.get("machine_name"),
+        "memory_bytes": _bytes(hardware.get("physical_memory")),
+    }
+    # "proc 8:4:4": all cores, then the cores of each performance level, fastest first
+    # (macOS 26 on M5: "proc 18:6:0:12"); a virtual Mac gives a plain number.
+    cores = [int(n) for n in re.findall(r"\d+", str(hardware.get("number_processors", "")))]
+    if cores:
+        data["cpu_cores"] = cores[0]
+        if len(cores) > 1:
+            data["cpu_cores_by_level"] = cores[1:]
+    if gpus:
+        data["gpu"] = gpus[0].get("sppci_model") or gpus[0].get("_name")
+        if (gpu_cores := gpus[0].get("sppci_cores")) is not None:
+            data["gpu_cores"] = int(gpu_cores)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def _bytes(text: str | None) -> int | None:
+    if text is None or (m := _MEMORY.match(text)) is None:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2)])

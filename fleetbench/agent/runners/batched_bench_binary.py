@@ -1,0 +1,143 @@
+"""The node's own `llama-batched-bench` binary, run with --output-format jsonl and read by the
+import parser. Its build comes from `--version`. A run that dies part-way keeps the points it
+printed; the points it never printed are failures with the reason.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+from fleetbench.agent import _proc
+from fleetbench.agent.batched_bench_output import (
+    BatchedBenchOutputError,
+    parse_batched_bench_output,
+    parse_build,
+)
+from fleetbench.agent.runners import (
+    PointCallback,
+    SweepFailed,
+    SweepOutcome,
+    SweepSpec,
+    point_from_samples,
+)
+from fleetbench.contract.wire import EngineBuild, FailedPoint, Point, RunSettings
+
+__all__ = ["binary_build", "find_binary", "run_sweep"]
+
+BINARY = "llama-batched-bench"
+
+
+def find_binary(configured: Path | None = None) -> Path:
+    found = configured or (Path(p) if (p := shutil.which(BINARY)) else None)
+    if found is None or not found.exists():
+        raise SweepFailed(
+            f"{configured or BINARY} not found: install llama.cpp's tools or give its path"
+        )
+    return found
+
+
+def binary_build(binary: Path) -> EngineBuild:
+    """Build number, commit and backend from `llama-batched-bench --version`."""
+    try:
+        text = _proc.run([str(binary), "--version"], timeout=30, with_stderr=True)
+    except _proc.CommandFailed as exc:  # older builds print the version, then exit 1
+        text = exc.output
+    return parse_build(text).model_copy(update={"binding": BINARY})
+
+
+def argv(binary: Path, model: Path, spec: SweepSpec) -> list[str]:
+    """The command line that runs `spec` (the agent's and the benchmarks' one)."""
+    argv = [
+        str(binary), "-m", str(model),
+        "-c", str(spec.context_size()), "-b", str(spec.n_batch), "-ub", str(spec.n_ubatch),
+        "-npp", ",".join(map(str, spec.npp)), "-ntg", ",".join(map(str, spec.ntg)),
+        "-npl", ",".join(map(str, spec.npl)),
+        "-fa", spec.flash_attn, "-ngl", str(spec.n_gpu_layers),
+        "-ctk", spec.cache_type_k, "-ctv", spec.cache_type_v,
+        "--output-format", "jsonl",
+    ]  # fmt: skip
+    if spec.n_threads is not None:
+        argv += ["-t", str(spec.n_threads)]
+    if spec.pp_shared:
+        argv.append("-pps")
+    if spec.kv_unified:
+        argv.append("-kvu")
+    return argv
+
+
+def run_sweep(
+    binary: Path, model: Path, spec: SweepSpec, *, on_point: PointCallback = lambda _: None
+) -> SweepOutcome:
+    """`spec.repeats` runs of the binary; each point is the median of its repeats."""
+    engine = binary_build(binary)
+    samples: dict[tuple[int, int, int], list[Point]] = {}
+    settings = RunSettings()
+    for repeat in range(spec.repeats):
+        last = repeat == spec.repeats - 1
+        for point, point_settings in _one_run(binary, model, spec, samples):
+            settings = point_settings
+            samples.setdefault((point.pp, point.tg, point.b), []).append(point)
+            if last:
+                on_point(_combined(samples[(point.pp, point.tg, point.b)], spec))
+    # The JSONL records carry most settings; these it does not print.
+    known = {
+        "kv_unified": spec.kv_unified,
+        "cache_type_k": spec.cache_type_k,
+        "cache_type_v": spec.cache_type_v,
+    }
+    outcome = SweepOutcome(engine, settings.model_copy(update=known))
+    for pp, tg, pl in spec.grid():
+        measured = samples.get((pp, tg, pl))
+        if measured:
+            outcome.points.append(_combined(measured, spec))
+        else:
+            failure = FailedPoint(
+                pp=pp, tg=tg, b=pl,
+                reason="llama-batched-bench skipped it: more KV cells than the context has",
+            )  # fmt: skip
+            outcome.failures.append(failure)
+            on_point(failure)
+    return outcome
+
+
+def _one_run(
+    binary: Path, model: Path, spec: SweepSpec, measured: dict[tuple[int, int, int], list[Point]]
+) -> Iterator[tuple[Point, RunSettings]]:
+    process = subprocess.Popen(
+        argv(binary, model, spec), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        for line in process.stdout:
+            if not line.startswith("{"):
+                continue
+            try:
+                [run] = parse_batched_bench_output(line)
+            except BatchedBenchOutputError:
+                continue
+            yield run.points[0], run.settings
+        stderr = process.stderr.read()
+    finally:
+        process.stdout.close()
+        process.stderr.close()
+        returncode = process.wait()
+    if returncode != 0:
+        points = [_combined(p, spec) for p in measured.values()]
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        raise SweepFailed(
+            f"{BINARY} exited with status {returncode}: {lines[-1] if lines else 'no message'}",
+            points,
+        )
+
+
+def _combined(samples: list[Point], spec: SweepSpec) -> Point:
+    if len(samples) == 1:
+        return samples[0]
+    first = samples[0]
+    times = [(p.t_pp or 0.0, p.t_tg or 0.0) for p in samples]
+    return point_from_samples(
+        first.pp, first.tg, first.b, first.n_kv or 0, times, shared=spec.pp_shared
+    )

@@ -1,0 +1,4 @@
+"""The contract agent and registry share, owned by neither: the report a node sends
+(wire), the registry's answers agents read (answers), the bounds of every value (bounds)
+and the KV-cache maths both sides check fits with (kv_cache). Imports nothing but pydantic,
+so either side can be installed without the other."""

@@ -1,0 +1,72 @@
+"""The registry's answers that agents read: the receipt for a stored run and the placement
+answer. Part of the contract both sides share (fleetbench.contract), so the agent parses
+exactly what the registry declares in its OpenAPI schema."""
+
+from __future__ import annotations
+
+from typing import Literal
+from uuid import UUID
+
+from pydantic import BaseModel, Field
+
+from fleetbench.contract.bounds import Moment
+
+__all__ = ["PlacementAnswer", "PlacementCandidate", "RejectedConcurrency", "RunReceipt"]
+
+
+class RunReceipt(BaseModel):
+    """The registry's answer to a stored report (201 created, 200 for a retry)."""
+
+    run_id: UUID
+    outcome: Literal["created", "already stored"]
+    points: int
+    failures: int
+
+
+class PlacementCandidate(BaseModel):
+    """A node and the largest concurrency at which it meets the per-user speed asked for."""
+
+    node: str
+    concurrency: int
+    per_user_tps: float = Field(description="S_TG / B at that concurrency")
+    total_tps: float = Field(description="S_TG: total decode tokens/s across all users")
+    prefill_tps: float | None = Field(description="S_PP at that point")
+    prompt_tokens: int = Field(description="PP of the point")
+    gen_tokens: int = Field(description="TG of the point")
+    llama_cpp_build: int | None
+    measured_at: Moment
+    run_id: UUID
+    past_knee: bool | None = Field(
+        default=None, description="the concurrency lies past the node's knee (None: unknown)"
+    )
+    kv_cache_gib: float | None = Field(
+        default=None,
+        description="KV cache of all users at this concurrency, at context_tokens each "
+        "(or the point's own PP + TG); None without the model's architecture numbers",
+    )
+    fit: Literal["fits", "not checked"] = Field(
+        default="not checked", description="whether weights + KV cache were checked to fit"
+    )
+
+
+class RejectedConcurrency(BaseModel):
+    """A concurrency that met the speed asked for but whose KV cache would not fit."""
+
+    node: str
+    concurrency: int
+    kv_cache_gib: float
+    reason: str
+
+
+class PlacementAnswer(BaseModel):
+    """Which node and concurrency meets `min_tps_per_user` for `model`."""
+
+    model: str
+    min_tps_per_user: float
+    context_tokens: int | None = None
+    count: int = Field(description="how many nodes qualify; `candidates` lists the first `limit`")
+    candidates: list[PlacementCandidate] = Field(description="best total throughput first")
+    rejected: list[RejectedConcurrency] = Field(
+        default_factory=list, description="faster choices refused because they would not fit"
+    )
+    reason: str

@@ -1,0 +1,352 @@
+"""The report a node sends the registry for one sweep run: fleetbench's wire format.
+
+Defined once, here, in the contract neither side owns: the agent builds a `RunReport`, the
+registry validates the same class on `POST /v1/runs`.
+
+Versioning: `schema_version` is a literal. A change that old registries could misread
+gets a new version; the registry answers 422 for a version it does not know.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from fleetbench.contract.bounds import (
+    INT32_MAX,
+    MAX_MEMORY_BYTES,
+    NAME_LENGTH,
+    Count,
+    Figure,
+    Int32,
+    Moment,
+    Name,
+    Sha256,
+    Text,
+    check_json,
+    inline_schema,
+)
+
+__all__ = [
+    "ERROR_LENGTH",
+    "REASON_LENGTH",
+    "SCHEMA_VERSION",
+    "EngineBuild",
+    "FailedPoint",
+    "HardwareData",
+    "HardwareFingerprint",
+    "ModelInfo",
+    "Point",
+    "RunReport",
+    "RunSettings",
+    "RunStatus",
+    "model_name_key",
+]
+
+SCHEMA_VERSION = 1
+
+# S_TG and B·TG/T_TG may differ by rounding, never by more than this share.
+S_TG_TOLERANCE = 0.01
+
+NonNegativeFloat = Figure
+NonNegativeInt = Int32
+UTCDateTime = Moment
+# hardware.data: plain JSON within these bounds (the whole fingerprint a few dozen KB)
+HARDWARE_MAX_DEPTH = 16
+HARDWARE_MAX_VALUES = 10_000
+REASON_LENGTH = 4000  # a failed point's reason
+ERROR_LENGTH = 20000  # a failed run's error
+
+RunStatus = Literal["ok", "partial", "failed"]
+"""ok: every planned point was measured; partial: some points failed (see `failures`);
+failed: the run as a whole failed (see `error`)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Point(_Strict):
+    """One row of the llama-batched-bench table: B sequences, PP prompt and TG generated
+    tokens each. Times in seconds, speeds in tokens per second. Per-user decode speed is
+    `s_tg / b`."""
+
+    pp: NonNegativeInt = Field(description="prompt tokens per sequence (PP)")
+    tg: NonNegativeInt = Field(description="generated tokens per sequence (TG)")
+    b: int = Field(ge=1, le=INT32_MAX, description="concurrent sequences (B)")
+    n_kv: NonNegativeInt | None = Field(default=None, description="KV cells used (N_KV)")
+    t_pp: NonNegativeFloat | None = Field(default=None, description="prefill time, s")
+    s_pp: NonNegativeFloat | None = Field(default=None, description="prefill speed, t/s")
+    t_tg: NonNegativeFloat | None = Field(default=None, description="decode time, s")
+    s_tg: NonNegativeFloat | None = Field(default=None, description="total decode speed, t/s")
+    t: NonNegativeFloat | None = Field(default=None, description="total time, s")
+    s: NonNegativeFloat | None = Field(default=None, description="total speed, t/s")
+    repeats: int = Field(default=1, ge=1, le=INT32_MAX, description="times the point was measured")
+    s_pp_stdev: NonNegativeFloat | None = Field(
+        default=None, description="spread of S_PP over repeats (sample standard deviation)"
+    )
+    s_tg_stdev: NonNegativeFloat | None = Field(
+        default=None, description="spread of S_TG over repeats (sample standard deviation)"
+    )
+
+    @field_validator("s_tg")
+    @classmethod
+    def _s_tg_agrees_with_t_tg(cls, s_tg: float | None, info: ValidationInfo) -> float | None:
+        b, tg, t_tg = info.data.get("b"), info.data.get("tg"), info.data.get("t_tg")
+        if s_tg is None or t_tg is None or b is None or tg is None:
+            return s_tg  # nothing to compare (or those fields failed on their own)
+        if t_tg == 0:
+            if b * tg > 0:
+                raise ValueError(f"t_tg is 0 for {b * tg} generated tokens")
+            return s_tg
+        expected = b * tg / t_tg  # infinite for a subnormal t_tg: no S_TG agrees with that
+        if not math.isfinite(expected) or abs(s_tg - expected) > S_TG_TOLERANCE * expected:
+            raise ValueError(
+                f"s_tg={s_tg} disagrees with b*tg/t_tg={expected:.6g} by more than "
+                f"{S_TG_TOLERANCE:.0%}"
+            )
+        return s_tg
+
+
+class FailedPoint(_Strict):
+    """A point of the planned grid that produced no measurement, and why
+    (out of memory, `failed to find a memory slot`, skipped because it would not fit)."""
+
+    pp: NonNegativeInt
+    tg: NonNegativeInt
+    b: int = Field(ge=1, le=INT32_MAX)
+    reason: Text = Field(min_length=1, max_length=REASON_LENGTH)
+
+
+class EngineBuild(_Strict):
+    """What ran the sweep. `build_number`/`commit` identify the llama.cpp build when known."""
+
+    engine: Name = "llama.cpp"
+    build_number: NonNegativeInt | None = None
+    commit: Text | None = Field(default=None, max_length=64)
+    backend: Text | None = Field(
+        default=None, max_length=64, description="CPU, CUDA, Metal, ROCm, Vulkan, ..."
+    )
+    binding: Text | None = Field(
+        default=None, max_length=100, description="e.g. llama-batched-bench, llama-cpp-python"
+    )
+    binding_version: Text | None = Field(default=None, max_length=100)
+
+
+class ModelInfo(_Strict):
+    """The model measured. `name` is the display name; `sha256` of the GGUF file when known.
+    Architecture numbers are those the KV-cache size follows from."""
+
+    name: Name = Field(description="its lower-case form (how names are matched) too must fit")
+    sha256: Sha256 | None = None
+    quantization: Text | None = Field(default=None, max_length=64)
+    n_params: Count | None = None
+    file_size: Count | None = Field(default=None, description="bytes")
+    n_layer: NonNegativeInt | None = None
+    n_head_kv: NonNegativeInt | None = None
+    head_dim_k: NonNegativeInt | None = None
+    head_dim_v: NonNegativeInt | None = None
+    n_ctx_train: NonNegativeInt | None = None
+    sliding_window: NonNegativeInt | None = Field(
+        default=None, description="sliding-window size of the SWA layers, in tokens"
+    )
+    n_swa_layers: NonNegativeInt | None = Field(
+        default=None, description="layers that attend within the sliding window only"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _key_fits(cls, name: str) -> str:
+        key = model_name_key(name)
+        if len(key) > NAME_LENGTH:  # lower-casing can lengthen it: "İ" is two characters
+            raise ValueError(
+                f"its lower-case form, by which models are matched, is {len(key)} characters, "
+                f"over {NAME_LENGTH}"
+            )
+        return name
+
+
+def model_name_key(name: str) -> str:
+    """How model names compare: case-insensitive, with or without `.gguf`."""
+    return name.strip().lower().removesuffix(".gguf")
+
+
+class RunSettings(_Strict):
+    """The settings that shape the results (llama-batched-bench's flags)."""
+
+    n_ctx: NonNegativeInt | None = None
+    n_batch: NonNegativeInt | None = None
+    n_ubatch: NonNegativeInt | None = None
+    flash_attn: Literal["on", "off", "auto"] | None = None
+    kv_unified: bool | None = None
+    pp_shared: bool | None = None
+    tg_separate: bool | None = None
+    n_gpu_layers: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = Field(
+        default=None, description="-1: all"
+    )
+    n_threads: NonNegativeInt | None = None
+    n_threads_batch: NonNegativeInt | None = None
+    cache_type_k: Text | None = Field(default=None, max_length=16)
+    cache_type_v: Text | None = Field(default=None, max_length=16)
+
+
+class _Open(BaseModel):
+    """A probe's section: the keys fleetbench reads are typed; others are kept as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+ShortText = Annotated[Text, Field(max_length=200)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]
+
+
+class HostProbe(_Open):
+    cpu_model: ShortText | None = None
+    cpu_sockets: Int32 | None = None
+    cpu_cores: Int32 | None = None
+    cpu_threads: Int32 | None = None
+    memory_bytes: Bytes | None = None
+    os: ShortText | None = None
+    os_release: ShortText | None = None
+    kernel: ShortText | None = None
+    arch: ShortText | None = None
+
+
+class NvidiaGpu(_Open):
+    name: ShortText | None = None
+    uuid: ShortText | None = None
+    memory_bytes: Bytes | None = None
+    compute_capability: ShortText | None = None
+    power_limit_w: Figure | None = None
+
+
+class NvidiaProbe(_Open):
+    driver_version: ShortText | None = None
+    cuda_version: ShortText | None = None
+    gpus: list[NvidiaGpu] = Field(default_factory=list, max_length=256)
+
+
+class AppleProbe(_Open):
+    chip: ShortText | None = None
+    model: ShortText | None = None
+    model_name: ShortText | None = None
+    memory_bytes: Bytes | None = None
+    cpu_cores: Int32 | None = None
+    cpu_cores_by_level: list[Int32] | None = Field(default=None, max_length=16)
+    gpu: ShortText | None = None
+    gpu_cores: Int32 | None = None
+
+
+class AmdGpu(_Open):
+    name: ShortText | None = None
+    gpu_id: ShortText | None = None
+    sku: ShortText | None = None
+    vbios: ShortText | None = None
+    power_cap_w: Figure | None = None
+    pci_bus: ShortText | None = None
+
+
+class AmdProbe(_Open):
+    driver_version: ShortText | None = None
+    gpus: list[AmdGpu] = Field(default_factory=list, max_length=256)
+
+
+class Probes(_Open):
+    """One section per probe that found its hardware (agent/probes); a section of a probe
+    this registry does not know is kept as opaque JSON."""
+
+    host: HostProbe | None = None
+    nvidia: NvidiaProbe | None = None
+    apple: AppleProbe | None = None
+    amd: AmdProbe | None = None
+
+
+class HardwareData(_Open):
+    """What the probes saw (`fleetbench-agent fingerprint`). Plain JSON, at most
+    16 levels deep and 10,000 values, text without NUL or lone surrogates."""
+
+    probes: Probes = Field(default_factory=Probes)
+    notes: dict[str, Annotated[Text, Field(max_length=4000)]] = Field(
+        default_factory=dict, description="per probe, why it found nothing or failed"
+    )
+    complete: bool | None = Field(default=None, description="false when a probe failed")
+
+
+class HardwareFingerprint(_Strict):
+    """What defines the machine: `hash` is stable across reboots; `data` is the full probe
+    output it was computed from, in the shape of HardwareData (kept exactly as sent)."""
+
+    hash: Text = Field(min_length=8, max_length=128)
+    data: Annotated[
+        dict[str, Any], WithJsonSchema(inline_schema(HardwareData), mode="validation")
+    ] = Field(default_factory=dict)
+
+    @field_validator("data")
+    @classmethod
+    def _shape(cls, data: dict[str, Any]) -> dict[str, Any]:
+        check_json(data, max_depth=HARDWARE_MAX_DEPTH, max_items=HARDWARE_MAX_VALUES)
+        HardwareData.model_validate(data)  # raises naming the key; the dict is kept as sent
+        return data
+
+
+class RunReport(_Strict):
+    """One sweep run of one model on one node, with every measured and failed point.
+
+    Rules across fields (each answered 422 naming the field): `ok` has points and no
+    failures, `partial` has both, `failed` has an `error`; `finished_at` is not before
+    `started_at`; no two points share PP, TG and B; where a point gives both S_TG and T_TG,
+    S_TG is within 1% of B·TG/T_TG (and T_TG is not 0 when tokens were generated); a model
+    name's lower-case form fits 200 characters. A registry may bound points per report and
+    points per node lower than the schema does (FLEETBENCH_MAX_POINTS_PER_REPORT,
+    FLEETBENCH_MAX_SERIES_PER_NODE): over them it answers 422 saying which."""
+
+    schema_version: Literal[1]
+    run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
+    node: Name
+    started_at: UTCDateTime
+    finished_at: UTCDateTime | None = None
+    status: RunStatus = "ok"
+    error: Text | None = Field(default=None, max_length=ERROR_LENGTH)
+    source: Literal["sweep", "import"] = "sweep"
+    engine: EngineBuild = Field(default_factory=EngineBuild)
+    model: ModelInfo
+    settings: RunSettings = Field(default_factory=RunSettings)
+    hardware: HardwareFingerprint | None = None
+    points: list[Point] = Field(default_factory=list, max_length=100_000)
+    failures: list[FailedPoint] = Field(default_factory=list, max_length=100_000)
+
+    @field_validator("points")
+    @classmethod
+    def _one_point_per_cell(cls, points: list[Point]) -> list[Point]:
+        seen: set[tuple[int, int, int]] = set()
+        for point in points:
+            cell = (point.pp, point.tg, point.b)
+            if cell in seen:
+                raise ValueError(f"PP={cell[0]} TG={cell[1]} B={cell[2]} is given twice")
+            seen.add(cell)
+        return points
+
+    @model_validator(mode="after")
+    def _status_matches_contents(self) -> RunReport:
+        if self.status == "ok" and self.failures:
+            raise ValueError("status 'ok' with failed points: use 'partial'")
+        if self.status == "partial" and not self.failures:
+            raise ValueError("status 'partial' without failed points: use 'ok'")
+        if self.status != "failed" and not self.points:
+            raise ValueError(f"status {self.status!r} with no points: use 'failed'")
+        if self.status == "failed" and not self.error:
+            raise ValueError("status 'failed' needs an error")
+        if self.finished_at is not None and self.finished_at < self.started_at:
+            raise ValueError("finished_at is before started_at")
+        return self

@@ -1,0 +1,145 @@
+"""A node's batching curves of a model: the latest successful run of each engine build, read
+(`latest_curves`) and answered (`curves_answer`, the figures from questions.curves)."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, bindparam, func, select
+from sqlalchemy.orm import Session
+
+from fleetbench.registry import series
+from fleetbench.registry.models import (
+    RUN_NEWEST_FIRST,
+    RUN_SUCCESSFUL,
+    EngineBuild,
+    Model,
+    Node,
+    Run,
+    RunPoint,
+)
+from fleetbench.registry.questions.curves import curve_figures
+from fleetbench.registry.schemas import CurvePointPublic, CurvePublic, CurvesPublic
+
+__all__ = ["Curve", "CurveBuild", "CurvePoint", "curves_answer", "latest_curves"]
+
+
+@dataclass(frozen=True)
+class CurveBuild:
+    engine: str
+    build_number: int | None
+    commit: str | None
+    backend: str | None
+    binding: str | None
+    binding_version: str | None
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    b: int
+    s_tg: float
+    s_pp: float | None
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One batching curve: the latest run of one build at one (PP, TG)."""
+
+    run_id: uuid.UUID
+    measured_at: datetime
+    build: CurveBuild
+    pp: int
+    tg: int
+    points: list[CurvePoint]  # by B
+
+
+@functools.cache
+def _statements() -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ...]]]:
+    """(each build's latest successful run of the node's models, oldest first; the points
+    with an S_TG of the `run_ids`), built once."""
+    newest_first = func.row_number().over(partition_by=Run.build_id, order_by=RUN_NEWEST_FIRST)
+    ranked = (
+        select(Run.id, newest_first.label("rank"))
+        .where(
+            Run.node_id == bindparam("node_id"),
+            Run.model_id.in_(bindparam("model_ids", expanding=True)),
+            RUN_SUCCESSFUL,
+        )
+        .subquery("ranked")
+    )
+    runs = (
+        select(Run.id, Run.started_at, *series.BUILD_COLUMNS)
+        .join(EngineBuild, EngineBuild.id == Run.build_id)
+        .where(Run.id.in_(select(ranked.c.id).where(ranked.c.rank == 1)))
+        .order_by(Run.started_at, Run.received_at)
+    )
+    points = select(
+        RunPoint.run_id, RunPoint.pp, RunPoint.tg, RunPoint.b, RunPoint.s_tg, RunPoint.s_pp
+    ).where(RunPoint.run_id.in_(bindparam("run_ids", expanding=True)), RunPoint.s_tg.is_not(None))
+    return runs, points
+
+
+def latest_curves(session: Session, *, node_id: int, model_ids: Sequence[int]) -> list[Curve]:
+    """For each engine build the node ran the model on, its latest successful run's curves
+    (one per PP x TG); oldest build first."""
+    runs_statement, points_statement = _statements()
+    connection = session.connection()
+    runs = connection.execute(
+        runs_statement, {"node_id": node_id, "model_ids": list(model_ids)}
+    ).all()
+    groups: dict[uuid.UUID, dict[tuple[int, int], list[CurvePoint]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for run_id, pp, tg, b, s_tg, s_pp in connection.execute(
+        points_statement, {"run_ids": [run.id for run in runs]}
+    ).all():
+        groups[run_id][(pp, tg)].append(CurvePoint(b, s_tg, s_pp))
+    found: list[Curve] = []
+    for run_id, started_at, *build in runs:
+        for (pp, tg), points in sorted(groups[run_id].items()):
+            found.append(
+                Curve(
+                    run_id,
+                    started_at,
+                    CurveBuild(*build),
+                    pp,
+                    tg,
+                    sorted(points, key=lambda p: p.b),
+                )
+            )
+    return found
+
+
+def curves_answer(
+    session: Session, node: Node, models: Sequence[Model], *, knee_threshold: float
+) -> CurvesPublic:
+    """`GET /v1/curves`: the node's curves of the models (files sharing one name count as
+    one model), each labelled with its build and its knee."""
+    curves = []
+    for curve in latest_curves(session, node_id=node.id, model_ids=[m.id for m in models]):
+        knee, figures = curve_figures([(p.b, p.s_tg, p.s_pp) for p in curve.points], knee_threshold)
+        build = curve.build
+        curves.append(
+            CurvePublic(
+                label=series.build_label(build),
+                build_number=build.build_number,
+                commit=build.commit,
+                backend=build.backend,
+                binding_version=series.binding_label(build),
+                run_id=curve.run_id,
+                measured_at=curve.measured_at,
+                pp=curve.pp,
+                tg=curve.tg,
+                knee=knee,
+                points=[CurvePointPublic(**vars(f)) for f in figures],
+            )
+        )
+    return CurvesPublic(
+        node=node.name, model=models[0].name, knee_threshold=knee_threshold, curves=curves
+    )

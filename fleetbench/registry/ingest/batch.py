@@ -1,0 +1,259 @@
+"""One batch of reports stored in one transaction: the steps in order, answered per
+report; the latest curves and the regressions of the series it touched brought up to date
+in the same transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from fleetbench.contract import wire
+from fleetbench.registry.ingest.answers import (
+    IngestLimits,
+    ReportRefused,
+    RunConflict,
+    Stored,
+    check_size,
+)
+from fleetbench.registry.ingest.rows import (
+    Fingerprints,
+    IncomingRun,
+    KnownRows,
+    build_id_of,
+    count_activity,
+    fingerprint_of,
+    insert_runs,
+    model_id_of,
+    newest_by,
+    over_series_bound,
+    sha256_of,
+    store_fingerprints,
+)
+from fleetbench.registry.ingest.statements import statements_for
+from fleetbench.registry.latest import LatestCandidate, record_latest
+from fleetbench.registry.regression_store import NewRuns, refresh_regressions
+from fleetbench.registry.series import (
+    RecentRun,
+    RecentSeries,
+    Values,
+    point_values,
+    run_labels,
+    series_of_pairs,
+)
+from fleetbench.registry.series_cache import SeriesCache
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def ingest_report(
+    session: Session,
+    *,
+    report: wire.RunReport,
+    node_id: int,
+    limits: IngestLimits | None = None,
+) -> Stored:
+    """Stores one report (`ingest_batch` of one); raises RunConflict or ReportRefused."""
+    answer = ingest_batch(session, [(report, node_id)], limits=limits)[0]
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
+
+
+def ingest_batch(
+    session: Session,
+    items: Sequence[tuple[wire.RunReport, int]],
+    *,
+    limits: IngestLimits | None = None,
+    known: KnownRows | None = None,
+    learned: KnownRows | None = None,
+    series_cache: SeriesCache | None = None,
+) -> list[Stored | Exception]:
+    """Stores (report, node id) items as runs, in the session's transaction (the caller
+    commits), and answers each: Stored (created, or already stored with the same body), or
+    the RunConflict or ReportRefused that refused it before anything of it was written. Rows
+    found or made are added to `learned`, for the caller to remember once committed.
+
+    Set-based: each step is one statement for the whole batch (a select of all its keys, a
+    multi-row insert or upsert), whatever its size."""
+    limits = limits or IngestLimits()
+    known = known or KnownRows()
+    learned = learned if learned is not None else KnownRows()
+    connection = session.connection()
+    sql = statements_for(connection.dialect.name)
+    answers: list[Stored | Exception | None] = [None] * len(items)
+    runs, copies = _distinct_runs(items, limits, answers)
+    stored = dict(connection.execute(sql.run_digests, {"run_ids": [r.id for r in runs]}).all())
+    for run in runs:
+        if run.id in stored:
+            answers[run.index] = _as_retry(run.id, stored[run.id], run.digest)
+    runs = [run for run in runs if answers[run.index] is None]
+    for run in runs:
+        run.build_id = build_id_of(connection, sql, run.report.engine, known, learned)
+        run.model_id = model_id_of(connection, sql, run.report.model, known, learned)
+    for run, refused in over_series_bound(connection, sql, runs, limits):
+        answers[run.index] = refused
+    runs = [run for run in runs if answers[run.index] is None]
+    fingerprints = store_fingerprints(connection, sql, runs)
+    inserted = insert_runs(connection, sql, runs, fingerprints)
+    for run in runs:
+        if run.id not in inserted:  # stored meanwhile by a concurrent request: a retry
+            winner = connection.execute(sql.run_digests, {"run_ids": [run.id]}).first()
+            answers[run.index] = _as_retry(run.id, winner[1] if winner else "", run.digest)
+    runs = [run for run in runs if run.id in inserted]
+    node_changes = count_activity(connection, sql, runs)
+    regressed = _latest_and_regressions(
+        session, connection, runs, fingerprints, node_changes, series_cache, learned
+    )
+    for run in runs:
+        pair = (run.node_id, run.model_id)
+        answers[run.index] = Stored(run.id, created=True, regressed=pair in regressed)
+    for index, first in copies:  # a copy is answered as its first is, once that is known
+        answer = answers[first.index]
+        if isinstance(answer, Stored):
+            answers[index] = Stored(first.id, created=False)
+        elif answer is not None:  # its own exception: each request raises its own
+            answers[index] = type(answer)(*answer.args)
+    return [answer if answer is not None else RuntimeError("not answered") for answer in answers]
+
+
+def _distinct_runs(
+    items: Sequence[tuple[wire.RunReport, int]],
+    limits: IngestLimits,
+    answers: list[Stored | Exception | None],
+) -> tuple[list[IncomingRun], list[tuple[int, IncomingRun]]]:
+    """The batch's runs, each once, and the copies of a run given twice with the same body
+    (index, the first), which are answered as the first is. A report over the size bound is
+    answered refused; a run id given twice with different bodies, a conflict."""
+    received = _now()
+    runs: list[IncomingRun] = []
+    copies: list[tuple[int, IncomingRun]] = []
+    first_of: dict[uuid.UUID, IncomingRun] = {}
+    for index, (report, node_id) in enumerate(items):
+        try:
+            check_size(report, limits)
+        except ReportRefused as refused:
+            answers[index] = refused
+            continue
+        run = IncomingRun(index, report, node_id, sha256_of(report.model_dump_json()), received)
+        twin = first_of.get(run.id)
+        if twin is None:
+            first_of[run.id] = run
+            runs.append(run)
+        elif twin.digest == run.digest:
+            copies.append((index, twin))
+        else:
+            answers[index] = RunConflict(f"run {run.id} exists with a different report")
+    return runs, copies
+
+
+def _as_retry(run_id: uuid.UUID, stored_digest: str, digest: str) -> Stored | Exception:
+    if stored_digest != digest:
+        return RunConflict(f"run {run_id} exists with a different report")
+    return Stored(run_id, created=False)
+
+
+def _latest_and_regressions(
+    session: Session,
+    connection: Connection,
+    runs: Sequence[IncomingRun],
+    fingerprints: Fingerprints,
+    node_changes: Mapping[int, int],
+    series_cache: SeriesCache | None,
+    learned: KnownRows,
+) -> set[tuple[int, int]]:
+    """Brings each (node, model)'s latest curve and the regressions of its series up to
+    date with the batch's runs (`runs`: all it stored; `node_changes`: each node's
+    NodeActivity.changes now); returns the pairs a regression is stored for. The series
+    the check reads are taken from `series_cache` where they are still valid, and what they
+    are now is left in `learned` for the cache once the transaction commits."""
+    successful = [run for run in runs if run.report.status != "failed"]
+    heads = []
+    for (node_id, model_id), run in sorted(
+        newest_by(successful, lambda run: (run.node_id, run.model_id)).items()
+    ):
+        fingerprint = fingerprint_of(run, fingerprints)
+        heads.append(
+            LatestCandidate(
+                node_id=node_id,
+                model_id=model_id,
+                run_id=run.id,
+                started_at=run.report.started_at,
+                received_at=run.received_at,
+                build_id=run.build_id,
+                memory_bytes=fingerprint.memory_bytes if fingerprint else None,
+                settings=run.report.settings,
+                points=run.report.points,
+            )
+        )
+    record_latest(connection, heads)
+    new_runs: dict[tuple[int, int], NewRuns] = {}
+    for run in successful:
+        pair = new_runs.setdefault((run.node_id, run.model_id), NewRuns())
+        pair.run_ids.append(run.id)
+        pair.cells.update((p.pp, p.tg) for p in run.report.points)
+    added = Counter(run.node_id for run in runs)
+    before = {node_id: now - added[node_id] for node_id, now in node_changes.items()}
+    histories = _recent_series(session, successful, new_runs, fingerprints, before, series_cache)
+    for node_id, now in node_changes.items():
+        models = {m: h for (n, m), h in histories.items() if n == node_id}
+        learned.series[node_id] = (before[node_id], now, models)
+    return refresh_regressions(
+        session, new_runs, {pair: recent.as_lists() for pair, recent in histories.items()}
+    )
+
+
+def _recent_series(
+    session: Session,
+    runs: Sequence[IncomingRun],
+    new_runs: Mapping[tuple[int, int], NewRuns],
+    fingerprints: Fingerprints,
+    node_changes_before: Mapping[int, int],
+    series_cache: SeriesCache | None,
+) -> dict[tuple[int, int], RecentSeries]:
+    """Each pair's series with the batch's runs in: the remembered ones with the new runs
+    added where they are still valid, else read from the database (where the new runs are,
+    in this transaction)."""
+    found: dict[tuple[int, int], RecentSeries] = {}
+    for (node_id, model_id), pair in new_runs.items():
+        if series_cache is None:
+            break
+        remembered = series_cache.get(
+            node_id,
+            model_id,
+            changes=node_changes_before[node_id],
+            cells=frozenset(pair.cells),
+        )
+        if remembered is None:
+            continue
+        mine = [r for r in runs if (r.node_id, r.model_id) == (node_id, model_id)]
+        found[(node_id, model_id)] = remembered.with_runs(
+            [_recent_run(run, fingerprints) for run in mine]
+        )
+    missing = {pair: runs_.cells for pair, runs_ in new_runs.items() if pair not in found}
+    if missing:
+        found.update(series_of_pairs(session, missing))
+    return found
+
+
+def _recent_run(run: IncomingRun, fingerprints: Fingerprints) -> tuple[RecentRun, Values]:
+    """A new run as its series hold it, labelled as a read of it would be."""
+    report = run.report
+    fingerprint = fingerprint_of(run, fingerprints)
+    labels = run_labels(
+        report.engine,
+        fingerprint.description if fingerprint else None,
+        report.hardware.hash if report.hardware else None,
+        report.settings,
+    )
+    values = point_values(
+        (p.pp, p.tg, p.b, p.s_tg, p.s_pp, p.s_tg_stdev, p.s_pp_stdev, p.repeats)
+        for p in report.points
+    )
+    return RecentRun(run.order_key, run.id, report.started_at, labels), values

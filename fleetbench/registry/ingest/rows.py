@@ -1,0 +1,307 @@
+"""The rows one batch of reports writes, each step one statement for the whole batch: the
+engine builds and models it names (remembered per process), its fingerprints, runs, points
+and failed points, and each node's activity."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Row, func, update
+
+from fleetbench.contract import wire
+from fleetbench.contract.wire import model_name_key
+from fleetbench.registry.ingest.answers import IngestLimits, ReportRefused
+from fleetbench.registry.ingest.statements import MODEL_FACTS, Statements
+from fleetbench.registry.models import (
+    Model,
+)
+from fleetbench.registry.questions.hardware import summarize_hardware
+from fleetbench.registry.series import (
+    OrderKey,
+    RecentSeries,
+    order_key,
+)
+
+
+@dataclass
+class KnownRows:
+    """Ids of rows by identity, per database, filled only from committed transactions:
+    engine builds never change once written; models only gain facts (`facts`: those the
+    row is known to hold). Several processes share a database: a model whose facts another
+    process filled is updated once more, harmlessly (the update keeps what is there).
+
+    A transaction also leaves here, by node, its changes before and after and the recent
+    series of the models it stored runs of, for the series cache (registry.series_cache)."""
+
+    builds: dict[str, int] = field(default_factory=dict)
+    models: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
+    series: dict[int, tuple[int, int, dict[int, RecentSeries]]] = field(default_factory=dict)
+
+    def learn(self, other: KnownRows) -> None:
+        self.builds.update(other.builds)
+        self.models.update(other.models)
+
+
+def sha256_of(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def build_identity(fields: dict[str, Any]) -> str:
+    """An engine build's identity: a digest of all its fields (NULLs included)."""
+    return sha256_of(json.dumps(fields, sort_keys=True))
+
+
+@dataclass
+class IncomingRun:
+    """One report of a batch on its way in."""
+
+    index: int  # in the batch
+    report: wire.RunReport
+    node_id: int
+    digest: str
+    received_at: datetime
+    build_id: int = 0
+    model_id: int = 0
+
+    @property
+    def id(self) -> uuid.UUID:
+        return self.report.run_id
+
+    @property
+    def order_key(self) -> OrderKey:
+        return order_key(self.report.started_at, self.received_at, self.id)
+
+
+def _get_or_insert(
+    connection: Connection, find: Any, insert_row: Any, identity: str, values: dict[str, Any]
+) -> Row[Any]:
+    """The row `find` selects for this identity, inserted with `values` if there is none
+    (a concurrent insert of the same row is found once committed)."""
+    found = connection.execute(find, {"identity": identity}).first()
+    if found is None:
+        connection.execute(insert_row, {"identity": identity, **values})
+        found = connection.execute(find, {"identity": identity}).one()
+    return found
+
+
+def build_id_of(
+    connection: Connection,
+    sql: Statements,
+    engine: wire.EngineBuild,
+    known: KnownRows,
+    learned: KnownRows,
+) -> int:
+    fields = engine.model_dump()
+    identity = build_identity(fields)
+    # What this batch learned first: it is newer than what the process remembers.
+    build_id = learned.builds.get(identity) or known.builds.get(identity)
+    if build_id is None:
+        row = _get_or_insert(connection, sql.build_by_identity, sql.insert_build, identity, fields)
+        build_id = learned.builds[identity] = int(row.id)
+    return build_id
+
+
+def model_id_of(
+    connection: Connection,
+    sql: Statements,
+    info: wire.ModelInfo,
+    known: KnownRows,
+    learned: KnownRows,
+) -> int:
+    key = model_name_key(info.name)
+    identity = f"sha256:{info.sha256}" if info.sha256 else f"name:{key}"
+    remembered = learned.models.get(identity) or known.models.get(identity)
+    if remembered is None:
+        row = _get_or_insert(
+            connection,
+            sql.model_by_identity,
+            sql.insert_model,
+            identity,
+            {"name": info.name, "name_key": key, "sha256": info.sha256},
+        )
+        model_id = int(row.id)
+        held = frozenset(f for f in MODEL_FACTS if getattr(row, f) is not None)
+    else:
+        model_id, held = remembered
+    # Facts a later report knows and an earlier one did not are filled in, never
+    # overwritten; the row is written (and locked) only when there is something to fill.
+    new = {
+        f: value for f in MODEL_FACTS if f not in held and (value := getattr(info, f)) is not None
+    }
+    if new:
+        connection.execute(
+            update(Model)
+            .where(Model.id == model_id)
+            .values({f: func.coalesce(getattr(Model, f), value) for f, value in new.items()})
+        )
+        held = held | new.keys()
+    if remembered is None or new:
+        learned.models[identity] = (model_id, held)
+    return model_id
+
+
+def over_series_bound(
+    connection: Connection, sql: Statements, runs: Sequence[IncomingRun], limits: IngestLimits
+) -> list[tuple[IncomingRun, ReportRefused]]:
+    """The runs that would take their node's latest curves (this run's in place of its
+    model's) past the bound: what placement, /metrics and the dashboard read per node. Runs
+    of one batch count each other; batches stored at the same moment by other writers do not
+    (the bound may be passed by one run per writer, never more)."""
+    candidates = [run for run in runs if run.report.status != "failed"]
+    if not candidates:
+        return []
+    held: dict[int, dict[int, int]] = {}
+    node_ids = sorted({run.node_id for run in candidates})
+    for node_id, model_id, count in connection.execute(
+        sql.latest_counts, {"node_ids": node_ids}
+    ).all():
+        held.setdefault(node_id, {})[model_id] = count
+    refused = []
+    for run in candidates:
+        others = sum(c for m, c in held.get(run.node_id, {}).items() if m != run.model_id)
+        total = others + len(run.report.points)
+        if total > limits.max_series_per_node:
+            message = (
+                f"node {run.report.node!r} would hold {total} points in its latest curves "
+                f"(this run's {len(run.report.points)} and {others} of its other models), "
+                f"over this registry's limit of {limits.max_series_per_node} "
+                "(FLEETBENCH_MAX_SERIES_PER_NODE)"
+            )
+            refused.append((run, ReportRefused(message)))
+        else:  # the larger of the two: an older run does not replace the stored curve
+            models = held.setdefault(run.node_id, {})
+            models[run.model_id] = max(models.get(run.model_id, 0), len(run.report.points))
+    return refused
+
+
+@dataclass(frozen=True)
+class StoredFingerprint:
+    id: int
+    memory_bytes: int | None
+    description: str | None
+
+
+Fingerprints = dict[tuple[int, str], StoredFingerprint]
+
+
+def store_fingerprints(
+    connection: Connection, sql: Statements, runs: Sequence[IncomingRun]
+) -> Fingerprints:
+    """(id, memory in bytes) by (node, hash) of the fingerprints the runs report, stored or
+    widened to the runs' times: one upsert, one row per fingerprint."""
+    rows: dict[tuple[int, str], dict[str, Any]] = {}
+    for run in runs:
+        hardware = run.report.hardware
+        if hardware is None:
+            continue
+        seen = run.report.started_at
+        row = rows.get((run.node_id, hardware.hash))
+        if row is not None:
+            row["first_seen"] = min(row["first_seen"], seen)
+            row["last_seen"] = max(row["last_seen"], seen)
+            continue
+        summary = summarize_hardware(hardware.data)
+        rows[(run.node_id, hardware.hash)] = {
+            "node_id": run.node_id,
+            "hash": hardware.hash,
+            "data": hardware.data,
+            "first_seen": seen,
+            "last_seen": seen,
+            "description": summary.description,
+            "memory_bytes": summary.memory_bytes,
+            "memory_kind": summary.memory_kind,
+        }
+    if not rows:
+        return {}
+    returned = connection.execute(sql.fingerprints, [rows[key] for key in sorted(rows)]).all()
+    return {
+        (node_id, digest): StoredFingerprint(int(id_), memory, description)
+        for node_id, digest, id_, memory, description in returned
+    }
+
+
+def fingerprint_of(run: IncomingRun, fingerprints: Fingerprints) -> StoredFingerprint | None:
+    hardware = run.report.hardware
+    return fingerprints.get((run.node_id, hardware.hash)) if hardware is not None else None
+
+
+def insert_runs(
+    connection: Connection, sql: Statements, runs: Sequence[IncomingRun], fingerprints: Fingerprints
+) -> set[uuid.UUID]:
+    """Inserts the runs, their points and failed points; returns the ids it inserted (the
+    others were stored meanwhile by another request)."""
+    if not runs:
+        return set()
+    rows = []
+    for run in runs:
+        report = run.report
+        fingerprint = fingerprint_of(run, fingerprints)
+        rows.append(
+            {
+                "id": run.id,
+                "node_id": run.node_id,
+                "fingerprint_id": fingerprint.id if fingerprint else None,
+                "build_id": run.build_id,
+                "model_id": run.model_id,
+                "source": report.source,
+                "status": report.status,
+                "error": report.error,
+                "started_at": report.started_at,
+                "finished_at": report.finished_at,
+                "received_at": run.received_at,
+                "report_sha256": run.digest,
+                **report.settings.model_dump(),
+            }
+        )
+    inserted = {row[0] for row in connection.execute(sql.insert_runs, rows).all()}
+    new = [run for run in runs if run.id in inserted]
+    points = [{"run_id": r.id, **p.model_dump()} for r in new for p in r.report.points]
+    if points:
+        connection.execute(sql.insert_points, points)
+    failures = [{"run_id": r.id, **f.model_dump()} for r in new for f in r.report.failures]
+    if failures:
+        connection.execute(sql.insert_failures, failures)
+    return inserted
+
+
+def newest_by(runs: Sequence[IncomingRun], key: Any) -> dict[Any, IncomingRun]:
+    newest: dict[Any, IncomingRun] = {}
+    for run in runs:
+        k = key(run)
+        if k not in newest or run.order_key > newest[k].order_key:  # RUN_NEWEST_FIRST's
+            newest[k] = run
+    return newest
+
+
+def count_activity(
+    connection: Connection, sql: Statements, runs: Sequence[IncomingRun]
+) -> dict[int, int]:
+    """Each node's run count, changes and newest run: one upsert, one row per node.
+    Returns each node's changes now (NodeActivity.changes, what registry.series_cache
+    checks)."""
+    counts = Counter(run.node_id for run in runs)
+    newest = newest_by(runs, lambda run: run.node_id)
+    if not newest:
+        return {}
+    returned = connection.execute(
+        sql.activity,
+        [
+            {
+                "node_id": node_id,
+                "last_run_id": run.id,
+                "last_run_started_at": run.report.started_at,
+                "last_run_received_at": run.received_at,
+                "run_count": counts[node_id],
+                "changes": counts[node_id],
+            }
+            for node_id, run in sorted(newest.items())
+        ],
+    ).all()
+    return {int(node_id): int(count) for node_id, count in returned}

@@ -1,0 +1,130 @@
+"""Ingest's statements, built once per dialect."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, case, func, insert, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from fleetbench.registry.models import (
+    EngineBuild,
+    FailedPoint,
+    HardwareFingerprint,
+    LatestPoint,
+    Model,
+    NodeActivity,
+    Run,
+    RunPoint,
+    newer_run,
+    table_of,
+)
+
+MODEL_FACTS = (
+    "quantization",
+    "n_params",
+    "file_size",
+    "n_layer",
+    "n_head_kv",
+    "head_dim_k",
+    "head_dim_v",
+    "n_ctx_train",
+    "sliding_window",
+    "n_swa_layers",
+)
+
+
+@dataclass(frozen=True)
+class Statements:
+    """Ingest's statements, built once per dialect: building SQLAlchemy statements costs
+    more than executing them, and bound parameters keep their compiled form cached. Each
+    runs once per batch, with one row per report (executemany: one multi-row statement)."""
+
+    run_digests: Any
+    insert_runs: Any
+    insert_points: Any
+    insert_failures: Any
+    build_by_identity: Any
+    insert_build: Any
+    model_by_identity: Any
+    insert_model: Any
+    latest_counts: Any
+    fingerprints: Any
+    activity: Any
+
+
+@functools.cache
+def statements_for(dialect: str) -> Statements:
+    insert_for: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    # PostgreSQL's greatest() and least(); SQLite's max() and min() of several arguments
+    latest, earliest = (
+        (func.greatest, func.least) if dialect == "postgresql" else (func.max, func.min)
+    )
+    runs, builds, models = table_of(Run), table_of(EngineBuild), table_of(Model)
+    fingerprints, latest_points = table_of(HardwareFingerprint), table_of(LatestPoint)
+    upsert = insert_for(fingerprints)
+    new = upsert.excluded
+    activity = table_of(NodeActivity)
+    count_runs = insert_for(activity)
+    run = count_runs.excluded
+    newer = or_(
+        activity.c.last_run_id.is_(None),
+        newer_run(
+            (run.last_run_started_at, run.last_run_received_at, run.last_run_id),
+            (
+                activity.c.last_run_started_at,
+                activity.c.last_run_received_at,
+                activity.c.last_run_id,
+            ),
+        ),
+    )
+    return Statements(
+        run_digests=select(runs.c.id, runs.c.report_sha256).where(
+            runs.c.id.in_(bindparam("run_ids", expanding=True))
+        ),
+        # ON CONFLICT DO NOTHING: RETURNING yields no row for a conflict; PostgreSQL waits
+        # for a concurrent insert of the same key to commit or roll back first.
+        insert_runs=insert_for(runs).on_conflict_do_nothing().returning(runs.c.id),
+        insert_points=insert(table_of(RunPoint)),
+        insert_failures=insert(table_of(FailedPoint)),
+        build_by_identity=select(builds.c.id).where(builds.c.identity == bindparam("identity")),
+        insert_build=insert_for(builds).on_conflict_do_nothing(),
+        model_by_identity=select(models.c.id, *(models.c[f] for f in MODEL_FACTS)).where(
+            models.c.identity == bindparam("identity")
+        ),
+        insert_model=insert_for(models).on_conflict_do_nothing(),
+        latest_counts=select(latest_points.c.node_id, latest_points.c.model_id, func.count())
+        .where(latest_points.c.node_id.in_(bindparam("node_ids", expanding=True)))
+        .group_by(latest_points.c.node_id, latest_points.c.model_id),
+        fingerprints=upsert.on_conflict_do_update(
+            index_elements=[fingerprints.c.node_id, fingerprints.c.hash],
+            set_={
+                "first_seen": earliest(fingerprints.c.first_seen, new.first_seen),
+                "last_seen": latest(fingerprints.c.last_seen, new.last_seen),
+                # stored before summaries existed (migration 0003): filled now
+                "description": func.coalesce(fingerprints.c.description, new.description),
+                "memory_bytes": func.coalesce(fingerprints.c.memory_bytes, new.memory_bytes),
+                "memory_kind": func.coalesce(fingerprints.c.memory_kind, new.memory_kind),
+            },
+        ).returning(
+            fingerprints.c.node_id,
+            fingerprints.c.hash,
+            fingerprints.c.id,
+            fingerprints.c.memory_bytes,
+            fingerprints.c.description,
+        ),
+        # Every run counts; the newest (as RUN_NEWEST_FIRST orders runs) is the node's last.
+        activity=count_runs.on_conflict_do_update(
+            index_elements=[activity.c.node_id],
+            set_={
+                "run_count": activity.c.run_count + run.run_count,
+                "changes": activity.c.changes + run.changes,
+                **{
+                    column: case((newer, run[column]), else_=activity.c[column])
+                    for column in ("last_run_id", "last_run_started_at", "last_run_received_at")
+                },
+            },
+        ).returning(activity.c.node_id, activity.c.changes),
+    )

@@ -1,0 +1,252 @@
+"""The fleet's latest curves: each node's latest successful run of each model and its points
+(tables latest_runs, latest_points), kept by ingest in the run's own transaction, and the
+questions read from them.
+
+Placement, /metrics and the fit check ask about every node's latest run at once. Searching
+the runs for it (a backward index probe per node, then its points) grows with the history;
+these tables hold one row per node and model and one per point of that run, whatever the
+history, so a 1,000-node answer reads a few thousand rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import typing
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Integer,
+    Select,
+    and_,
+    bindparam,
+    delete,
+    insert,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from fleetbench.contract import wire
+from fleetbench.registry.models import (
+    EngineBuild,
+    LatestPoint,
+    LatestRun,
+    Model,
+    Node,
+    newer_run,
+    table_of,
+)
+from fleetbench.registry.questions.knee import find_knee
+
+__all__ = [
+    "LatestCandidate",
+    "fill_unknown_knees",
+    "latest_points_statement",
+    "record_latest",
+]
+
+
+@functools.cache
+def _upserts(dialect: str) -> tuple[Any, Any, Any]:
+    """(the latest-run upsert, the delete of points, their insert), built once: see
+    registry.ingest.statements."""
+    insert_for: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    heads, points = table_of(LatestRun), table_of(LatestPoint)
+    upsert = insert_for(heads)
+    new = upsert.excluded
+    newer = newer_run(
+        (new.started_at, new.received_at, new.run_id),
+        (heads.c.started_at, heads.c.received_at, heads.c.run_id),
+    )
+    replaced = (
+        "run_id",
+        "started_at",
+        "received_at",
+        "build_id",
+        "memory_bytes",
+        "cache_type_k",
+        "cache_type_v",
+        "n_ubatch",
+    )
+    return (
+        upsert.on_conflict_do_update(
+            index_elements=[heads.c.node_id, heads.c.model_id],
+            set_={column: new[column] for column in replaced},
+            where=newer,
+        ).returning(heads.c.node_id, heads.c.model_id),
+        delete(points).where(
+            tuple_(points.c.node_id, points.c.model_id).in_(bindparam("pairs", expanding=True))
+        ),
+        insert(points),
+    )
+
+
+@dataclass(frozen=True)
+class LatestCandidate:
+    """A node's newest successful run of a model in a batch, to become its latest."""
+
+    node_id: int
+    model_id: int
+    run_id: uuid.UUID
+    started_at: datetime
+    received_at: datetime
+    build_id: int
+    memory_bytes: int | None
+    settings: wire.RunSettings
+    points: Sequence[wire.Point]
+
+
+def record_latest(
+    connection: Connection, candidates: Sequence[LatestCandidate]
+) -> set[tuple[int, int]]:
+    """Makes each candidate (one per node and model) the latest of its node's model if it
+    is newer (as RUN_NEWEST_FIRST orders runs: started, then received, then the smaller id)
+    than the one recorded, and its points theirs; returns the (node, model) pairs it did.
+    One upsert for all; it locks their rows until commit on PostgreSQL, so concurrent
+    ingests of one node's model take turns from here on."""
+    if not candidates:
+        return set()
+    upsert, delete_points, insert_points = _upserts(connection.dialect.name)
+    heads = [
+        {
+            "node_id": c.node_id,
+            "model_id": c.model_id,
+            "run_id": c.run_id,
+            "started_at": c.started_at,
+            "received_at": c.received_at,
+            "build_id": c.build_id,
+            "memory_bytes": c.memory_bytes,
+            "cache_type_k": c.settings.cache_type_k,
+            "cache_type_v": c.settings.cache_type_v,
+            "n_ubatch": c.settings.n_ubatch,
+        }
+        for c in candidates
+    ]
+    # Older runs arriving late leave the latest as it is.
+    won = {(node_id, model_id) for node_id, model_id in connection.execute(upsert, heads).all()}
+    if not won:
+        return won
+    connection.execute(delete_points, {"pairs": sorted(won)})
+    rows = [
+        {"node_id": c.node_id, "model_id": c.model_id, **row}
+        for c in candidates
+        if (c.node_id, c.model_id) in won
+        for row in _points_with_knee(c.points)
+    ]
+    if rows:
+        connection.execute(insert_points, rows)
+    return won
+
+
+def _points_with_knee(points: Sequence[wire.Point]) -> list[dict[str, Any]]:
+    curves: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
+    for point in points:
+        if point.s_tg is not None:
+            curves[(point.pp, point.tg)].append((point.b, point.s_tg))
+    knees = {cell: find_knee(curve) for cell, curve in curves.items()}
+    rows = []
+    for point in points:
+        knee = knees.get((point.pp, point.tg))
+        rows.append(
+            {
+                "pp": point.pp,
+                "tg": point.tg,
+                "b": point.b,
+                "s_pp": point.s_pp,
+                "s_tg": point.s_tg,
+                "past_knee": point.b > knee
+                if knee is not None and point.s_tg is not None
+                else None,
+            }
+        )
+    return rows
+
+
+def fill_unknown_knees(session: Session) -> int:
+    """Computes `past_knee` where it is unknown (points copied by migration 0004); returns
+    how many curves it did. Cheap when there are none: one pass over latest_points."""
+    rows = session.execute(
+        select(
+            LatestPoint.node_id,
+            LatestPoint.model_id,
+            LatestPoint.pp,
+            LatestPoint.tg,
+            LatestPoint.b,
+            LatestPoint.s_tg,
+        ).where(LatestPoint.past_knee.is_(None), LatestPoint.s_tg.is_not(None))
+    ).all()
+    curves: dict[tuple[int, int, int, int], list[tuple[int, float]]] = defaultdict(list)
+    for node_id, model_id, pp, tg, b, s_tg in rows:
+        curves[(node_id, model_id, pp, tg)].append((b, typing.cast(float, s_tg)))
+    updates: list[dict[str, object]] = []
+    for (node_id, model_id, pp, tg), curve in curves.items():
+        knee = find_knee(curve)
+        updates.extend(
+            {
+                "node_id": node_id,
+                "model_id": model_id,
+                "pp": pp,
+                "tg": tg,
+                "b": b,
+                "past_knee": knee is not None and b > knee,
+            }
+            for b, _ in curve
+        )
+    if updates:
+        session.execute(update(LatestPoint), updates)  # by primary key, in one executemany
+    return len(curves)
+
+
+# --- /metrics ---------------------------------------------------------------------------
+
+
+@functools.cache
+def latest_points_statement() -> Select[*tuple[Any, ...]]:
+    """Every point of each node's latest successful run of each model, with its node,
+    model, run and build; by node, model, PP, TG, B, so that the `limit` parameter cuts the
+    same rows each time."""
+    return (
+        select(
+            Node.name.label("node"),
+            Model.name.label("model"),
+            LatestRun.run_id,
+            LatestRun.started_at,
+            LatestRun.received_at,
+            EngineBuild.build_number,
+            LatestPoint.pp,
+            LatestPoint.tg,
+            LatestPoint.b,
+            LatestPoint.s_pp,
+            LatestPoint.s_tg,
+        )
+        .select_from(LatestPoint)
+        .join(
+            LatestRun,
+            and_(
+                LatestRun.node_id == LatestPoint.node_id,
+                LatestRun.model_id == LatestPoint.model_id,
+            ),
+        )
+        .join(Node, Node.id == LatestPoint.node_id)
+        .join(Model, Model.id == LatestPoint.model_id)
+        .join(EngineBuild, EngineBuild.id == LatestRun.build_id)
+        .order_by(
+            Node.name,
+            Model.name,
+            LatestRun.started_at.desc(),
+            LatestRun.received_at.desc(),
+            LatestRun.run_id,
+            LatestPoint.pp,
+            LatestPoint.tg,
+            LatestPoint.b,
+        )
+        .limit(bindparam("limit", type_=Integer))
+    )

@@ -1,0 +1,189 @@
+"""The registry's FastAPI application."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import anyio.to_thread
+from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from fleetbench.contract.wire import SCHEMA_VERSION
+from fleetbench.registry.admission import Admission, Lane, LaneLimits
+from fleetbench.registry.body_limit import BodySizeLimit
+from fleetbench.registry.config import RegistrySettings
+from fleetbench.registry.db import create_db_engine, session_factory
+from fleetbench.registry.deps import KnownTokens, SessionDep
+from fleetbench.registry.ingest import Ingest, IngestLimits
+from fleetbench.registry.metrics import HttpMetricsMiddleware, install_metrics
+from fleetbench.registry.notify import WebhookNotifier
+from fleetbench.registry.responses import API_RESPONSES
+from fleetbench.registry.routes import history, models, nodes, placement, runs
+from fleetbench.registry.validation_errors import validation_error_handler
+from fleetbench.registry.web import pages as web_pages
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("fleetbench.registry")
+
+DESCRIPTION = f"""
+The fleet's batching curves (llama-batched-bench points) and the question they answer:
+**which node and concurrency meets X tokens/s per user for model Y?**
+
+Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema version
+{SCHEMA_VERSION}) using a token from `fleetbench-registry token create --node NAME`.
+
+A busy registry answers 503 with a `Retry-After` header rather than queueing without bound;
+so does one whose database is unreachable. Retrying later is always safe.
+"""
+
+
+def create_app(settings: RegistrySettings | None = None) -> FastAPI:
+    settings = settings or RegistrySettings()
+    engine = create_db_engine(settings.sqlalchemy_url, pool_size=settings.pool_size)
+    sessions = session_factory(engine)
+    notifier = (
+        WebhookNotifier(
+            sessions,
+            url=settings.webhook_url,
+            public_url=settings.public_url,
+            max_age=timedelta(days=settings.webhook_max_age_days),
+        )
+        if settings.webhook_url
+        else None
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # One worker thread per admitted request and some to spare: an admitted request
+        # never waits for a thread (registry.admission).
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
+        if notifier is not None:
+            notifier.start()
+        # What exists at start-up lives as long as the process: keeping it out of the
+        # collector's full passes spares requests pauses of tens of milliseconds. And a
+        # request allocates thousands of objects, nearly all freed at once by reference
+        # counting: collecting every 700 allocations (the default) cost a fifth of the
+        # throughput under load (bench/load.py); every 100,000 keeps cycles bounded.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(100_000, 50, 100)
+        yield
+        gc.unfreeze()
+        if notifier is not None:
+            notifier.stop()
+        ingest.close()
+        engine.dispose()
+
+    app = FastAPI(
+        title="fleetbench registry", version="0.1.0", description=DESCRIPTION, lifespan=lifespan
+    )
+    app.state.settings = settings
+    app.state.sessions = sessions
+    app.state.notifier = notifier
+    app.state.known_tokens = KnownTokens()
+    reads = Lane(
+        "read",
+        LaneLimits(settings.max_reads_in_flight, settings.max_queued, settings.max_queue_wait_s),
+    )
+    writes = Lane(
+        "write",
+        LaneLimits(settings.max_writes_in_flight, settings.max_queued, settings.max_queue_wait_s),
+    )
+    ingest = Ingest(
+        sessions,
+        IngestLimits(
+            max_points_per_report=settings.max_points_per_report,
+            max_series_per_node=settings.max_series_per_node,
+        ),
+        writers=settings.writer_threads,
+    )
+    app.state.ingest = ingest
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(PoolTimeout, _database_unavailable)
+    app.add_exception_handler(DBAPIError, _database_error)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_report_bytes)
+    metrics = install_metrics(app, max_points=settings.metrics_max_points)
+    app.add_middleware(
+        Admission,
+        reads=reads,
+        writes=writes,
+        retry_after_s=settings.retry_after_s,
+        on_shed=metrics.shed,
+    )
+    # outermost: what the middleware inside answers (413, 503) is counted too
+    app.add_middleware(HttpMetricsMiddleware, metrics=metrics, router=app.router)
+
+    api = APIRouter(prefix="/v1", responses=API_RESPONSES)
+    api.include_router(runs.ingest_router)
+    for module in (runs, nodes, models, placement, history):
+        api.include_router(module.router)
+    app.include_router(api)
+    app.include_router(web_pages.router)  # the dashboard: /, /placement, ...
+
+    _document_auth(app, settings)
+
+    @app.get("/healthz", tags=["health"], responses={503: API_RESPONSES[503]})
+    def healthz(session: SessionDep) -> dict[str, str]:
+        """The process answers and its database does."""
+        try:
+            session.execute(text("SELECT 1"))
+        except SQLAlchemyError as exc:
+            raise HTTPException(503, detail=f"database unavailable: {exc}") from exc
+        return {"status": "ok"}
+
+    return app
+
+
+def _document_auth(app: FastAPI, settings: RegistrySettings) -> None:
+    """The schema says what the registry does: a token is optional for reads while they are
+    open (FLEETBENCH_READ_TOKEN_REQUIRED unset), required for writes."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        if not settings.read_token_required:
+            for operations in schema.get("paths", {}).values():
+                for method, operation in operations.items():
+                    if method in ("get", "head") and operation.get("security"):
+                        operation["security"] = [*operation["security"], {}]
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _unavailable(detail: str, retry_after_s: int) -> JSONResponse:
+    return JSONResponse(
+        {"detail": detail}, status_code=503, headers={"Retry-After": str(retry_after_s)}
+    )
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    settings: RegistrySettings = request.app.state.settings
+    log.warning("no database connection free in time: %s", exc)
+    return _unavailable("the registry's database is busy: retry later", settings.retry_after_s)
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    """A lost or refused database connection (a PostgreSQL restart, SQLite's lock held by
+    another process) is the registry being unavailable, not the request being wrong."""
+    assert isinstance(exc, DBAPIError)
+    if not (exc.connection_invalidated or isinstance(exc, OperationalError)):
+        raise exc
+    settings: RegistrySettings = request.app.state.settings
+    log.warning("database unavailable: %s", exc.orig)
+    return _unavailable(
+        "the registry's database is unavailable: retry later", settings.retry_after_s
+    )

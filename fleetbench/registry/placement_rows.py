@@ -1,0 +1,377 @@
+"""The rows placement reads from the fleet's latest curves (registry.latest): per model,
+each node's latest run's points that meet the asked speed, capped where memory caps users,
+chosen and ranked in SQL so an answer over 1,000 nodes reads only the rows it returns; and
+the facts its answer needs (fit configs, model facts, the longest prompt measured)."""
+
+from __future__ import annotations
+
+import functools
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from sqlalchemy import (
+    ColumnElement,
+    Double,
+    Integer,
+    Select,
+    and_,
+    bindparam,
+    case,
+    cast,
+    func,
+    or_,
+    select,
+)
+from sqlalchemy.orm import Session
+
+from fleetbench.contract import wire
+from fleetbench.registry.models import EngineBuild, LatestPoint, LatestRun, Model, Node
+from fleetbench.registry.questions.placement import NodeChoice, NodeMemory
+
+__all__ = [
+    "FitConfig",
+    "PlacementRows",
+    "fit_configs",
+    "longest_prompt",
+    "memory_of",
+    "model_info",
+    "placement_rows",
+]
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """What a KV-cache fit depends on besides the users: nodes alike share one answer."""
+
+    model_id: int
+    memory_bytes: int | None
+    cache_type_k: str | None
+    cache_type_v: str | None
+    n_ubatch: int | None
+
+
+class PlacementRows(NamedTuple):
+    """What a placement answer is made from (see registry.questions.placement)."""
+
+    qualifying: list[NodeChoice]  # the first `limit`, best total S_TG first
+    qualifying_count: int
+    fastest: NodeChoice | None  # when no node qualifies: the best per-user speed on offer
+    longest_prompt: tuple[str, int] | None  # when no node has a point at prompt_tokens
+    configs: dict[str, FitConfig]  # of the nodes listed (qualifying or fastest)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What varies a placement statement's form (the values are bound parameters)."""
+
+    several_models: bool  # a name covering several model files
+    since: bool
+    prompt: bool
+
+
+def _shape(model_ids: Sequence[int], since: datetime | None, prompt: int | None) -> _Shape:
+    return _Shape(len(model_ids) > 1, since is not None, prompt is not None)
+
+
+def _params(model_ids: Sequence[int], since: datetime | None, **more: Any) -> dict[str, Any]:
+    return {"model_ids": list(model_ids), "since": since, **more}
+
+
+def _heads(shape: _Shape) -> Any:
+    """Each node's latest run of any of the `model_ids` parameter (newest across them, when
+    a name covers several model files), as a subquery."""
+    conditions: list[ColumnElement[bool]] = [
+        LatestRun.model_id.in_(bindparam("model_ids", expanding=True))
+    ]
+    if shape.since:
+        conditions.append(LatestRun.started_at >= bindparam("since"))
+    columns = [
+        LatestRun.node_id,
+        LatestRun.model_id,
+        LatestRun.run_id,
+        LatestRun.started_at,
+        LatestRun.build_id,
+        LatestRun.memory_bytes,
+        LatestRun.cache_type_k,
+        LatestRun.cache_type_v,
+        LatestRun.n_ubatch,
+    ]
+    if not shape.several_models:
+        return select(*columns).where(*conditions).subquery("heads")
+    newest = (
+        func.row_number()
+        .over(
+            partition_by=LatestRun.node_id,
+            order_by=(
+                LatestRun.started_at.desc(),
+                LatestRun.received_at.desc(),
+                LatestRun.run_id,
+            ),
+        )
+        .label("newest")
+    )
+    ranked = select(*columns, newest).where(*conditions).subquery("ranked_heads")
+    return select(*(ranked.c[c.key] for c in columns)).where(ranked.c.newest == 1).subquery("heads")
+
+
+def _cap_expression(heads: Any, caps: Mapping[FitConfig, int]) -> ColumnElement[Any]:
+    """The most users of each node that fit (NULL: not capped), from its fit config."""
+    whens = [
+        (
+            and_(
+                heads.c.model_id == config.model_id,
+                _same(heads.c.memory_bytes, config.memory_bytes),
+                _same(heads.c.cache_type_k, config.cache_type_k),
+                _same(heads.c.cache_type_v, config.cache_type_v),
+                _same(heads.c.n_ubatch, config.n_ubatch),
+            ),
+            cap,
+        )
+        for config, cap in caps.items()
+    ]
+    return case(*whens, else_=None)
+
+
+def _same(column: Any, value: object) -> ColumnElement[bool]:
+    return typing.cast(ColumnElement[bool], column.is_(None) if value is None else column == value)
+
+
+@functools.cache
+def _uncapped_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
+    # Built once per shape: constructing it costs more than running it.
+    return _placement_statement(shape, None)
+
+
+def _placement_statement(
+    shape: _Shape, caps: Mapping[FitConfig, int] | None
+) -> Select[*tuple[Any, ...]]:
+    heads = _heads(shape)
+    point = LatestPoint
+    conditions: list[ColumnElement[bool]] = [point.s_tg.is_not(None)]
+    if shape.prompt:
+        conditions.append(point.pp >= bindparam("prompt_tokens"))
+    source = (
+        select(
+            point.node_id,
+            point.pp,
+            point.tg,
+            point.b,
+            point.s_pp,
+            point.s_tg,
+            point.past_knee,
+            heads.c.model_id,
+            heads.c.run_id,
+            heads.c.started_at,
+            heads.c.build_id,
+            heads.c.memory_bytes,
+            heads.c.cache_type_k,
+            heads.c.cache_type_v,
+            heads.c.n_ubatch,
+        )
+        .select_from(point)
+        .join(heads, and_(heads.c.node_id == point.node_id, heads.c.model_id == point.model_id))
+    )
+    if caps:
+        cap = _cap_expression(heads, caps)
+        conditions.append(or_(cap.is_(None), point.b <= cap))
+    if shape.prompt:
+        source = source.add_columns(
+            func.min(point.pp).over(partition_by=point.node_id).label("shortest")
+        )
+    eligible = source.where(*conditions).subquery("eligible")
+    at_prompt = [eligible.c.pp == eligible.c.shortest] if shape.prompt else []
+    min_tps = bindparam("min_tps", type_=Double)
+    meets = case((eligible.c.s_tg >= min_tps * eligible.c.b, 1), else_=0)
+    merit = case((meets == 1, eligible.c.s_tg), else_=eligible.c.s_tg / cast(eligible.c.b, Double))
+    choice = (
+        func.row_number()
+        .over(
+            partition_by=eligible.c.node_id,
+            order_by=(
+                meets.desc(),
+                case((meets == 1, eligible.c.b), else_=0).desc(),
+                merit.desc(),
+                eligible.c.pp,
+                eligible.c.tg,
+            ),
+        )
+        .label("choice")
+    )
+    chosen = (
+        select(eligible, meets.label("meets"), merit.label("merit"), choice)
+        .where(*at_prompt)
+        .subquery("chosen")
+    )
+    return (
+        select(
+            Node.name,
+            chosen.c.run_id,
+            chosen.c.started_at,
+            EngineBuild.build_number,
+            chosen.c.pp,
+            chosen.c.tg,
+            chosen.c.b,
+            chosen.c.s_pp,
+            chosen.c.s_tg,
+            chosen.c.past_knee,
+            chosen.c.model_id,
+            chosen.c.memory_bytes,
+            chosen.c.cache_type_k,
+            chosen.c.cache_type_v,
+            chosen.c.n_ubatch,
+            func.sum(chosen.c.meets).over().label("qualifying"),
+        )
+        .select_from(chosen)
+        .join(Node, Node.id == chosen.c.node_id)
+        .join(EngineBuild, EngineBuild.id == chosen.c.build_id)
+        .where(chosen.c.choice == 1)
+        .order_by(chosen.c.meets.desc(), chosen.c.merit.desc(), chosen.c.s_tg.desc(), Node.name)
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+def placement_rows(
+    session: Session,
+    *,
+    model_ids: Sequence[int],
+    since: datetime | None,
+    prompt_tokens: int | None,
+    min_tps_per_user: float,
+    limit: int,
+    caps: Mapping[FitConfig, int] | None = None,
+) -> PlacementRows:
+    """Each node's choice from its latest successful run, at the smallest PP >= prompt_tokens
+    when that is given: the largest B whose S_TG / B meets `min_tps_per_user` (ties: higher
+    S_TG) or, where none does, the node's fastest point per user. Nodes that qualify come
+    first, best total S_TG first; the others after them, fastest per user first. `caps`:
+    the most users that fit, by fit config (nodes of other configs are not capped).
+
+    One query over the latest tables: windows choose each node's point and count those
+    that qualify."""
+    shape = _shape(model_ids, since, prompt_tokens)
+    statement = _placement_statement(shape, caps) if caps else _uncapped_statement(shape)
+    params = _params(
+        model_ids, since, prompt_tokens=prompt_tokens, min_tps=min_tps_per_user, limit=limit
+    )
+    rows = session.connection().execute(statement, params).all()
+    choices = []
+    configs = {}
+    for (
+        node,
+        run_id,
+        started_at,
+        build_number,
+        pp,
+        tg,
+        b,
+        s_pp,
+        s_tg,
+        past_knee,
+        model_id,
+        memory_bytes,
+        cache_type_k,
+        cache_type_v,
+        n_ubatch,
+        _,
+    ) in rows:
+        choices.append(
+            NodeChoice(
+                node=node,
+                run_id=run_id,
+                measured_at=started_at,
+                llama_cpp_build=build_number,
+                pp=pp,
+                tg=tg,
+                b=b,
+                s_pp=s_pp,
+                s_tg=s_tg,  # the query keeps only points with an S_TG
+                past_knee=past_knee,
+            )
+        )
+        configs[node] = FitConfig(model_id, memory_bytes, cache_type_k, cache_type_v, n_ubatch)
+    count = int(rows[0].qualifying) if rows else 0
+    if count:
+        return PlacementRows(choices[:count], count, None, None, configs)
+    if choices or prompt_tokens is None:
+        return PlacementRows([], 0, choices[0] if choices else None, None, configs)
+    longest = longest_prompt(session, model_ids=model_ids, since=since)
+    return PlacementRows([], 0, None, longest, configs)
+
+
+@functools.cache
+def _longest_prompt_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
+    heads = _heads(shape)
+    return (
+        select(Node.name, LatestPoint.pp)
+        .select_from(LatestPoint)
+        .join(
+            heads,
+            and_(heads.c.node_id == LatestPoint.node_id, heads.c.model_id == LatestPoint.model_id),
+        )
+        .join(Node, Node.id == LatestPoint.node_id)
+        .order_by(LatestPoint.pp.desc(), Node.name)
+        .limit(1)
+    )
+
+
+def longest_prompt(
+    session: Session, *, model_ids: Sequence[int], since: datetime | None
+) -> tuple[str, int] | None:
+    """(node, PP) of the longest prompt in the nodes' latest successful runs."""
+    statement = _longest_prompt_statement(_shape(model_ids, since, None))
+    row = session.connection().execute(statement, _params(model_ids, since)).first()
+    return (row[0], row[1]) if row is not None else None
+
+
+@functools.cache
+def _fit_config_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
+    heads = _heads(shape)
+    keys = (
+        heads.c.model_id,
+        heads.c.memory_bytes,
+        heads.c.cache_type_k,
+        heads.c.cache_type_v,
+        heads.c.n_ubatch,
+    )
+    return (
+        select(*keys, func.count(), func.min(Node.name))
+        .select_from(heads)
+        .join(Node, Node.id == heads.c.node_id)
+        .group_by(*keys)
+    )
+
+
+def memory_of(config: FitConfig, model: wire.ModelInfo, *, node: str = "") -> NodeMemory:
+    return NodeMemory(
+        node=node,
+        memory_bytes=config.memory_bytes,
+        model=model,
+        cache_type_k=config.cache_type_k,
+        cache_type_v=config.cache_type_v,
+        n_ubatch=config.n_ubatch,
+    )
+
+
+def fit_configs(
+    session: Session, *, model_ids: Sequence[int], since: datetime | None
+) -> list[tuple[FitConfig, int, str]]:
+    """The distinct fit configs among the nodes' latest runs: (config, how many nodes, the
+    first node's name)."""
+    statement = _fit_config_statement(_shape(model_ids, since, None))
+    rows = session.connection().execute(statement, _params(model_ids, since))
+    return [
+        (FitConfig(model_id, memory, cache_k, cache_v, ubatch), count, first)
+        for model_id, memory, cache_k, cache_v, ubatch, count, first in rows
+    ]
+
+
+def model_info(model: Model) -> wire.ModelInfo:
+    """The model's facts as the wire states them, taken as stored and not validated again:
+    a row stored under older, looser rules must not fail every answer about it."""
+    fields = wire.ModelInfo.model_fields
+    return wire.ModelInfo.model_construct(
+        **{name: getattr(model, name) for name in fields if hasattr(model, name)}
+    )

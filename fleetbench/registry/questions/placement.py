@@ -1,0 +1,232 @@
+"""Which node and concurrency meets X tokens/s per user for a model?
+
+Each node's choice (from its latest successful run: the largest concurrency whose per-user
+decode speed S_TG / B meets X, at the smallest measured prompt length PP >= P when P is
+given) and their order (best total throughput first) are decided in SQL by
+`registry.placement_rows`, over the table of each node's latest curve: with 1,000 nodes,
+fetching every point into Python costs more than the whole latency budget
+(bench/placement_latency.py). Decided here, over those rows: the answer, and why no node
+qualifies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from fleetbench.contract.answers import PlacementAnswer, RejectedConcurrency
+from fleetbench.contract.kv_cache import CACHE_TYPE_BYTES, fits, kv_cache_bytes
+from fleetbench.contract.wire import ModelInfo
+
+__all__ = [
+    "GIB",
+    "NodeChoice",
+    "NodeMemory",
+    "answer_placement",
+    "largest_fitting_concurrency",
+    "why_fit_unchecked",
+    "why_kv_unknown",
+]
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class NodeChoice:
+    """The point a node offers: the largest concurrency meeting the speed asked for or,
+    when explaining why none does, the node's fastest point per user."""
+
+    node: str
+    run_id: UUID
+    measured_at: datetime
+    llama_cpp_build: int | None
+    pp: int
+    tg: int
+    b: int
+    s_pp: float | None
+    s_tg: float
+    past_knee: bool | None = None  # beyond the knee of the curve it lies on (None: unknown)
+
+    @property
+    def per_user_tps(self) -> float:
+        return self.s_tg / self.b
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """What checking a node's fit takes: the memory the weights and KV cache must share
+    (registry.questions.hardware), the model's architecture and the cache settings of the
+    node's latest run."""
+
+    node: str
+    memory_bytes: int | None
+    model: ModelInfo
+    cache_type_k: str | None
+    cache_type_v: str | None
+    n_ubatch: int | None
+
+    def _cache(self, concurrency: int, tokens_per_user: int) -> dict[str, Any]:
+        return {
+            "n_ctx": concurrency * tokens_per_user,
+            "n_seq": concurrency,
+            "n_ubatch": self.n_ubatch or 512,
+            "cache_type_k": self.cache_type_k or "f16",
+            "cache_type_v": self.cache_type_v or "f16",
+        }
+
+    def kv_bytes(self, *, concurrency: int, tokens_per_user: int) -> int | None:
+        """The users' KV cache, or None when why_kv_unknown says why not."""
+        if why_kv_unknown(self) is not None:
+            return None
+        return kv_cache_bytes(self.model, **self._cache(concurrency, tokens_per_user))
+
+    def shortfall(self, *, concurrency: int, tokens_per_user: int) -> str | None:
+        """Why these users' KV caches and the weights do not fit the node's memory (the
+        agent's own check, fleetbench.contract.kv_cache.fits), or None when they do; `memory`
+        must be checkable (why_fit_unchecked is None)."""
+        return fits(
+            self.model,
+            **self._cache(concurrency, tokens_per_user),
+            free_bytes=self.memory_bytes,
+        )
+
+
+def why_kv_unknown(memory: NodeMemory) -> str | None:
+    """Why the KV cache's size cannot be computed, or None when it can."""
+    model = memory.model
+    if not (model.n_layer and model.n_head_kv and model.head_dim_k and model.head_dim_v):
+        return "the model's architecture numbers are unknown"
+    for cache_type in (memory.cache_type_k, memory.cache_type_v):
+        if cache_type is not None and cache_type.lower() not in CACHE_TYPE_BYTES:
+            return f"its KV cache type {cache_type!r} is unknown"
+    return None
+
+
+def why_fit_unchecked(memory: NodeMemory) -> str | None:
+    """Why the fit of this node cannot be checked, or None when it can."""
+    if memory.memory_bytes is None:
+        return "its memory is unknown (no hardware fingerprint with a memory size)"
+    if (why := why_kv_unknown(memory)) is not None:
+        return why
+    if memory.model.file_size is None:
+        return "the model's file size is unknown"
+    return None
+
+
+def largest_fitting_concurrency(memory: NodeMemory, *, tokens_per_user: int) -> int:
+    """The most users whose KV caches of `tokens_per_user` each fit beside the weights
+    (0: not even one); `memory` must be checkable (why_fit_unchecked is None). The KV cache
+    only grows with the users, so a doubling then a bisection finds it."""
+
+    def fit(concurrency: int) -> bool:
+        return memory.shortfall(concurrency=concurrency, tokens_per_user=tokens_per_user) is None
+
+    if not fit(1):
+        return 0
+    low, high = 1, 2
+    while high < 2**31 and fit(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fit(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def answer_placement(
+    *,
+    model: str,
+    min_tps_per_user: float,
+    qualifying: Sequence[NodeChoice],
+    qualifying_count: int,
+    fastest: NodeChoice | None = None,
+    prompt_tokens: int | None = None,
+    longest_prompt: tuple[str, int] | None = None,
+    max_age_days: float | None = None,
+    context_tokens: int | None = None,
+    rejected: Sequence[RejectedConcurrency] = (),
+    unchecked: Sequence[tuple[str, str, int]] = (),
+    kv_cache_bytes: Mapping[str, int | None] | None = None,
+    fit_checked: Collection[str] = (),
+) -> PlacementAnswer:
+    """The answer for the nodes that qualify (`qualifying`: best total throughput first, the
+    first of `qualifying_count`). When none does, the reason names the `fastest` point per
+    user, or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt`.
+    `unchecked`: (a node, why its fit is not checked, how many nodes alike).
+    `kv_cache_bytes`: each listed node's users' KV cache at its concurrency;
+    `fit_checked`: the nodes whose fit was checked."""
+    if qualifying:
+        reason = (
+            f"{qualifying_count} node(s) meet {min_tps_per_user:g} tokens/s per user on {model}"
+        )
+        if qualifying_count > len(qualifying):
+            reason += f"; the {len(qualifying)} with the highest total throughput are listed"
+    elif fastest is not None:
+        reason = (
+            f"no node meets {min_tps_per_user:g} tokens/s per user on {model}; the best "
+            f"available is {fastest.node} at concurrency {fastest.b} with "
+            f"{fastest.per_user_tps:.2f} tokens/s per user ({fastest.s_tg:.2f} total, "
+            f"prompt {fastest.pp} tokens)"
+        )
+    elif rejected:
+        reason = (
+            f"no node meets {min_tps_per_user:g} tokens/s per user on {model} with "
+            f"{context_tokens} tokens of context per user: the KV cache of every concurrency "
+            "fast enough would not fit (see rejected)"
+        )
+    elif prompt_tokens is not None and longest_prompt is not None:
+        node, pp = longest_prompt
+        reason = (
+            f"no node measured {model} with prompts of at least {prompt_tokens} tokens; "
+            f"the longest measured is {pp} tokens (node {node})"
+        )
+    else:
+        reason = f"no successful run of {model} has been reported"
+        if max_age_days is not None:
+            reason += f" in the last {max_age_days:g} days"
+    if rejected and (qualifying or fastest is not None):
+        reason += (
+            f"; {len(rejected)} faster choice(s) refused: their KV cache at "
+            f"{context_tokens} tokens per user would not fit"
+        )
+    if unchecked:
+        node, why, _ = unchecked[0]
+        nodes = sum(count for _, _, count in unchecked)
+        reason += f"; KV-cache fit not checked for {nodes} node(s) ({node}: {why})"
+    return PlacementAnswer.model_validate(
+        {
+            "model": model,
+            "min_tps_per_user": min_tps_per_user,
+            "context_tokens": context_tokens,
+            "count": qualifying_count,
+            "candidates": [
+                _candidate(c, (kv_cache_bytes or {}).get(c.node), c.node in fit_checked)
+                for c in qualifying
+            ],
+            "rejected": rejected,
+            "reason": reason,
+        }
+    )
+
+
+def _candidate(choice: NodeChoice, kv_bytes: int | None, fit_checked: bool) -> dict[str, object]:
+    return {
+        "node": choice.node,
+        "concurrency": choice.b,
+        "per_user_tps": choice.per_user_tps,
+        "total_tps": choice.s_tg,
+        "prefill_tps": choice.s_pp,
+        "prompt_tokens": choice.pp,
+        "gen_tokens": choice.tg,
+        "llama_cpp_build": choice.llama_cpp_build,
+        "measured_at": choice.measured_at,
+        "run_id": choice.run_id,
+        "past_knee": choice.past_knee,
+        "kv_cache_gib": kv_bytes / GIB if kv_bytes is not None else None,
+        "fit": "fits" if fit_checked else "not checked",
+    }

@@ -1,0 +1,208 @@
+"""Regressions in the database: found at ingest in the series a batch of runs touched
+(the decisions are registry.questions.regressions', over rows registry.series reads), listed,
+and acknowledged. Keyword-only functions like registry.crud: they flush, never commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import ColumnElement, bindparam, func, select, tuple_
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, selectinload
+
+from fleetbench.registry.models import Node, Regression
+from fleetbench.registry.questions.regressions import (
+    DetectionSettings,
+    SeriesRun,
+    Step,
+    describe_cause,
+    find_steps,
+)
+from fleetbench.registry.series import Cell, Metric, series_of_pairs
+
+__all__ = [
+    "NewRuns",
+    "acknowledge_regression",
+    "get_regression",
+    "list_regressions",
+    "refresh_regressions",
+]
+
+
+_STORED_STEPS = select(Regression).where(
+    tuple_(Regression.node_id, Regression.model_id).in_(bindparam("pairs", expanding=True))
+)
+
+
+@dataclass
+class NewRuns:
+    """A (node, model)'s runs stored in one batch, and the (PP, TG) cells they measured."""
+
+    run_ids: list[uuid.UUID] = field(default_factory=list)
+    cells: set[tuple[int, int]] = field(default_factory=set)
+
+
+def refresh_regressions(
+    session: Session,
+    new_runs: Mapping[tuple[int, int], NewRuns],
+    histories: Mapping[tuple[int, int], Mapping[Cell, Sequence[SeriesRun]]] | None = None,
+    settings: DetectionSettings | None = None,
+) -> set[tuple[int, int]]:
+    """For each (node, model) of `new_runs`: judges again the candidates of each series its
+    new runs have a value in, from `window` runs before the earliest of them on, with the
+    steps stored before that fixed, and stores what the detector finds now. A step it no
+    longer sees there (an outlier that reverted) is dropped unless someone acknowledged it;
+    steps judged earlier are never touched. Returns the pairs a regression is stored for.
+
+    `histories`: each pair's series with its new runs in; read from the database (all
+    pairs together, registry.series) when not given. The stored steps: one query."""
+    settings = settings or DetectionSettings()
+    if histories is None:
+        histories = {
+            pair: recent.as_lists()
+            for pair, recent in series_of_pairs(
+                session, {pair: runs.cells for pair, runs in new_runs.items()}
+            ).items()
+        }
+    stored: dict[tuple[int, int], dict[Cell, dict[uuid.UUID, Regression]]] = defaultdict(
+        lambda: defaultdict(dict)
+    )
+    for row in session.scalars(_STORED_STEPS, {"pairs": sorted(new_runs)}):
+        cell = (row.pp, row.tg, row.b, cast(Metric, row.metric))
+        if (row.pp, row.tg) in new_runs[(row.node_id, row.model_id)].cells:
+            stored[(row.node_id, row.model_id)][cell][row.first_run_id] = row
+    regressed: set[tuple[int, int]] = set()
+    for (node_id, model_id), pair_runs in new_runs.items():
+        new = set(pair_runs.run_ids)
+        for (pp, tg, b, metric), runs in histories.get((node_id, model_id), {}).items():
+            index = {r.run_id: i for i, r in enumerate(runs)}
+            positions = [i for run_id, i in index.items() if run_id in new]
+            if not positions:
+                continue  # no new run has a value in this series (the points failed)
+            judge_from = max(1, min(positions) - settings.window + 1)
+            rows = stored[(node_id, model_id)][(pp, tg, b, metric)]
+            known_steps = [index[k] for k in rows if k in index and index[k] < judge_from]
+            found = {
+                step.first.run_id: step
+                for step in find_steps(
+                    runs, settings, judge_from=judge_from, known_steps=known_steps
+                )
+            }
+            for first_run_id, row in rows.items():
+                judged = index.get(first_run_id, -1) >= judge_from
+                if judged and first_run_id not in found and row.acknowledged_at is None:
+                    session.delete(row)
+            for first_run_id, step in found.items():
+                if step.is_regression:
+                    regressed.add((node_id, model_id))
+                _store_step(
+                    session,
+                    rows.get(first_run_id),
+                    step,
+                    node_id=node_id,
+                    model_id=model_id,
+                    pp=pp,
+                    tg=tg,
+                    b=b,
+                    metric=metric,
+                )
+    session.flush()
+    return regressed
+
+
+def _store_step(session: Session, row: Regression | None, step: Step, **series: Any) -> None:
+    """Updates the step's row, or inserts it with the `series` key (node_id, model_id, pp,
+    tg, b, metric); an insert that a concurrent ingest of the same series made first
+    (PostgreSQL) updates that row instead."""
+    if row is not None:
+        _record_step(row, step)
+        return
+    key = {**series, "first_run_id": step.first.run_id}
+    row = Regression(**key, first_seen_at=step.first.started_at, detected_at=datetime.now(UTC))
+    _record_step(row, step)
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        existing = session.scalars(select(Regression).filter_by(**key)).one_or_none()
+        if existing is None:
+            raise  # not the same step inserted first by another ingest
+        _record_step(existing, step)
+
+
+def _record_step(row: Regression, step: Step) -> None:
+    row.before_value = step.before
+    row.after_value = step.after
+    row.change = step.change
+    row.noise = step.noise
+    row.confidence = step.confidence
+    row.runs_before = step.runs_before
+    row.runs_after = step.runs_after
+    row.cause_kinds = list(step.cause_kinds)
+    row.cause = describe_cause(step.cause_kinds, step.before_run, step.first)
+    row.before_run_id = step.before_run.run_id
+    row.before_build = step.before_run.build
+    row.after_build = step.first.build
+
+
+def list_regressions(
+    session: Session,
+    *,
+    node: str | None = None,
+    model_ids: Sequence[int] | None = None,
+    since: datetime | None = None,
+    min_change: float | None = None,
+    include_improvements: bool = False,
+    include_acknowledged: bool = False,
+    series: tuple[int, int, int, str] | None = None,
+    limit: int = 1000,
+) -> tuple[Sequence[Regression], int]:
+    """Stored steps newest first (regressions only unless asked), with the total count.
+    `series` narrows to one (PP, TG, B, metric)."""
+    conditions: list[ColumnElement[bool]] = []
+    if node is not None:
+        conditions.append(Regression.node.has(Node.name == node))
+    if model_ids is not None:
+        conditions.append(Regression.model_id.in_(model_ids))
+    if since is not None:
+        conditions.append(Regression.first_seen_at >= since)
+    if min_change is not None:
+        conditions.append(func.abs(Regression.change) >= min_change)
+    if not include_improvements:
+        conditions.append(Regression.change < 0)
+    if not include_acknowledged:
+        conditions.append(Regression.acknowledged_at.is_(None))
+    if series is not None:
+        pp, tg, b, metric = series
+        conditions.extend(
+            [
+                Regression.pp == pp,
+                Regression.tg == tg,
+                Regression.b == b,
+                Regression.metric == metric,
+            ]
+        )
+    count = session.scalar(select(func.count(Regression.id)).where(*conditions)) or 0
+    rows = session.scalars(
+        select(Regression)
+        .where(*conditions)
+        .options(selectinload(Regression.node), selectinload(Regression.model))
+        .order_by(Regression.first_seen_at.desc(), Regression.id.desc())
+        .limit(limit)
+    ).all()
+    return rows, count
+
+
+def get_regression(session: Session, regression_id: int) -> Regression | None:
+    return session.get(Regression, regression_id)
+
+
+def acknowledge_regression(regression: Regression, *, note: str) -> None:
+    regression.acknowledged_at = datetime.now(UTC)
+    regression.note = note

@@ -1,0 +1,127 @@
+"""Old runs: every run is kept for a retention period, then only the newest successful run
+of each node, model and engine build (the history a regression or an upgrade is judged
+against), the runs regressions name, each node's latest curves and its newest run. Applied by
+`fleetbench-registry prune` in small batches, each its own short write transaction, so that
+it can run while the registry serves: ingest waits at most one batch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Select, delete, exists, func, or_, select, update
+from sqlalchemy.orm import Session, aliased, sessionmaker
+
+from fleetbench.registry.db import write_transaction
+from fleetbench.registry.models import (
+    RUN_SUCCESSFUL,
+    FailedPoint,
+    LatestRun,
+    NodeActivity,
+    Regression,
+    Run,
+    RunPoint,
+    newer_run,
+)
+
+__all__ = ["Pruned", "prunable_runs", "prune_runs"]
+
+
+@dataclass
+class Pruned:
+    runs: int = 0
+    points: int = 0
+
+
+def prunable_runs(cutoff: datetime, limit: int | None = None) -> Select[uuid.UUID]:
+    """Ids of runs started before `cutoff` that retention lets go (at most `limit`)."""
+    newer = aliased(Run)
+    newer_success_same_build = exists().where(
+        newer.node_id == Run.node_id,
+        newer.model_id == Run.model_id,
+        newer.build_id == Run.build_id,
+        newer.status != "failed",
+        newer_run(
+            (newer.started_at, newer.received_at, newer.id),
+            (Run.started_at, Run.received_at, Run.id),
+        ),
+    )
+    statement = select(Run.id).where(
+        Run.started_at < cutoff,
+        ~exists().where(LatestRun.run_id == Run.id),
+        ~exists().where(NodeActivity.last_run_id == Run.id),
+        ~exists().where(or_(Regression.before_run_id == Run.id, Regression.first_run_id == Run.id)),
+        or_(~RUN_SUCCESSFUL, newer_success_same_build),
+    )
+    return statement if limit is None else statement.limit(limit)
+
+
+def prune_runs(
+    sessions: sessionmaker[Session],
+    *,
+    cutoff: datetime,
+    batch: int = 500,
+    dry_run: bool = False,
+    progress: Callable[[Pruned], None] | None = None,
+) -> Pruned:
+    """Deletes what retention lets go of the runs started before `cutoff` (their points
+    and failed points with them), `batch` runs per transaction, telling `progress` after
+    each; with `dry_run`, counts them instead."""
+    if dry_run:
+        with sessions() as session:
+            candidates = prunable_runs(cutoff).subquery()
+            runs = session.scalar(select(func.count()).select_from(candidates))
+            points = session.scalar(
+                select(func.count())
+                .select_from(RunPoint)
+                .where(RunPoint.run_id.in_(select(candidates.c.id)))
+            )
+        return Pruned(runs=runs or 0, points=points or 0)
+    pruned = Pruned()
+    while True:
+        with sessions() as session, write_transaction(session):
+            ids = list(session.scalars(prunable_runs(cutoff, batch)))
+            if not ids:
+                return pruned
+            # The nodes' activity rows first, in ingest's order (by node): an ingest of
+            # them waits for this batch before it reads its history, and this batch for
+            # one already under way. Then asked again, under those locks: an ingest that
+            # committed meanwhile may have named a candidate in a regression.
+            nodes = select(Run.node_id).where(Run.id.in_(ids)).distinct()
+            session.execute(
+                select(NodeActivity.node_id)
+                .where(NodeActivity.node_id.in_(nodes))
+                .order_by(NodeActivity.node_id)
+                .with_for_update()
+            ).all()
+            ids = list(session.scalars(prunable_runs(cutoff).where(Run.id.in_(ids))))
+            if not ids:
+                continue
+            per_node = session.execute(
+                select(Run.node_id, func.count()).where(Run.id.in_(ids)).group_by(Run.node_id)
+            ).all()
+            points = session.scalar(
+                select(func.count()).select_from(RunPoint).where(RunPoint.run_id.in_(ids))
+            )
+            # Points first: the foreign keys would cascade, but deleting them directly is
+            # one statement instead of a trigger per run.
+            session.execute(delete(RunPoint).where(RunPoint.run_id.in_(ids)))
+            session.execute(delete(FailedPoint).where(FailedPoint.run_id.in_(ids)))
+            session.execute(delete(Run).where(Run.id.in_(ids)))
+            for node_id, deleted in per_node:
+                session.execute(
+                    update(NodeActivity)
+                    .where(NodeActivity.node_id == node_id)
+                    .values(
+                        run_count=NodeActivity.run_count - deleted,
+                        changes=NodeActivity.changes + deleted,
+                    )
+                )
+            session.commit()
+        pruned.runs += len(ids)
+        pruned.points += points or 0
+        if progress is not None:
+            progress(pruned)

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from fastapi import APIRouter, HTTPException, Response, status
+
+from fleetbench.registry import crud
+from fleetbench.registry.config import RegistrySettings
+from fleetbench.registry.deps import ReadAccess, SessionDep, SettingsDep
+from fleetbench.registry.params import NodePath
+from fleetbench.registry.questions.health import node_health
+from fleetbench.registry.responses import NOT_FOUND
+from fleetbench.registry.schemas import NodeDetail, NodePublic, NodesPublic
+
+router = APIRouter(prefix="/nodes", tags=["nodes"], dependencies=[ReadAccess])
+
+
+def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, object]:
+    return {
+        "name": summary.name,
+        "labels": summary.labels,
+        "created_at": summary.created_at,
+        "last_run_at": summary.last_run_at,
+        "runs": summary.runs,
+        "hardware": summary.hardware,
+        "engine": summary.engine,
+        "last_status": summary.last_status,
+        "open_regressions": summary.open_regressions,
+        "health": node_health(
+            last_run_at=summary.last_run_at,
+            last_status=summary.last_status,
+            open_regressions=summary.open_regressions,
+            now=datetime.now(UTC),
+            stale_after=timedelta(hours=settings.stale_after_hours),
+        ),
+    }
+
+
+@router.get("", response_model=NodesPublic)
+def read_nodes(session: SessionDep, settings: SettingsDep) -> Response:
+    """Every node: its hardware and engine build, when it last ran, its health."""
+    nodes = [NodePublic.model_validate(_public(s, settings)) for s in crud.list_nodes(session)]
+    # Serialized here: FastAPI would validate and dump the list a second time.
+    page = NodesPublic(data=nodes, count=len(nodes))
+    return Response(page.model_dump_json(), media_type="application/json")
+
+
+@router.get("/{name:path}", response_model=NodeDetail, responses=NOT_FOUND)
+def read_node(name: NodePath, session: SessionDep, settings: SettingsDep) -> NodeDetail:
+    """One node with the hardware fingerprints it has had, newest first."""
+    found = crud.get_node(session, name)
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {name!r} not found")
+    summary, fingerprints = found
+    return NodeDetail.model_validate({**_public(summary, settings), "fingerprints": fingerprints})

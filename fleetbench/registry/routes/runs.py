@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+
+from fleetbench.contract.answers import RunReceipt
+from fleetbench.contract.wire import RunReport
+from fleetbench.registry import crud, export
+from fleetbench.registry.deps import AuthenticatedFirst, AuthenticateFirst, ReadAccess, SessionDep
+from fleetbench.registry.ingest import ReportRefused, RunConflict
+from fleetbench.registry.metrics import MetricsDep
+from fleetbench.registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
+from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
+from fleetbench.registry.schemas import RunDetail, RunsPublic, run_detail, run_public
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+ingest_router = APIRouter(prefix="/runs", tags=["runs"], route_class=AuthenticateFirst)
+
+
+@ingest_router.post(
+    "",
+    response_model=RunReceipt,
+    status_code=status.HTTP_201_CREATED,
+    responses={
+        200: {"model": RunReceipt, "description": "already stored (a retry)"},
+        403: {"description": "the token belongs to another node"},
+        409: {"description": "this run id was stored with a different report"},
+        **BAD_BODY,
+        **TOO_LARGE,
+    },
+)
+async def ingest_run(
+    report: RunReport,
+    node: AuthenticatedFirst,
+    request: Request,
+    response: Response,
+    metrics: MetricsDep,
+) -> RunReceipt:
+    """Store one sweep run; retrying with the same run id and body is always safe. The
+    rules the schema cannot state are in RunReport's description."""
+    begun = time.perf_counter()
+    if report.node != node.name:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail=f"this token belongs to node {node.name!r}, the report is for {report.node!r}",
+        )
+    try:
+        stored = await request.app.state.ingest.submit(report, node_id=node.id)
+    except RunConflict as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    except ReportRefused as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
+    metrics.ingested(report, created=stored.created, seconds=time.perf_counter() - begun)
+    if stored.regressed and request.app.state.notifier is not None:
+        request.app.state.notifier.wake()
+    if not stored.created:
+        response.status_code = status.HTTP_200_OK
+    return RunReceipt(
+        run_id=stored.run_id,
+        outcome="created" if stored.created else "already stored",
+        points=len(report.points),
+        failures=len(report.failures),
+    )
+
+
+@router.get("", response_model=RunsPublic, dependencies=[ReadAccess])
+def read_runs(
+    session: SessionDep,
+    node: NodeQuery | None = None,
+    model: ModelQuery | None = None,
+    since: SinceQuery | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+) -> RunsPublic:
+    """Runs newest first, filtered by node, model and start time, paginated."""
+    runs, count = crud.list_runs(
+        session, node=node, model=model, since=since, limit=limit, offset=offset
+    )
+    return RunsPublic(data=[run_public(r) for r in runs], count=count)
+
+
+@router.get("/{run_id}", response_model=RunDetail, dependencies=[ReadAccess], responses=NOT_FOUND)
+def read_run(run_id: uuid.UUID, session: SessionDep) -> RunDetail:
+    """One run with its measured and failed points."""
+    run = crud.get_run(session, run_id)
+    if run is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail="run not found")
+    return run_detail(run)
+
+
+@router.get(
+    "/{run_id}/export",
+    dependencies=[ReadAccess],
+    response_class=Response,
+    responses={
+        200: {"content": {"text/csv": {}, "application/json": {}}, "description": "a download"},
+        **NOT_FOUND,
+    },
+)
+def export_run(
+    run_id: uuid.UUID, session: SessionDep, format: export.ExportFormat = "csv"
+) -> Response:
+    """One run's measured and failed points as CSV or a JSON array, one row per point
+    (registry/export.py says the columns)."""
+    run = crud.get_run(session, run_id)
+    if run is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail="run not found")
+    return export.run_export_response(run, format)

@@ -1,0 +1,265 @@
+"""What the registry's API answers (the request side is the wire format, fleetbench.contract.wire).
+Named by role: XPublic for one thing, XsPublic(data, count) for a page of them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal, cast
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetbench.contract import wire
+from fleetbench.contract.bounds import Text
+from fleetbench.registry.models import Regression, Run
+from fleetbench.registry.questions.health import Health
+from fleetbench.registry.series import Metric
+
+__all__ = [
+    "Acknowledgement",
+    "CurvePointPublic",
+    "CurvePublic",
+    "CurvesPublic",
+    "FingerprintPublic",
+    "ModelPublic",
+    "ModelsPublic",
+    "NodeDetail",
+    "NodePublic",
+    "NodesPublic",
+    "RegressionPublic",
+    "RegressionsPublic",
+    "RunDetail",
+    "RunPublic",
+    "RunsPublic",
+    "SeriesKey",
+    "SeriesPointPublic",
+    "SeriesPublic",
+    "regression_public",
+    "run_detail",
+    "run_public",
+]
+
+
+class _Public(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class NodePublic(_Public):
+    name: str
+    labels: dict[str, Any]
+    created_at: datetime
+    last_run_at: datetime | None
+    runs: int
+    hardware: str | None = Field(description="the latest run's hardware, described")
+    engine: str | None = Field(description="the latest run's engine build")
+    last_status: wire.RunStatus | None
+    open_regressions: int = Field(
+        description="regressions not acknowledged that no later step in their series ended"
+    )
+    health: Health
+
+
+class NodesPublic(_Public):
+    data: list[NodePublic]
+    count: int
+
+
+class FingerprintPublic(_Public):
+    hash: str
+    data: dict[str, Any]
+    first_seen: datetime
+    last_seen: datetime
+
+
+class NodeDetail(NodePublic):
+    fingerprints: list[FingerprintPublic]
+
+
+class ModelPublic(wire.ModelInfo):
+    model_config = ConfigDict(from_attributes=True, frozen=True)
+    runs: int
+    last_run_at: datetime | None
+
+
+class ModelsPublic(_Public):
+    data: list[ModelPublic]
+    count: int
+
+
+class RunPublic(_Public):
+    id: UUID
+    node: str
+    model: str
+    model_sha256: str | None
+    status: wire.RunStatus
+    error: str | None
+    source: str
+    started_at: datetime
+    finished_at: datetime | None
+    received_at: datetime
+    engine: wire.EngineBuild
+    settings: wire.RunSettings
+
+
+class RunsPublic(_Public):
+    data: list[RunPublic]
+    count: int
+
+
+class RunDetail(RunPublic):
+    hardware: FingerprintPublic | None
+    points: list[wire.Point]
+    failures: list[wire.FailedPoint]
+
+
+def _run_fields(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "node": run.node.name,
+        "model": run.model.name,
+        "model_sha256": run.model.sha256,
+        "status": run.status,
+        "error": run.error,
+        "source": run.source,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "received_at": run.received_at,
+        "engine": wire.EngineBuild.model_validate(run.build, from_attributes=True),
+        "settings": wire.RunSettings.model_validate(run, from_attributes=True),
+    }
+
+
+def run_public(run: Run) -> RunPublic:
+    return RunPublic.model_validate(_run_fields(run))
+
+
+def run_detail(run: Run) -> RunDetail:
+    return RunDetail.model_validate(
+        {
+            **_run_fields(run),
+            "hardware": run.fingerprint,
+            "points": [wire.Point.model_validate(p, from_attributes=True) for p in run.points],
+            "failures": [
+                wire.FailedPoint.model_validate(f, from_attributes=True) for f in run.failures
+            ],
+        }
+    )
+
+
+class SeriesKey(BaseModel):
+    """One series: a node's model at PP x TG x B, one metric."""
+
+    node: str
+    model: str
+    pp: int
+    tg: int
+    b: int
+    metric: Metric
+
+
+class RegressionPublic(SeriesKey):
+    """A lasting step in one series; `change_pct` is negative when it got slower."""
+
+    id: int
+    kind: Literal["regression", "improvement"]
+    before: float = Field(description="mean of the runs before the step")
+    after: float = Field(description="mean of the runs after it")
+    change_pct: float
+    noise_pct: float = Field(description="the series' run-to-run standard deviation, %")
+    confidence: float = Field(description="1 - p of the step under the series' noise")
+    runs_before: int
+    runs_after: int
+    cause: str
+    cause_kinds: list[str]
+    before_build: str | None
+    after_build: str | None
+    first_run_id: UUID
+    first_seen_at: datetime
+    detected_at: datetime
+    acknowledged_at: datetime | None
+    note: str | None
+
+
+class RegressionsPublic(_Public):
+    data: list[RegressionPublic]
+    count: int
+
+
+class Acknowledgement(BaseModel):
+    note: Text = Field(min_length=1, max_length=4000, description="why it is accepted")
+
+
+def regression_public(row: Regression) -> RegressionPublic:
+    return RegressionPublic(
+        id=row.id,
+        node=row.node.name,
+        model=row.model.name,
+        pp=row.pp,
+        tg=row.tg,
+        b=row.b,
+        metric=cast(Metric, row.metric),
+        kind="regression" if row.change < 0 else "improvement",
+        before=row.before_value,
+        after=row.after_value,
+        change_pct=round(100 * row.change, 3),
+        noise_pct=round(100 * row.noise, 3),
+        confidence=row.confidence,
+        runs_before=row.runs_before,
+        runs_after=row.runs_after,
+        cause=row.cause,
+        cause_kinds=row.cause_kinds,
+        before_build=row.before_build,
+        after_build=row.after_build,
+        first_run_id=row.first_run_id,
+        first_seen_at=row.first_seen_at,
+        detected_at=row.detected_at,
+        acknowledged_at=row.acknowledged_at,
+        note=row.note,
+    )
+
+
+class CurvePointPublic(BaseModel):
+    b: int
+    total_tps: float = Field(description="S_TG")
+    per_user_tps: float = Field(description="S_TG / B")
+    ms_per_token: float | None = Field(
+        description="what one user waits per token: 1000 B / S_TG (None when S_TG is 0)"
+    )
+    prefill_tps: float | None = Field(description="S_PP")
+    past_knee: bool
+
+
+class CurvePublic(BaseModel):
+    label: str = Field(description="the engine build")
+    build_number: int | None
+    commit: str | None
+    backend: str | None
+    binding_version: str | None
+    run_id: UUID
+    measured_at: datetime
+    pp: int
+    tg: int
+    knee: int | None = Field(description="the largest B before the gains per stream fade")
+    points: list[CurvePointPublic]
+
+
+class CurvesPublic(BaseModel):
+    node: str
+    model: str
+    knee_threshold: float
+    curves: list[CurvePublic] = Field(description="the latest run of each build, oldest first")
+
+
+class SeriesPointPublic(BaseModel):
+    run_id: UUID
+    started_at: datetime
+    value: float
+    build: str | None = Field(description="the llama.cpp build")
+    binding: str | None = Field(description="what ran llama.cpp, with its version")
+    fingerprint: str | None = Field(description="the hardware, described, and its hash")
+    change: str | None = Field(description="what changed since the previous run")
+
+
+class SeriesPublic(SeriesKey):
+    points: list[SeriesPointPublic]
+    regressions: list[RegressionPublic]
