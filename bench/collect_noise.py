@@ -26,7 +26,7 @@ import psutil
 
 from fleetbench.agent.fingerprint import take_fingerprint
 from fleetbench.agent.runners import SweepSpec
-from fleetbench.agent.sweep import sweep_in_child
+from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         wait_until_idle()
         started = datetime.now(UTC)
         before = cpu_seconds_by_process()
-        points = sweep_in_child(model, spec).points
+        points = LlamaCppPythonRunner().run(model, spec).points
         foreign = foreign_cpu_seconds(before, cpu_seconds_by_process())
         if foreign > args.max_foreign_cpu:
             discarded += 1

@@ -1,6 +1,6 @@
 """Does fleetbench's in-process sweep measure what llama-batched-bench measures, and at what cost?
 
-Fidelity: the in-process runner (agent/runners/llama_inprocess.py, in its child process)
+Fidelity: the in-process runner (fleetbench/agent/runners/llama_cpp_python.py)
 against `llama-batched-bench` built from the same vendored llama.cpp
 (scripts/build-batched-bench.sh), same model, same settings, interleaved A B A B so that
 the machine's drift hits both alike. For each B: the median over pairs of S_PP(A)/S_PP(B)
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fleetbench.agent.runners import SweepSpec, batched_bench_binary
-from fleetbench.agent.sweep import sweep_in_child
+from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner
 from fleetbench.contract.wire import Point
 
 
@@ -50,11 +50,11 @@ def ints(text: str) -> tuple[int, ...]:
 
 
 def run_binary(args: argparse.Namespace, model: Path, spec: SweepSpec) -> list[Point]:
-    return batched_bench_binary.run_sweep(Path(args.binary), model, spec).points
+    return batched_bench_binary.BatchedBenchBinaryRunner(Path(args.binary)).run(model, spec).points
 
 
 def run_inprocess(_args: argparse.Namespace, model: Path, spec: SweepSpec) -> list[Point]:
-    return sweep_in_child(model, spec).points
+    return LlamaCppPythonRunner().run(model, spec).points
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:

@@ -16,11 +16,12 @@ from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputErro
 from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.config import AgentSettings
 from fleetbench.agent.display import console, curve_table, placement_table, spool_table
-from fleetbench.agent.errors import ClientError, SpoolError, SpoolUnwritable
+from fleetbench.agent.errors import ClientError, EngineUnavailable, SpoolError, SpoolUnwritable
 from fleetbench.agent.fingerprint import take_fingerprint
 from fleetbench.agent.gguf_model import ModelFileError, describe_gguf
 from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import SweepSpec
+from fleetbench.agent.runners.engines import UnknownEngine, runner_for
 from fleetbench.agent.spool import Spool
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point, RunReport
@@ -227,6 +228,10 @@ def sweep(
     cache_type_k: Annotated[str, typer.Option("--cache-type-k", "-ctk")] = "f16",
     cache_type_v: Annotated[str, typer.Option("--cache-type-v", "-ctv")] = "f16",
     repeats: Annotated[int, typer.Option(min=1, help="measure each point N times")] = 1,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="llama-cpp-python or llama-batched-bench [default: as --binary says]"),
+    ] = None,
     binary: Annotated[
         Path | None,
         typer.Option(help="run this llama-batched-bench instead of llama.cpp in-process"),
@@ -243,25 +248,37 @@ def sweep(
     registry: RegistryOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the run report as JSON")] = False,
 ) -> None:
-    """Measure the batching curve of a model on this machine (in-process llama.cpp)."""
-    if flash_attn not in ("on", "off", "auto"):
-        raise typer.BadParameter("on, off or auto", param_hint="--flash-attn")
-    spec = SweepSpec(
-        npp=_ints(npp, "--npp"),
-        ntg=_ints(ntg, "--ntg"),
-        npl=_ints(npl, "--npl"),
-        n_ctx=ctx_size,
-        n_batch=batch_size,
-        n_ubatch=ubatch_size,
-        flash_attn=flash_attn,  # type: ignore[arg-type]
-        kv_unified=kv_unified,
-        pp_shared=pp_shared,
-        n_gpu_layers=n_gpu_layers,
-        n_threads=threads,
-        cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v,
-        repeats=repeats,
-    )
+    """Measure the batching curve of a model on this machine (llama.cpp in-process, or the
+    node's llama-batched-bench with --binary)."""
+    try:
+        spec = SweepSpec.model_validate(
+            {
+                "npp": _ints(npp, "--npp"),
+                "ntg": _ints(ntg, "--ntg"),
+                "npl": _ints(npl, "--npl"),
+                "ctx_size": ctx_size,
+                "batch_size": batch_size,
+                "ubatch_size": ubatch_size,
+                "flash_attn": flash_attn,
+                "kv_unified": kv_unified,
+                "pp_shared": pp_shared,
+                "n_gpu_layers": n_gpu_layers,
+                "threads": threads,
+                "cache_type_k": cache_type_k,
+                "cache_type_v": cache_type_v,
+                "repeats": repeats,
+            }
+        )
+    except ValidationError as exc:
+        problem = exc.errors(include_url=False)[0]
+        flag = "--" + str(problem["loc"][0]).replace("_", "-")
+        raise typer.BadParameter(problem["msg"], param_hint=flag) from None
+    try:
+        runner = runner_for(engine, binary)
+    except UnknownEngine as exc:
+        raise typer.BadParameter(str(exc), param_hint="--engine") from None
+    except EngineUnavailable as exc:
+        raise _fail(str(exc), code=2) from None
     from fleetbench.agent.daemon import sweep_lock
 
     settings = _settings()
@@ -288,11 +305,11 @@ def sweep(
         run = measure_run(
             model,
             spec,
+            runner,
             node=node or settings.node,
             name=name,
             sha256_cache=settings.cache_dir / "sha256.json",
             on_point=show,
-            binary=binary,
         )
     spooled = _spooled(run, settings) if report else None
     unspooled = isinstance(spooled, SpoolUnwritable)  # then stdout keeps the run as JSON

@@ -23,7 +23,6 @@ from typing import Any
 
 import psutil
 
-from fleetbench.agent import _proc
 from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.config import AgentSettings
 from fleetbench.agent.daemon_config import ConfigError, DaemonConfig, SweepConfig, load_config
@@ -37,20 +36,6 @@ from fleetbench.contract.wire import RunReport
 __all__ = ["ConfigError", "Daemon", "DaemonConfig", "SweepConfig", "load_config", "sweep_lock"]
 
 log = logging.getLogger("fleetbench.daemon")
-
-
-def _engine_identity(binary: Path | None) -> dict[str, str]:
-    if binary is None:
-        import importlib.metadata
-
-        return {"llama-cpp-python": importlib.metadata.version("llama-cpp-python")}
-    from fleetbench.agent.runners import batched_bench_binary
-
-    try:
-        build = batched_bench_binary.binary_build(binary)
-    except (_proc.CommandNotFound, _proc.CommandFailed):
-        return {"llama-batched-bench": "missing"}
-    return {"llama-batched-bench": f"{build.build_number} {build.commit} {build.backend}"}
 
 
 @contextmanager
@@ -160,10 +145,10 @@ class Daemon:
         report = measure_run(
             sweep.model,
             sweep.spec(),
+            sweep.runner(),
             node=self.node,
             name=sweep.model_name,
             sha256_cache=self.sha256_cache,
-            binary=sweep.binary,
         )
         try:
             self.spool.add(report)
@@ -199,14 +184,13 @@ class Daemon:
     # --- changes since the last success ---------------------------------------------------
 
     def _identity(self, sweep: SweepConfig) -> dict[str, str]:
-        """What a sweep's results depend on besides the machine: the engine (the binary's
-        build, or llama-cpp-python's version, which fixes the llama.cpp it vendors) and the
-        model file."""
+        """What a sweep's results depend on besides the machine: the engine (as its runner
+        tells it: llama-cpp-python's version, the binary's build) and the model file."""
         try:
             model = sha256_of(sweep.model, cache=self.sha256_cache)
         except OSError:
             model = "missing"
-        return {**_engine_identity(sweep.binary), "model_sha256": model}
+        return {**sweep.runner().identity(), "model_sha256": model}
 
     def changed_since_last_success(self, sweep: SweepConfig) -> str | None:
         """Why the sweep should run now: its build or model changed since it last succeeded

@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from fleetbench.agent.runners import SweepSpec
+from fleetbench.agent.errors import EngineUnavailable
+from fleetbench.agent.runners import Runner, SweepSpec
+from fleetbench.agent.runners.engines import runner_for
 
 __all__ = ["ConfigError", "DaemonConfig", "SweepConfig", "load_config"]
-
-PositiveInts = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class ConfigError(ValueError):
@@ -25,27 +32,18 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class SweepConfig(_Config):
-    """One scheduled sweep: a model, a schedule and llama-batched-bench's settings."""
+class SweepConfig(SweepSpec):
+    """One scheduled sweep: a model, a schedule, the engine, and the sweep's settings (a
+    SweepSpec, by its names or llama.cpp's)."""
 
     name: str = Field(min_length=1)
     model: Path
     model_name: str | None = None
     cron: str = Field(description="crontab expression, e.g. '0 3 * * *'")
-    npp: PositiveInts = [128]
-    ntg: PositiveInts = [128]
-    npl: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = [1, 2, 4, 8]
-    ctx_size: int | None = Field(default=None, ge=1)
-    batch_size: int = Field(default=2048, ge=1)
-    ubatch_size: int = Field(default=512, ge=1)
-    flash_attn: Literal["on", "off", "auto"] = "auto"
-    kv_unified: bool = False
-    pp_shared: bool = False
-    n_gpu_layers: int = -1
-    threads: int | None = Field(default=None, ge=1)
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    repeats: int = Field(default=3, ge=1)
+    repeats: int = Field(default=3, ge=1)  # a schedule has time for the precision
+    engine: str | None = Field(
+        default=None, description="a runner's name [default: llama-cpp-python, or the binary's]"
+    )
     binary: Path | None = Field(
         default=None, description="the node's llama-batched-bench, instead of in-process"
     )
@@ -58,23 +56,19 @@ class SweepConfig(_Config):
         CronTrigger.from_crontab(cron)  # raises ValueError naming the bad field
         return cron
 
+    @model_validator(mode="after")
+    def _engine_runs_here(self) -> SweepConfig:
+        self.runner()  # an unknown or missing engine stops the daemon at start
+        return self
+
     def spec(self) -> SweepSpec:
-        return SweepSpec(
-            npp=tuple(self.npp),
-            ntg=tuple(self.ntg),
-            npl=tuple(self.npl),
-            n_ctx=self.ctx_size,
-            n_batch=self.batch_size,
-            n_ubatch=self.ubatch_size,
-            flash_attn=self.flash_attn,
-            kv_unified=self.kv_unified,
-            pp_shared=self.pp_shared,
-            n_gpu_layers=self.n_gpu_layers,
-            n_threads=self.threads,
-            cache_type_k=self.cache_type_k,
-            cache_type_v=self.cache_type_v,
-            repeats=self.repeats,
-        )
+        return SweepSpec.model_validate(self.model_dump(include=set(SweepSpec.model_fields)))
+
+    def runner(self) -> Runner:
+        try:
+            return runner_for(self.engine, self.binary)
+        except EngineUnavailable as exc:
+            raise ValueError(str(exc)) from None
 
 
 class DaemonConfig(_Config):

@@ -1,6 +1,7 @@
 """The agent's exceptions.
 
 FleetbenchError
+ ├── EngineUnavailable      the engine asked for is not installed here (an extra left out)
  ├── ClientError            talking to the registry failed
  │    ├── RegistryUnavailable   no answer, a timeout or a 5xx: try again later
  │    └── RequestRejected       a 4xx: the registry will not take the request as it is
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 __all__ = [
     "ClientError",
+    "EngineUnavailable",
     "FleetbenchError",
     "RegistryUnavailable",
     "RequestRejected",
@@ -25,6 +27,10 @@ __all__ = [
 
 class FleetbenchError(Exception):
     """Base of the agent's errors."""
+
+
+class EngineUnavailable(FleetbenchError):
+    """The engine asked for cannot run on this install; the message says what to install."""
 
 
 class ClientError(FleetbenchError):

@@ -7,12 +7,17 @@ the CLI runs) keeps only its window plus one micro-batch per sequence. Pure arit
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fleetbench.contract.wire import ModelInfo
 
-__all__ = ["CACHE_TYPE_BYTES", "fits", "kv_cache_bytes", "kv_cells"]
+__all__ = ["CACHE_TYPE_BYTES", "CacheType", "fits", "kv_cache_bytes", "kv_cells"]
+
+# The KV cache types llama.cpp takes (-ctk, -ctv)
+CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
 
 # Bytes per element of each cache type (block-quantised types: block bytes / block size).
-CACHE_TYPE_BYTES = {
+CACHE_TYPE_BYTES: dict[str, float] = {  # keyed by CacheType
     "f32": 4.0,
     "f16": 2.0,
     "bf16": 2.0,

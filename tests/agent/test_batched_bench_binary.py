@@ -12,7 +12,11 @@ import pytest
 from fleetbench.agent.config import AgentSettings
 from fleetbench.agent.daemon import Daemon, DaemonConfig, SweepConfig
 from fleetbench.agent.runners import SweepFailed, SweepSpec
-from fleetbench.agent.runners.batched_bench_binary import binary_build, find_binary, run_sweep
+from fleetbench.agent.runners.batched_bench_binary import (
+    BatchedBenchBinaryRunner,
+    binary_build,
+    find_binary,
+)
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.wire import FailedPoint, Point
 from tests.conftest import LiveRegistry, agent
@@ -28,7 +32,7 @@ def test_version_gives_the_build(batched_bench: Path) -> None:
 
 def test_sweep_with_the_binary(batched_bench: Path, gemma: Path) -> None:
     seen: list[Point | FailedPoint] = []
-    outcome = run_sweep(batched_bench, gemma, SMALL, on_point=seen.append)
+    outcome = BatchedBenchBinaryRunner(batched_bench).run(gemma, SMALL, on_point=seen.append)
     assert [(p.b, p.n_kv) for p in outcome.points] == [(1, 36), (2, 72)]
     assert seen == outcome.points
     assert all(
@@ -47,7 +51,11 @@ def test_a_binary_run_carries_the_model_s_architecture(
     """Read from the GGUF header (the binary does not say), so placement can check the KV
     fit of a binary run as of an in-process one: Gemma 3 270M's numbers."""
     report = measure_run(
-        gemma, SMALL, node="n", binary=batched_bench, sha256_cache=tmp_path / "sha256.json"
+        gemma,
+        SMALL,
+        BatchedBenchBinaryRunner(batched_bench),
+        node="n",
+        sha256_cache=tmp_path / "sha256.json",
     )
     assert report.status == "ok"
     model = report.model
@@ -59,13 +67,13 @@ def test_a_binary_run_carries_the_model_s_architecture(
 
 def test_repeats_take_the_median(batched_bench: Path, gemma: Path) -> None:
     spec = SweepSpec(npp=(16,), ntg=(4,), npl=(2,), repeats=2)
-    [point] = run_sweep(batched_bench, gemma, spec).points
+    [point] = BatchedBenchBinaryRunner(batched_bench).run(gemma, spec).points
     assert point.repeats == 2 and point.s_tg_stdev is not None
 
 
 def test_points_the_binary_skips_are_failures(batched_bench: Path, gemma: Path) -> None:
     spec = SweepSpec(npp=(200,), ntg=(56,), npl=(1, 2), n_ctx=256, kv_unified=True)
-    outcome = run_sweep(batched_bench, gemma, spec)
+    outcome = BatchedBenchBinaryRunner(batched_bench).run(gemma, spec)
     assert [p.b for p in outcome.points] == [1]
     [failure] = outcome.failures
     assert (failure.b, failure.reason) == (
@@ -93,7 +101,7 @@ for line in child.stdout:
     )
     wrapper.chmod(0o755)
     with pytest.raises(SweepFailed, match="exited with status -9") as caught:
-        run_sweep(wrapper, gemma, SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4)))
+        BatchedBenchBinaryRunner(wrapper).run(gemma, SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4)))
     assert [p.b for p in caught.value.points] == [1]
 
 
@@ -103,7 +111,9 @@ def test_a_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_a_failed_binary_run_is_reported_as_the_binary_s(tmp_path: Path, tiny_llama: Path) -> None:
-    report = measure_run(tiny_llama, SMALL, node="n", binary=tmp_path / "llama-batched-bench")
+    report = measure_run(
+        tiny_llama, SMALL, BatchedBenchBinaryRunner(tmp_path / "llama-batched-bench"), node="n"
+    )
     assert report.status == "failed" and "not found" in (report.error or "")
     assert report.engine.binding == "llama-batched-bench"  # not llama-cpp-python
 

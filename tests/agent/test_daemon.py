@@ -40,6 +40,8 @@ model = "/models/gemma.gguf"
 cron = "0 3 * * *"
 npl = [1, 2, 4, 8, 16]
 flash_attn = "on"
+ctx-size = 4096
+threads = 4
 """
 
 
@@ -60,6 +62,7 @@ def test_config_reads_agent_and_sweeps(tmp_path: Path) -> None:
         3,
         (128,),
     )
+    assert (spec.n_ctx, spec.n_threads) == (4096, 4)  # by llama.cpp's flag names
 
 
 @pytest.mark.parametrize(
@@ -71,6 +74,11 @@ def test_config_reads_agent_and_sweeps(tmp_path: Path) -> None:
         (("jitter_s = 120", "jiter_s = 120"), "agent.jiter_s: Extra inputs are not permitted"),
         (('name = "gemma-nightly"', 'nam = "x"'), "sweep[0].name: Field required"),
         (("[agent]", "[agnet]"), "unknown table(s) ['agnet']"),
+        (("threads = 4", 'engine = "vllm"'), "sweep[0]: Value error, unknown engine 'vllm'"),
+        (
+            ("threads = 4", 'engine = "llama-cpp-python"\nbinary = "/b"'),
+            "sweep[0]: Value error, engine 'llama-cpp-python' runs no binary",
+        ),
         (("[agent]", "[agent"), "is not valid TOML"),
     ],
 )

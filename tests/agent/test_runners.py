@@ -79,7 +79,7 @@ def test_a_point_from_its_repeats_is_the_median_time_with_the_spread() -> None:
 
 def test_the_settings_a_sweep_asks_for() -> None:
     spec = SweepSpec(n_batch=256, n_ubatch=128, flash_attn="on", n_threads=6, cache_type_v="q8_0")
-    assert spec.requested_settings() == RunSettings(
+    assert spec.run_settings() == RunSettings(
         n_ctx=None,
         n_batch=256,
         n_ubatch=128,

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from pydantic import ValidationError
 
 from fleetbench.agent.runners import SweepFailed, SweepSpec
-from fleetbench.agent.sweep import run_report, sweep_in_child
+from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner
+from fleetbench.agent.sweep import run_report
 from fleetbench.contract.wire import (
     ERROR_LENGTH,
     REASON_LENGTH,
@@ -18,7 +20,6 @@ from fleetbench.contract.wire import (
     ModelInfo,
     Point,
     RunReport,
-    RunSettings,
 )
 
 SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4))
@@ -26,7 +27,7 @@ SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4))
 
 def test_sweep_measures_the_batched_bench_table(tiny_llama: Path) -> None:
     seen: list[Point | FailedPoint] = []
-    outcome = sweep_in_child(tiny_llama, SMALL, on_point=seen.append)
+    outcome = LlamaCppPythonRunner().run(tiny_llama, SMALL, on_point=seen.append)
     assert [p.b for p in outcome.points] == [1, 2, 4]
     assert seen == outcome.points  # each point arrived as it was measured
     for p in outcome.points:
@@ -43,14 +44,16 @@ def test_sweep_measures_the_batched_bench_table(tiny_llama: Path) -> None:
 
 def test_shared_prompt_in_a_unified_cache(tiny_llama: Path) -> None:
     spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 4), pp_shared=True, kv_unified=True)
-    outcome = sweep_in_child(tiny_llama, spec)
+    outcome = LlamaCppPythonRunner().run(tiny_llama, spec)
     four = outcome.points[1]
     assert four.n_kv == 32 + 4 * 4  # one prompt for all four sequences
     assert four.s_pp == pytest.approx(32 / four.t_pp)  # prefill counted once
 
 
 def test_repeats_give_the_median_and_the_spread(tiny_llama: Path) -> None:
-    outcome = sweep_in_child(tiny_llama, SweepSpec(npp=(16,), ntg=(4,), npl=(2,), repeats=3))
+    outcome = LlamaCppPythonRunner().run(
+        tiny_llama, SweepSpec(npp=(16,), ntg=(4,), npl=(2,), repeats=3)
+    )
     [point] = outcome.points
     assert point.repeats == 3
     assert point.s_tg_stdev is not None and point.s_pp_stdev is not None
@@ -59,7 +62,7 @@ def test_repeats_give_the_median_and_the_spread(tiny_llama: Path) -> None:
 def test_points_that_do_not_fit_are_failures_and_the_sweep_goes_on(tiny_llama: Path) -> None:
     # 1,024 cells split over 4 sequences leaves 256 each: a 300-token sequence cannot fit.
     spec = SweepSpec(npp=(296,), ntg=(4,), npl=(1, 4), n_ctx=1024)
-    outcome = sweep_in_child(tiny_llama, spec)
+    outcome = LlamaCppPythonRunner().run(tiny_llama, spec)
     reasons = {f.b: f.reason for f in outcome.failures}
     assert "memory slot" in reasons[1]
     assert reasons[4] == "needs 1200 KV cells, the context has 1024"
@@ -75,7 +78,7 @@ def test_a_killed_engine_keeps_what_it_measured(gemma: Path) -> None:
                 child.kill()
 
     with pytest.raises(SweepFailed, match="died of SIGKILL") as caught:
-        sweep_in_child(gemma, spec, on_point=kill_after_first)
+        LlamaCppPythonRunner().run(gemma, spec, on_point=kill_after_first)
     assert [p.b for p in caught.value.points] == [1]
 
     report = run_report(
@@ -93,7 +96,7 @@ def test_a_killed_engine_keeps_what_it_measured(gemma: Path) -> None:
     ]
     # Labelled as a finished run of the same spec is: the same settings and engine, so
     # the registry sees no settings or binding change around it.
-    finished = sweep_in_child(gemma, spec)
+    finished = LlamaCppPythonRunner().run(gemma, spec)
     assert report.settings == finished.settings
     assert report.settings.n_ctx is not None and report.settings.n_ctx >= spec.context_size()
     assert report.settings.n_threads
@@ -116,11 +119,11 @@ def test_a_corrupt_model_fails_the_sweep_clearly(tmp_path: Path) -> None:
     corrupt = tmp_path / "broken.gguf"
     corrupt.write_bytes(b"GGUF" + b"\0" * 64)
     with pytest.raises(SweepFailed, match="could not load"):
-        sweep_in_child(corrupt, SMALL)
+        LlamaCppPythonRunner().run(corrupt, SMALL)
 
 
 def test_the_engine_reports_the_models_architecture(gemma: Path) -> None:
-    outcome = sweep_in_child(gemma, SweepSpec(npp=(16,), ntg=(2,), npl=(1,)))
+    outcome = LlamaCppPythonRunner().run(gemma, SweepSpec(npp=(16,), ntg=(2,), npl=(1,)))
     assert outcome.model is not None
     m = outcome.model
     assert (m.n_layer, m.n_head_kv, m.head_dim_k, m.head_dim_v) == (18, 1, 256, 256)
@@ -132,7 +135,7 @@ def test_points_whose_kv_cache_cannot_fit_are_skipped_with_the_reason(gemma: Pat
     # A unified cache sized per point: B=1 needs 260 cells (about 5 MB of KV), B=64 needs
     # 16,640 (about 290 MB); with the weights' 253 MB, 300 MB free admits only B=1.
     spec = SweepSpec(npp=(256,), ntg=(4,), npl=(1, 64), kv_unified=True)
-    outcome = sweep_in_child(gemma, spec, free_bytes=300 * 2**20)
+    outcome = LlamaCppPythonRunner(free_bytes=300 * 2**20).run(gemma, spec)
     assert [p.b for p in outcome.points] == [1]
     [skipped] = outcome.failures
     assert skipped.b == 64
@@ -157,10 +160,31 @@ def test_a_failure_message_no_registry_could_store_still_makes_a_report() -> Non
     assert [len(f.reason) for f in report.failures] == [REASON_LENGTH] * 3
 
 
-def test_settings_asked_for_that_the_wire_refuses_still_make_a_report() -> None:
-    spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1,), n_threads=-1)
-    report = _failed_to_load(spec)
-    assert report.status == "failed" and report.settings == RunSettings()
+@pytest.mark.parametrize(
+    ("setting", "value", "problem"),
+    [
+        ("threads", -1, "greater than or equal to 1"),
+        ("n_gpu_layers", -2, "greater than or equal to -1"),
+        ("cache_type_k", "q3_k", "Input should be 'f32'"),
+        ("ubatch_size", 2**31, "less than or equal to 2147483647"),
+        ("npl", [1, 0], "greater than or equal to 1"),
+        ("n_ctx_max", 5, "Extra inputs are not permitted"),
+    ],
+)
+def test_a_spec_refuses_what_the_wire_format_would_so_every_run_has_settings(
+    setting: str, value: object, problem: str
+) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        SweepSpec.model_validate({setting: value})
+
+
+def test_a_spec_reads_llama_cpp_s_flag_names_and_its_own_alike() -> None:
+    by_flags = SweepSpec.model_validate(
+        {"ctx-size": 4096, "batch_size": 512, "ubatch-size": 128, "threads": 2}
+    )
+    by_names = SweepSpec(n_ctx=4096, n_batch=512, n_ubatch=128, n_threads=2)
+    assert by_flags == by_names
+    assert (by_names.n_ctx, by_names.n_batch, by_names.n_ubatch) == (4096, 512, 128)
 
 
 def _failed_to_load(spec: SweepSpec) -> RunReport:

@@ -1,9 +1,10 @@
-"""Runners: one module per engine, each measuring a sweep (the llama-batched-bench grid).
+"""Runners: one module per engine, each measuring a sweep (the llama-batched-bench grid)
+behind one interface, `Runner`; runners.engines finds them by name.
 
-A runner gets a `SweepSpec`, says what it runs with once it knows (`on_start`: the engine,
-the settings, the model as the engine read it) and reports each point as it finishes
-(`on_point`), so a sweep shows progress and a crash part-way keeps what was measured and
-what it was measured with.
+A runner gets a `SweepSpec`, reports each point as it finishes (`on_point`) and returns a
+`SweepOutcome`: the engine, the settings it ran with, the points and the failures. A sweep
+that stops part-way raises `SweepFailed` with what was measured and, when the engine said,
+what it was measured with, so the run is still reported whole.
 """
 
 from __future__ import annotations
@@ -11,15 +12,18 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Annotated, Literal, Protocol
 
-from pydantic import ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from fleetbench.contract.kv_cache import fits, kv_cells
+from fleetbench.contract.bounds import INT32_MAX
+from fleetbench.contract.kv_cache import CacheType, fits, kv_cells
 from fleetbench.contract.wire import EngineBuild, FailedPoint, ModelInfo, Point, RunSettings
 
 __all__ = [
     "PointCallback",
+    "Runner",
     "StartCallback",
     "SweepFailed",
     "SweepOutcome",
@@ -30,24 +34,43 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class SweepSpec:
-    """The grid and the settings of a sweep, with llama-batched-bench's defaults."""
+def _flag(name: str, *aliases: str) -> AliasChoices:
+    """A setting read by its own name or by llama.cpp's (`ctx_size`, `ctx-size`)."""
+    return AliasChoices(name, *aliases, *(a.replace("_", "-") for a in aliases if "_" in a))
 
-    npp: tuple[int, ...] = (128,)
-    ntg: tuple[int, ...] = (128,)
-    npl: tuple[int, ...] = (1, 2, 4, 8)
-    n_ctx: int | None = None  # None: sized so that every point fits (see needed_cells)
-    n_batch: int = 2048
-    n_ubatch: int = 512
+
+Sizes = Annotated[tuple[Annotated[int, Field(ge=0, le=INT32_MAX)], ...], Field(min_length=1)]
+Positive = Annotated[int, Field(ge=1, le=INT32_MAX)]
+
+
+class SweepSpec(BaseModel):
+    """The grid and the settings of a sweep, with llama-batched-bench's defaults: what the
+    CLI's options, a daemon's `[[sweep]]` table and the runners all take. Each setting has
+    llama.cpp's long flag name as an alias where the names differ (`ctx_size` for n_ctx,
+    `batch_size`, `ubatch_size`, `threads`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    npp: Sizes = (128,)
+    ntg: Sizes = (128,)
+    npl: Annotated[tuple[Positive, ...], Field(min_length=1)] = (1, 2, 4, 8)
+    n_ctx: Positive | None = Field(
+        default=None, validation_alias=_flag("n_ctx", "ctx_size"),
+        description="KV cells; None: sized so that every point fits (see needed_cells)",
+    )  # fmt: skip
+    n_batch: Positive = Field(default=2048, validation_alias=_flag("n_batch", "batch_size"))
+    n_ubatch: Positive = Field(default=512, validation_alias=_flag("n_ubatch", "ubatch_size"))
     flash_attn: Literal["on", "off", "auto"] = "auto"
     kv_unified: bool = False
     pp_shared: bool = False
-    n_gpu_layers: int = -1
-    n_threads: int | None = None  # None: the physical cores, as llama.cpp picks them
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    repeats: int = 1
+    n_gpu_layers: Annotated[int, Field(ge=-1, le=INT32_MAX, description="-1: all")] = -1
+    n_threads: Positive | None = Field(
+        default=None, validation_alias=_flag("n_threads", "threads"),
+        description="None: the physical cores, as llama.cpp picks them",
+    )  # fmt: skip
+    cache_type_k: CacheType = "f16"
+    cache_type_v: CacheType = "f16"
+    repeats: int = Field(default=1, ge=1, le=1000, description="measure each point N times")
 
     def grid(self) -> list[tuple[int, int, int]]:
         return [(pp, tg, pl) for pp in self.npp for tg in self.ntg for pl in self.npl]
@@ -70,16 +93,6 @@ class SweepSpec:
             "cache_type_v": self.cache_type_v,
         }
         return RunSettings.model_validate(asked | taken)
-
-    def requested_settings(self) -> RunSettings:
-        """The settings as asked for, for a sweep that failed before its engine said what
-        it runs with (the engine's own, when it did, are SweepFailed.started's); none that
-        the wire format refuses (a negative thread count, say): the run is reported all the
-        same."""
-        try:
-            return self.run_settings()
-        except ValidationError:
-            return RunSettings()
 
     def context_size(self) -> int:
         if self.n_ctx is not None:
@@ -181,3 +194,23 @@ class SweepFailed(RuntimeError):
         self.points = points or []
         self.failures = failures or []
         self.started = started  # what the engine said it runs with (on_start), if it did
+
+
+class Runner(Protocol):
+    """One engine that measures a sweep."""
+
+    def identity(self) -> dict[str, str]:
+        """What its results depend on besides the machine and the model (a version, a
+        build), for the daemon's check of what changed since a sweep last succeeded."""
+        ...
+
+    def engine(self) -> EngineBuild:
+        """What runs, as far as is known before it does: the engine a sweep that fails
+        before its engine says is reported with."""
+        ...
+
+    def run(
+        self, model_path: Path, spec: SweepSpec, *, on_point: PointCallback = ...
+    ) -> SweepOutcome:
+        """Measures `spec` on the model; raises SweepFailed with what it measured."""
+        ...

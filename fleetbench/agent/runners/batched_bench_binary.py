@@ -25,7 +25,7 @@ from fleetbench.agent.runners import (
 )
 from fleetbench.contract.wire import EngineBuild, FailedPoint, Point, RunSettings
 
-__all__ = ["binary_build", "find_binary", "run_sweep"]
+__all__ = ["BINARY", "BatchedBenchBinaryRunner", "argv", "binary_build", "find_binary"]
 
 BINARY = "llama-batched-bench"
 
@@ -68,9 +68,32 @@ def argv(binary: Path, model: Path, spec: SweepSpec) -> list[str]:
     return argv
 
 
-def run_sweep(
-    binary: Path, model: Path, spec: SweepSpec, *, on_point: PointCallback = lambda _: None
-) -> SweepOutcome:
+class BatchedBenchBinaryRunner:
+    """Runs the sweep with the node's own llama-batched-bench: `binary`, or the one on PATH."""
+
+    def __init__(self, binary: Path | None = None) -> None:
+        self.binary = binary
+
+    def identity(self) -> dict[str, str]:
+        build = self.engine()
+        if build.build_number is None and build.commit is None:
+            return {BINARY: "missing"}
+        return {BINARY: f"{build.build_number} {build.commit} {build.backend}"}
+
+    def engine(self) -> EngineBuild:
+        """The binary's build, as far as `--version` tells it."""
+        try:
+            return binary_build(find_binary(self.binary))
+        except (SweepFailed, _proc.CommandNotFound, _proc.CommandFailed):
+            return EngineBuild(binding=BINARY)
+
+    def run(
+        self, model_path: Path, spec: SweepSpec, *, on_point: PointCallback = lambda _: None
+    ) -> SweepOutcome:
+        return _run_sweep(find_binary(self.binary), model_path, spec, on_point)
+
+
+def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallback) -> SweepOutcome:
     """`spec.repeats` runs of the binary; each point is the median of its repeats."""
     engine = binary_build(binary)
     samples: dict[tuple[int, int, int], list[Point]] = {}

@@ -1,4 +1,5 @@
-"""llama-batched-bench's algorithm in-process, on llama-cpp-python's low-level API.
+"""llama-batched-bench's algorithm in-process, on llama-cpp-python's low-level API (run in the
+child process of runners/llama_cpp_python.py).
 
 Follows tools/batched-bench/batched-bench.cpp of the llama.cpp that llama-cpp-python vendors:
 an untimed warm-up of 16 random tokens; then per point a memory clear, the prompt of each

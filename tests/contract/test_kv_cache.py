@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
-from fleetbench.contract.kv_cache import fits, kv_cache_bytes
+from fleetbench.contract.kv_cache import CACHE_TYPE_BYTES, CacheType, fits, kv_cache_bytes
 from fleetbench.contract.wire import ModelInfo
 from tests.conftest import ARTICLE_MODEL_INFO
 
@@ -58,3 +60,7 @@ def test_a_cache_type_the_table_lacks_gives_no_estimate_and_upper_case_is_read()
     assert kv_cache_bytes(NEMO, n_ctx=1024, cache_type_k="Q8_0") == kv_cache_bytes(
         NEMO, n_ctx=1024, cache_type_k="q8_0"
     )
+
+
+def test_every_cache_type_a_spec_takes_has_a_size() -> None:
+    assert set(get_args(CacheType)) == set(CACHE_TYPE_BYTES)
