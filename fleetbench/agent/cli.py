@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 from rich.progress import Progress
 
 from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError
@@ -41,7 +42,7 @@ def _field_errors(exc: ValidationError) -> str:
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -109,7 +110,10 @@ def import_output(
         raise _fail(_field_errors(exc)) from exc
 
     for problem in skipped:
-        err.print(f"error: {file}: {problem}; that table is left out", highlight=False)
+        err.print(
+            f"error: {escape(str(file))}: {escape(str(problem))}; that table is left out",
+            highlight=False,
+        )
     if dry_run:
         out.print_json(json.dumps([r.report.model_dump(mode="json") for r in reports]))
         if skipped:
@@ -184,7 +188,7 @@ def _import_through_the_spool(
                 f"{why}; it is queued in {spool.path}: import again when the registry answers, "
                 "or `fleetbench-agent flush` with that node's token"
             )
-        err.print(f"error: run {run_id} not stored: {why}", highlight=False, soft_wrap=True)
+        err.print(f"error: run {run_id} not stored: {escape(why)}", highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
 
@@ -300,7 +304,7 @@ def sweep(
         def show(result: Point | FailedPoint) -> None:
             progress.advance(task)
             if isinstance(result, FailedPoint):
-                progress.console.print(f"B={result.b} PP={result.pp}: {result.reason}")
+                progress.console.print(f"B={result.b} PP={result.pp}: {escape(result.reason)}")
 
         run = measure_run(
             model,
@@ -319,7 +323,7 @@ def sweep(
         table = curve_table(run.points, title=f"{name} on {run.node} ({run.status})")
         (err if unspooled else out).print(table)
     if run.error is not None:
-        err.print(f"[red]error:[/red] {run.error}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(run.error)}", highlight=False, soft_wrap=True)
     if isinstance(spooled, SpoolUnwritable):
         _deliver_unspooled(run, spooled, settings, registry)
     elif spooled is not None:
@@ -435,7 +439,7 @@ def status(
     if as_json:
         out.print_json(json.dumps([dataclasses.asdict(r) for r in runs]))
         if problem is not None:
-            err.print(f"warning: {problem}", highlight=False, soft_wrap=True)
+            err.print(f"warning: {escape(problem)}", highlight=False, soft_wrap=True)
         return
     out.print(
         f"spool {spool.path}: {counts['queued']} queued, {counts['delivered']} delivered, "
@@ -443,7 +447,7 @@ def status(
         soft_wrap=True,
     )
     if problem is not None:
-        out.print(f"warning: {problem}", highlight=False, soft_wrap=True)
+        out.print(f"warning: {escape(problem)}", highlight=False, soft_wrap=True)
     waiting = [r for r in runs if r.state != "delivered"]
     if waiting:
         out.print(spool_table(waiting))

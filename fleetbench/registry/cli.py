@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
@@ -57,7 +58,7 @@ def _open(settings: RegistrySettings) -> Engine:
         else:
             ensure_schema_current(engine, fix_command="fleetbench-registry migrate")
     except SchemaOutOfDate as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from exc
     return engine
 
@@ -82,7 +83,7 @@ def migrate() -> None:
         before = _upgrade(engine)
         _, head = schema_revisions(engine)
     except SchemaOutOfDate as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from exc
     if before == head:
         err.print(f"schema already at {head}")

@@ -1,0 +1,184 @@
+"""Each extra installs what one kind of machine needs and nothing more: fleetbench's wheel
+installed into fresh virtual environments, its console scripts run from a folder outside
+the checkout (so nothing is imported from the source tree), against a live registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ARTICLE_MODEL, LiveRegistry, free_port
+from tests.test_import_end_to_end import ARTICLE_EXAMPLE
+
+ROOT = Path(__file__).parent.parent
+# What a node must never need, and what a registry must never drag in.
+REGISTRY_ONLY = ("fastapi", "sqlalchemy", "alembic", "psycopg", "plotly", "uvicorn")
+AGENT_ONLY = ("llama_cpp", "gguf", "psutil", "apscheduler", "pynvml")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(folder), ROOT],
+        check=True,
+        timeout=600,
+    )
+    [built] = folder.glob("fleetbench-*.whl")
+    return built
+
+
+def _venv(folder: Path, requirement: str) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, timeout=120)
+    pip = [str(folder / "bin" / "python"), "-m", "pip", "install", "--quiet", requirement]
+    done = subprocess.run(pip, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder / "bin"
+
+
+@pytest.fixture(scope="module")
+def agent_only(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _venv(tmp_path_factory.mktemp("venv-agent"), f"fleetbench[agent] @ {wheel.as_uri()}")
+
+
+@pytest.fixture(scope="module")
+def registry_only(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _venv(
+        tmp_path_factory.mktemp("venv-registry"), f"fleetbench[registry] @ {wheel.as_uri()}"
+    )
+
+
+def _run(bin_dir: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_")}
+    clean.pop("VIRTUAL_ENV", None)
+    clean["PATH"] = f"{bin_dir}{os.pathsep}{clean.get('PATH', '')}"
+    return subprocess.run(
+        [str(bin_dir / args[0]), *args[1:]],
+        cwd=cwd,
+        env={**clean, "XDG_STATE_HOME": str(cwd / "state"), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _importable(bin_dir: Path, modules: tuple[str, ...], cwd: Path) -> list[str]:
+    code = (
+        "import importlib.util, json, sys\n"
+        "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m)]))"
+    )
+    done = _run(bin_dir, "python", "-c", code, *modules, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    found: list[str] = json.loads(done.stdout)
+    return found
+
+
+def test_the_agent_extra_runs_a_node_without_the_registry_s_stack_or_llama_cpp(
+    agent_only: Path,
+    live_registry: LiveRegistry,
+    batched_bench: Path,
+    gemma: Path,
+    tmp_path: Path,
+) -> None:
+    assert _importable(agent_only, (*REGISTRY_ONLY, "llama_cpp"), tmp_path) == []
+    env = {"FLEETBENCH_REGISTRY_URL": live_registry.url}
+    token = live_registry.token("m4pro")
+
+    imported = _run(
+        agent_only, "fleetbench-agent", "import", str(ARTICLE_EXAMPLE), "--node", "m4pro",
+        "--model", ARTICLE_MODEL, "--token", token, cwd=tmp_path, **env,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.startswith("created: run ")
+
+    answer = _run(
+        agent_only, "fleetbench-agent", "placement", "--model", ARTICLE_MODEL,
+        "--min-tps-per-user", "15", "--json", cwd=tmp_path, **env,
+    )  # fmt: skip
+    assert answer.returncode == 0, answer.stderr
+    [candidate] = json.loads(answer.stdout)["candidates"]
+    assert (candidate["node"], candidate["concurrency"]) == ("m4pro", 8)
+
+    fingerprint = _run(agent_only, "fleetbench-agent", "fingerprint", cwd=tmp_path)
+    assert fingerprint.returncode == 0, fingerprint.stderr
+    assert json.loads(fingerprint.stdout)["data"]["probes"]["host"]["cpu_threads"] >= 1
+
+    swept = _run(
+        agent_only, "fleetbench-agent", "sweep", "-m", str(gemma), "--binary", str(batched_bench),
+        "--npp", "32", "--ntg", "4", "--npl", "1,2", "--json", cwd=tmp_path,
+    )  # fmt: skip
+    assert swept.returncode == 0, swept.stderr
+    run = json.loads(swept.stdout)
+    assert (run["status"], run["engine"]["binding"]) == ("ok", "llama-batched-bench")
+    assert [p["b"] for p in run["points"]] == [1, 2]
+    assert run["model"]["n_layer"] == 18  # Gemma 3 270M, from the file's header
+
+    status = _run(agent_only, "fleetbench-agent", "status", "--json", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    [spooled] = json.loads(status.stdout)  # the import went through the spool
+    assert spooled["state"] == "delivered"
+
+
+def test_without_the_llama_extra_an_in_process_sweep_names_the_extra(
+    agent_only: Path, tiny_llama: Path, tmp_path: Path
+) -> None:
+    swept = _run(agent_only, "fleetbench-agent", "sweep", "-m", str(tiny_llama), cwd=tmp_path)
+    assert swept.returncode == 2
+    assert "pip install 'fleetbench[llama]'" in swept.stderr
+    assert "Traceback" not in swept.stderr
+
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[[sweep]]\nname = "nightly"\nmodel = "{tiny_llama}"\ncron = "0 3 * * *"\n')
+    daemon = _run(agent_only, "fleetbench-agent", "daemon", "--config", str(config), cwd=tmp_path)
+    assert daemon.returncode == 2
+    assert "sweep[0]" in daemon.stderr and "fleetbench[llama]" in daemon.stderr
+
+
+@pytest.fixture
+def registry_from_its_extra(
+    registry_only: Path, empty_database_url: str, tmp_path: Path
+) -> Iterator[str]:
+    env = {"FLEETBENCH_DATABASE_URL": empty_database_url}
+    migrated = _run(registry_only, "fleetbench-registry", "migrate", cwd=tmp_path, **env)
+    assert migrated.returncode == 0, migrated.stderr
+    port = free_port()
+    command = [str(registry_only / "fleetbench-registry"), "serve", "--port", str(port)]
+    log = tmp_path / "registry.log"
+    with log.open("w") as stderr:
+        server = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, **env}, stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the registry did not start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_registry_extra_migrates_and_serves_without_the_agent_s_engines(
+    registry_only: Path, registry_from_its_extra: str, tmp_path: Path
+) -> None:
+    assert _importable(registry_only, AGENT_ONLY, tmp_path) == []
+    created = httpx.post(f"{registry_from_its_extra}/v1/runs", json={}, timeout=30)
+    assert created.status_code == 401  # served and guarded: a report needs a node's token
+    page = httpx.get(f"{registry_from_its_extra}/", timeout=30)
+    assert page.status_code == 200 and "fleetbench" in page.text
+    schema = httpx.get(f"{registry_from_its_extra}/openapi.json", timeout=30).json()
+    assert "/v1/placement" in schema["paths"]
