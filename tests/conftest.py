@@ -5,40 +5,25 @@ unreachable fails the tests; it never skips them."""
 
 from __future__ import annotations
 
-import atexit
-import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
-import tempfile
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
-import uvicorn
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from fleetbench.contract import wire
-from fleetbench.registry import crud
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine, session_factory, upgrade_schema
-from fleetbench.registry.main import create_app
+from tests.factories import LiveRegistry, running_registry
 
 POSTGRES_URL = os.environ.get(
     "FLEETBENCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +46,6 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def batched_bench() -> Path:
     """llama-batched-bench of the llama.cpp that llama-cpp-python vendors, built once per
     machine by scripts/build-batched-bench.sh (minutes the first time, then cached)."""
-    import subprocess
 
     script = Path(__file__).parent.parent / "scripts" / "build-batched-bench.sh"
     done = subprocess.run([str(script)], capture_output=True, text=True, timeout=3000)
@@ -145,193 +129,12 @@ def session(engine: Engine) -> Iterator[Session]:
         yield session
 
 
-class LiveRegistry:
-    """A registry served by uvicorn on a loopback port, and what tests need around it."""
-
-    def __init__(self, url: str, engine: Engine) -> None:
-        self.url = url
-        self.engine = engine
-
-    def token(self, node: str, **labels: str) -> str:
-        with session_factory(self.engine)() as session:
-            token = crud.create_node_token(session, node_name=node, labels=labels)
-            session.commit()
-        return token
-
-    def client(self, token: str | None = None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
-
-    def count(self, table: str) -> int:
-        with self.engine.connect() as connection:
-            return int(connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def serve_in_thread(settings: RegistrySettings) -> tuple[str, uvicorn.Server, threading.Thread]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("registry did not start")
-        time.sleep(0.02)
-    return f"http://127.0.0.1:{port}", server, thread
-
-
 @pytest.fixture
 def registry_settings(database_url: str) -> RegistrySettings:
     return RegistrySettings(database_url=database_url)
-
-
-@contextmanager
-def running_registry(settings: RegistrySettings) -> Iterator[LiveRegistry]:
-    """A registry with these settings served on loopback for the duration."""
-    url, server, thread = serve_in_thread(settings)
-    engine = create_db_engine(settings.sqlalchemy_url)
-    try:
-        yield LiveRegistry(url, engine)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        engine.dispose()
 
 
 @pytest.fixture
 def live_registry(registry_settings: RegistrySettings) -> Iterator[LiveRegistry]:
     with running_registry(registry_settings) as registry:
         yield registry
-
-
-ARTICLE_TABLE = [  # Apple M4 Pro, Mistral-Nemo-Instruct-2407-Q4_K_M, llama.cpp build 11429
-    # (B, S_PP, S_TG) at PP=512, TG=128
-    (1, 282.07, 28.30),
-    (2, 275.77, 42.14),
-    (4, 281.35, 69.64),
-    (8, 285.83, 133.65),
-    (16, 284.82, 163.18),
-    (32, 286.06, 193.55),
-]
-ARTICLE_MODEL = "Mistral-Nemo-Instruct-2407-Q4_K_M"
-# Its architecture, as the article gives it: 40 layers, 8 KV heads of 128, f16 cache.
-ARTICLE_MODEL_INFO = wire.ModelInfo(
-    name=ARTICLE_MODEL,
-    n_layer=40,
-    n_head_kv=8,
-    head_dim_k=128,
-    head_dim_v=128,
-    file_size=7_477_207_552,
-)
-
-
-def make_report(
-    *,
-    node: str = "m4pro",
-    model: str | wire.ModelInfo = ARTICLE_MODEL,
-    table: list[tuple[int, float, float]] | None = None,
-    pp: int = 512,
-    tg: int = 128,
-    started_at: datetime | None = None,
-    build_number: int | None = 11429,
-    **overrides: Any,
-) -> wire.RunReport:
-    """A valid report with the article's curve unless told otherwise."""
-    points = [
-        wire.Point(pp=pp, tg=tg, b=b, n_kv=b * (pp + tg), s_pp=s_pp, s_tg=s_tg)
-        for b, s_pp, s_tg in (table or ARTICLE_TABLE)
-    ]
-    fields: dict[str, Any] = {
-        "schema_version": wire.SCHEMA_VERSION,
-        "run_id": uuid.uuid4(),
-        "node": node,
-        "started_at": started_at or datetime(2026, 10, 16, 12, 0, tzinfo=UTC),
-        "engine": wire.EngineBuild(build_number=build_number, backend="Metal"),
-        "model": model if isinstance(model, wire.ModelInfo) else wire.ModelInfo(name=model),
-        "points": points,
-    }
-    fields.update(overrides)
-    return wire.RunReport(**fields)
-
-
-JSON = {"content-type": "application/json"}
-
-
-def post_report(client: httpx.Client, report: wire.RunReport | dict[str, Any]) -> httpx.Response:
-    body = report.model_dump_json() if isinstance(report, wire.RunReport) else _json(report)
-    return client.post("/v1/runs", content=body, headers=JSON)
-
-
-def _json(data: dict[str, Any]) -> str:
-    return json.dumps(data, default=str)
-
-
-class _StateFolders:
-    """Folders for the agents' spools, removed when the test session ends."""
-
-    def __init__(self) -> None:
-        self._root: tempfile.TemporaryDirectory[str] | None = None
-
-    def mkdtemp(self) -> str:
-        if self._root is None:
-            self._root = tempfile.TemporaryDirectory(prefix="fleetbench-agent-state-")
-            atexit.register(self._root.cleanup)
-        return tempfile.mkdtemp(dir=self._root.name)
-
-
-_AGENT_STATE = _StateFolders()
-
-
-def agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """`fleetbench-agent ARGS` in a fresh process, with only the FLEETBENCH_* variables given,
-    its output read in a pipe (no terminal, no COLUMNS), as a script or a log reads it; its
-    spool in a folder of its own unless `env` names one (XDG_STATE_HOME or FLEETBENCH_SPOOL)."""
-    clean = {
-        k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_") and k != "COLUMNS"
-    }
-    if "XDG_STATE_HOME" not in env and "FLEETBENCH_SPOOL" not in env:
-        clean["XDG_STATE_HOME"] = _AGENT_STATE.mkdtemp()
-    return subprocess.run(
-        [sys.executable, "-m", "fleetbench.agent.cli", *args],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-# A node's history: one run a day from DAY0, the article's curve scaled by a factor.
-DAY0 = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
-# Run-to-run wobble of a quiet node, the same for every B: under 2%.
-WOBBLE = [1.0, 1.012, 0.991, 1.006, 0.995, 1.009, 0.988, 1.003]
-
-
-def scaled(factor: float) -> list[tuple[int, float, float]]:
-    return [(b, s_pp * factor, s_tg * factor) for b, s_pp, s_tg in ARTICLE_TABLE]
-
-
-def post_history(
-    registry: LiveRegistry,
-    runs: list[tuple[int, float]],
-    start: datetime = DAY0,
-    **report: Any,
-) -> None:
-    """One run per (build number, speed factor), a day apart from `start`."""
-    token = registry.token("m4pro")
-    with registry.client(token) as client:
-        for day, (build, factor) in enumerate(runs):
-            sent = make_report(
-                table=scaled(factor),
-                build_number=build,
-                started_at=start + timedelta(days=day),
-                **report,
-            )
-            assert post_report(client, sent).status_code == 201

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from tests.agent.tiny_gguf import write_tiny_gguf
-from tests.conftest import ARTICLE_MODEL, FIXTURES, LiveRegistry, agent
+from tests.factories import ARTICLE_MODEL, FIXTURES, LiveRegistry, agent
 
 ROOT = Path(__file__).parent.parent
 ARTICLE_EXAMPLE = ROOT / "examples" / "m4pro-mistral-nemo-q4km.md"

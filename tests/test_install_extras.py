@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ARTICLE_MODEL, LiveRegistry, free_port
+from tests.factories import ARTICLE_MODEL, LiveRegistry, free_port
 from tests.test_import_end_to_end import ARTICLE_EXAMPLE
 
 ROOT = Path(__file__).parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import LiveRegistry, agent
+from tests.factories import LiveRegistry, agent
 
 
 def _env(registry: LiveRegistry, token: str, tmp_path: Path) -> dict[str, str]:

@@ -15,7 +15,7 @@ from rich.progress import Progress
 
 from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError
 from fleetbench.agent.client import RegistryClient
-from fleetbench.agent.config import AgentSettings
+from fleetbench.agent.config import AgentSettings, SettingsError, load_settings
 from fleetbench.agent.display import console, curve_table, placement_table, spool_table
 from fleetbench.agent.errors import ClientError, EngineUnavailable, SpoolError, SpoolUnwritable
 from fleetbench.agent.fingerprint import take_fingerprint
@@ -23,7 +23,7 @@ from fleetbench.agent.gguf_model import ModelFileError, describe_gguf
 from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
-from fleetbench.agent.spool import Spool
+from fleetbench.agent.spool import Spool, open_spool
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point, RunReport
 
@@ -53,17 +53,9 @@ SPOOL_UNWRITABLE_EXIT = 3
 def _settings() -> AgentSettings:
     """FLEETBENCH_* settings; a bad value is a one-line error naming the variable."""
     try:
-        return AgentSettings()
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"FLEETBENCH_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
-            for e in exc.errors()
-        )
-        raise _fail(problems, code=2) from exc
-
-
-def _spool(settings: AgentSettings) -> Spool:
-    return Spool(settings.spool, keep_delivered_s=settings.spool_retention_days * 86400)
+        return load_settings()
+    except SettingsError as exc:
+        raise _fail(str(exc), code=2) from exc
 
 
 def _token(settings: AgentSettings) -> str | None:
@@ -148,7 +140,7 @@ def _import_through_the_spool(
     registry cannot take now stays queued, never lost. Importing again asks the registry
     again, whatever the spool made of the runs before."""
     try:
-        spool = _spool(settings)
+        spool = open_spool(settings)
         for added, report in enumerate(reports):
             try:
                 spool.add(report, again=True)
@@ -334,7 +326,7 @@ def sweep(
 
 def _spooled(run: RunReport, settings: AgentSettings) -> Spool | SpoolUnwritable:
     """The spool holding the run, or why it cannot take it."""
-    spool = _spool(settings)
+    spool = open_spool(settings)
     try:
         spool.add(run)
     except SpoolUnwritable as exc:
@@ -406,7 +398,7 @@ def daemon(
     except ConfigError as exc:
         raise _fail(str(exc), code=2) from exc
     try:
-        running = Daemon(loaded, _settings())
+        running = Daemon(loaded)
     except SpoolError as exc:
         raise _fail(str(exc)) from exc
     running.serve()
@@ -429,7 +421,7 @@ def status(
 ) -> None:
     """Runs in the local spool: queued for delivery, delivered, and rejected (with why).
     Reads a spool on a full disk too, and says the disk is full."""
-    spool = _spool(_settings())
+    spool = open_spool(_settings())
     try:
         runs = spool.runs()
         counts = spool.counts()
@@ -459,7 +451,7 @@ def flush(registry: RegistryOption = None) -> None:
     nothing waits (all delivered or rejected), 1 when some runs still wait, 3 when the
     spool cannot be written."""
     settings = _settings()
-    spool = _spool(settings)
+    spool = open_spool(settings)
     try:
         queued = spool.counts()["queued"]
     except SpoolError as exc:

@@ -1,4 +1,6 @@
-"""The agent's settings, from FLEETBENCH_* variables (command-line options override them)."""
+"""The agent's settings: one object per process, from FLEETBENCH_* variables, then the
+`[agent]` table of the daemon's agent.toml when there is one, then the defaults (command-line
+options override them all). A bad value is a SettingsError naming the variable or the key."""
 
 from __future__ import annotations
 
@@ -6,12 +8,18 @@ import os
 import socket
 from pathlib import Path
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
-__all__ = ["DEFAULT_REGISTRY_URL", "AgentSettings"]
+__all__ = ["DEFAULT_REGISTRY_URL", "AgentSettings", "SettingsError", "load_settings"]
 
 DEFAULT_REGISTRY_URL = "http://127.0.0.1:8787"
+_PREFIX = "FLEETBENCH_"
 
 
 def _default_spool() -> Path:
@@ -24,11 +32,17 @@ def _default_cache() -> Path:
     return Path(base) / "fleetbench"
 
 
-class AgentSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="FLEETBENCH_", env_ignore_empty=True, extra="ignore"
-    )
+class SettingsError(ValueError):
+    """A setting cannot work; the message names the variable or the agent.toml key."""
 
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=_PREFIX, env_ignore_empty=True, extra="forbid")
+
+    # who this node is and where its runs go
+    node: str = Field(
+        default_factory=socket.gethostname, min_length=1, description="this node's name"
+    )
     registry_url: str = Field(default=DEFAULT_REGISTRY_URL, description="the registry's base URL")
     token: SecretStr | None = Field(default=None, description="this node's registry token")
     spool: Path = Field(
@@ -37,9 +51,58 @@ class AgentSettings(BaseSettings):
     spool_retention_days: float = Field(
         default=7, gt=0, description="delivered runs are pruned from the spool after this long"
     )
+    set_aside_after_5xx: int = Field(
+        default=5, ge=1, description="5xx answers for one run, while others are delivered"
+    )
+    set_aside_after_attempts: int = Field(default=20, ge=1)
+    set_aside_after_hours: float = Field(
+        default=24, gt=0, description="... or failing this long and that many attempts"
+    )
     cache_dir: Path = Field(
         default_factory=_default_cache, description="model digests by path, size and mtime"
     )
-    node: str = Field(
-        default_factory=socket.gethostname, min_length=1, description="this node's name"
-    )
+    # the daemon's schedule
+    jitter_s: float = Field(default=300, ge=0, description="random delay of each sweep")
+    flush_every_s: float = Field(default=60, gt=0)
+    check_changes_every_s: float = Field(default=3600, gt=0)
+    busy_cpu_percent: float = Field(default=80, gt=0, le=100)
+    busy_gpu_percent: float = Field(default=20, gt=0, le=100)
+    busy_retry_s: float = Field(default=900, gt=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Variables win over the file, so one fleet-wide agent.toml can be bent per node.
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_table_header=("agent",)),
+        )
+
+
+def load_settings(toml: Path | None = None) -> AgentSettings:
+    """The settings, with the [agent] table of `toml` under the variables. Raises
+    SettingsError."""
+    settings_cls = AgentSettings
+    if toml is not None:
+
+        class FromFile(AgentSettings):
+            model_config = SettingsConfigDict(toml_file=toml)
+
+        settings_cls = FromFile
+    try:
+        return settings_cls()
+    except ValidationError as exc:
+        raise SettingsError("; ".join(_problem(e["loc"], e["msg"]) for e in exc.errors())) from None
+
+
+def _problem(location: tuple[int | str, ...], message: str) -> str:
+    key = "_".join(str(p) for p in location)
+    variable = _PREFIX + key.upper()
+    return f"{variable if variable in os.environ else 'agent.' + key}: {message}"

@@ -24,12 +24,11 @@ from typing import Any
 import psutil
 
 from fleetbench.agent.client import RegistryClient
-from fleetbench.agent.config import AgentSettings
 from fleetbench.agent.daemon_config import ConfigError, DaemonConfig, SweepConfig, load_config
 from fleetbench.agent.errors import ClientError, RequestRejected, SpoolUnwritable
 from fleetbench.agent.gguf_model import sha256_of
 from fleetbench.agent.probes.nvidia import nvml_session
-from fleetbench.agent.spool import RETRYABLE_STATUS, Spool
+from fleetbench.agent.spool import RETRYABLE_STATUS, open_spool
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.wire import RunReport
 
@@ -87,28 +86,15 @@ class Daemon:
     def __init__(
         self,
         config: DaemonConfig,
-        settings: AgentSettings | None = None,
         *,
         load: Callable[[], tuple[float, float | None]] | None = None,
     ) -> None:
-        settings = settings or AgentSettings()
-        env_set = settings.model_fields_set  # FLEETBENCH_* variables win over the file
         self.config = config
-        self.node = settings.node if "node" in env_set or not config.node else config.node
-        self.registry_url = (
-            settings.registry_url
-            if "registry_url" in env_set or not config.registry_url
-            else config.registry_url
-        )
-        token = settings.token if "token" in env_set or not config.token else config.token
-        self.token = token.get_secret_value() if token else None
-        self.spool = Spool(
-            settings.spool if "spool" in env_set or not config.spool else config.spool,
-            set_aside_after_5xx=config.set_aside_after_5xx,
-            set_aside_after_attempts=config.set_aside_after_attempts,
-            set_aside_after_s=config.set_aside_after_hours * 3600,
-            keep_delivered_s=settings.spool_retention_days * 86400,
-        )
+        self.settings = settings = config.settings
+        self.node = settings.node
+        self.registry_url = settings.registry_url
+        self.token = settings.token.get_secret_value() if settings.token else None
+        self.spool = open_spool(settings)
         self.lock_path = self.spool.path.with_name("sweep.lock")
         self.sha256_cache = settings.cache_dir / "sha256.json"
         self.load = load or (lambda: (psutil.cpu_percent(interval=1.0), _gpu_percent()))
@@ -126,8 +112,8 @@ class Daemon:
         busy = busy_reason(
             cpu_percent=cpu,
             gpu_percent=gpu,
-            cpu_limit=self.config.busy_cpu_percent,
-            gpu_limit=self.config.busy_gpu_percent,
+            cpu_limit=self.settings.busy_cpu_percent,
+            gpu_limit=self.settings.busy_gpu_percent,
         )
         if busy is not None:
             self._postpone(sweep, f"postponed {sweep.name} ({why}): {busy}")
@@ -174,7 +160,7 @@ class Daemon:
             self.scheduler.add_job(
                 self.run_sweep,
                 "date",
-                run_date=datetime.now(UTC) + timedelta(seconds=self.config.busy_retry_s),
+                run_date=datetime.now(UTC) + timedelta(seconds=self.settings.busy_retry_s),
                 args=[sweep],
                 kwargs={"why": "postponed"},
                 id=f"retry:{sweep.name}",
@@ -300,7 +286,7 @@ class Daemon:
         )
         for sweep in self.config.sweeps:
             trigger = CronTrigger.from_crontab(sweep.cron)
-            trigger.jitter = int(self.config.jitter_s) or None
+            trigger.jitter = int(self.settings.jitter_s) or None
             self.scheduler.add_job(
                 self.run_sweep, trigger, args=[sweep], kwargs={"why": "scheduled"}, id=sweep.name
             )
@@ -308,14 +294,14 @@ class Daemon:
         self.scheduler.add_job(
             self.flush,
             "interval",
-            seconds=self.config.flush_every_s,
-            jitter=max(1, int(self.config.flush_every_s / 4)),
+            seconds=self.settings.flush_every_s,
+            jitter=max(1, int(self.settings.flush_every_s / 4)),
             id="flush",
         )
         self.scheduler.add_job(
             self.check_changes,
             "interval",
-            seconds=self.config.check_changes_every_s,
+            seconds=self.settings.check_changes_every_s,
             next_run_time=datetime.now(UTC),  # at start, too
         )
 

@@ -1,22 +1,23 @@
-"""agent.toml, the daemon's configuration: `[agent]` settings and the `[[sweep]]` tables,
-validated so that a bad file stops the daemon at start with the key named
-(`sweep[0].cron: ...`)."""
+"""agent.toml, the daemon's configuration: the `[[sweep]]` tables, and the `[agent]` table
+that config.AgentSettings reads; validated so that a bad file stops the daemon at start with
+the key named (`sweep[0].cron: ...`, `agent.jitter_s: ...`)."""
 
 from __future__ import annotations
 
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from fleetbench.agent.config import AgentSettings, SettingsError, load_settings
 from fleetbench.agent.errors import EngineUnavailable
 from fleetbench.agent.runners import Runner, SweepSpec
 from fleetbench.agent.runners.engines import runner_for
@@ -26,10 +27,6 @@ __all__ = ["ConfigError", "DaemonConfig", "SweepConfig", "load_config"]
 
 class ConfigError(ValueError):
     """The daemon's configuration cannot work; the message names the key."""
-
-
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SweepConfig(SweepSpec):
@@ -71,29 +68,12 @@ class SweepConfig(SweepSpec):
             raise ValueError(str(exc)) from None
 
 
-class DaemonConfig(_Config):
-    """agent.toml. FLEETBENCH_* variables override the [agent] table."""
+class _Sweeps(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
-    node: str | None = None
-    registry_url: str | None = None
-    token: SecretStr | None = None
-    spool: Path | None = None
-    jitter_s: float = Field(default=300, ge=0)
-    flush_every_s: float = Field(default=60, gt=0)
-    set_aside_after_5xx: int = Field(
-        default=5, ge=1, description="5xx answers for one run, while others are delivered"
-    )
-    set_aside_after_attempts: int = Field(default=20, ge=1)
-    set_aside_after_hours: float = Field(
-        default=24, gt=0, description="... or failing this long and that many attempts"
-    )
-    check_changes_every_s: float = Field(default=3600, gt=0)
-    busy_cpu_percent: float = Field(default=80, gt=0, le=100)
-    busy_gpu_percent: float = Field(default=20, gt=0, le=100)
-    busy_retry_s: float = Field(default=900, gt=0)
-    sweeps: list[SweepConfig] = Field(default_factory=list, alias="sweep", min_length=1)
+    sweep: list[SweepConfig] = Field(min_length=1)
 
-    @field_validator("sweeps")
+    @field_validator("sweep")
     @classmethod
     def _unique_names(cls, sweeps: list[SweepConfig]) -> list[SweepConfig]:
         names = [s.name for s in sweeps]
@@ -102,8 +82,17 @@ class DaemonConfig(_Config):
         return sweeps
 
 
+@dataclass(frozen=True)
+class DaemonConfig:
+    """What the daemon runs with: the process's settings and the sweeps of agent.toml."""
+
+    settings: AgentSettings
+    sweeps: list[SweepConfig]
+
+
 def load_config(path: Path) -> DaemonConfig:
-    """Reads agent.toml: `[agent]` settings and `[[sweep]]` tables. Raises ConfigError."""
+    """Reads agent.toml: `[agent]` settings (under FLEETBENCH_* variables) and `[[sweep]]`
+    tables. Raises ConfigError."""
     try:
         raw = tomllib.loads(path.read_text())
     except OSError as exc:
@@ -116,16 +105,19 @@ def load_config(path: Path) -> DaemonConfig:
             f"{path}: unknown table(s) {sorted(unknown)}; expected [agent], [[sweep]]"
         )
     try:
-        return DaemonConfig.model_validate({**raw.get("agent", {}), "sweep": raw.get("sweep", [])})
+        settings = load_settings(path)
+    except SettingsError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    try:
+        sweeps = _Sweeps.model_validate({"sweep": raw.get("sweep", [])}).sweep
     except ValidationError as exc:
         problems = "; ".join(f"{_key(e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
         raise ConfigError(f"{path}: {problems}") from None
+    return DaemonConfig(settings, sweeps)
 
 
 def _key(location: tuple[int | str, ...]) -> str:
-    """The TOML key of an error: sweep[0].cron, agent.jitter_s."""
-    if not location or location[0] != "sweep":
-        return "agent." + ".".join(str(p) for p in location)
+    """The TOML key of an error: sweep[0].cron."""
     key = "sweep"
     for part in location[1:]:
         key += f"[{part}]" if isinstance(part, int) else f".{part}"

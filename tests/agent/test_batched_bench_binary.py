@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetbench.agent.config import AgentSettings
-from fleetbench.agent.daemon import Daemon, DaemonConfig, SweepConfig
+from fleetbench.agent.daemon import SweepConfig
 from fleetbench.agent.runners import SweepFailed, SweepSpec
 from fleetbench.agent.runners.batched_bench_binary import (
     BatchedBenchBinaryRunner,
@@ -19,7 +18,7 @@ from fleetbench.agent.runners.batched_bench_binary import (
 )
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.wire import FailedPoint, Point
-from tests.conftest import LiveRegistry, agent
+from tests.factories import LiveRegistry, a_daemon, agent
 
 SMALL = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2))
 
@@ -146,16 +145,9 @@ def test_a_daemon_binary_sweep_records_its_success_under_the_binary_s_build(
         repeats=1,
         binary=batched_bench,
     )
-    config = DaemonConfig.model_validate(
-        {
-            "node": "ci-node",
-            "registry_url": live_registry.url,
-            "token": live_registry.token("ci-node"),
-            "sweep": [sweep],
-        }
+    daemon = a_daemon(
+        tmp_path, sweep, registry_url=live_registry.url, token=live_registry.token("ci-node")
     )
-    settings = AgentSettings(spool=tmp_path / "spool.db", cache_dir=tmp_path / "cache")
-    daemon = Daemon(config, settings, load=lambda: (5.0, None))
     [sweep] = daemon.config.sweeps
     assert daemon.changed_since_last_success(sweep) == "no successful run yet"
     assert daemon.run_sweep(sweep, why="first") == "ok"

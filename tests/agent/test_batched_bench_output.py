@@ -12,7 +12,7 @@ from fleetbench.agent.batched_bench_output import (
     parse_batched_bench_output,
     parse_build,
 )
-from tests.conftest import FIXTURES
+from tests.factories import FIXTURES
 
 
 def _read(name: str) -> str:

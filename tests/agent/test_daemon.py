@@ -16,17 +16,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fleetbench.agent.config import AgentSettings
 from fleetbench.agent.daemon import (
     ConfigError,
     Daemon,
-    DaemonConfig,
     SweepConfig,
     busy_reason,
     load_config,
     sweep_lock,
 )
-from tests.conftest import LiveRegistry
+from tests.factories import LiveRegistry, a_daemon
 
 GOOD = """
 [agent]
@@ -53,7 +51,8 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 def test_config_reads_agent_and_sweeps(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, GOOD))
-    assert (config.node, config.jitter_s, config.busy_cpu_percent) == ("gpu-07", 120, 70)
+    settings = config.settings
+    assert (settings.node, settings.jitter_s, settings.busy_cpu_percent) == ("gpu-07", 120, 70)
     [sweep] = config.sweeps
     spec = sweep.spec()
     assert (spec.npl, spec.flash_attn, spec.repeats, spec.npp) == (
@@ -63,6 +62,20 @@ def test_config_reads_agent_and_sweeps(tmp_path: Path) -> None:
         (128,),
     )
     assert (spec.n_ctx, spec.n_threads) == (4096, 4)  # by llama.cpp's flag names
+
+
+def test_variables_win_over_the_file_and_the_file_over_the_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETBENCH_NODE", "gpu-08")
+    monkeypatch.setenv("FLEETBENCH_BUSY_RETRY_S", "60")
+    settings = load_config(_write(tmp_path, GOOD)).settings
+    assert (settings.node, settings.busy_retry_s) == ("gpu-08", 60)  # the variables
+    assert (settings.jitter_s, settings.busy_cpu_percent) == (120, 70)  # the file
+    assert settings.flush_every_s == 60  # the default
+    monkeypatch.setenv("FLEETBENCH_JITTER_S", "soon")
+    with pytest.raises(ConfigError, match="FLEETBENCH_JITTER_S: Input should be a valid number"):
+        load_config(_write(tmp_path, GOOD))
 
 
 @pytest.mark.parametrize(
@@ -135,11 +148,7 @@ def _daemon(
     sweep = SweepConfig(
         name="gemma", model=model, cron="0 3 * * *", npp=[32], ntg=[4], npl=[1, 2], repeats=1
     )
-    config = DaemonConfig.model_validate(
-        {"node": "ci-node", "registry_url": registry_url, "token": token, "sweep": [sweep]}
-    )
-    settings = AgentSettings(spool=tmp_path / "state" / "spool.db", cache_dir=tmp_path / "cache")
-    return Daemon(config, settings, load=lambda: load)
+    return a_daemon(tmp_path, sweep, load=load, registry_url=registry_url, token=token)
 
 
 def test_a_busy_machine_postpones_the_sweep(tmp_path: Path, gemma: Path) -> None:

@@ -8,24 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from fleetbench.agent.config import AgentSettings
-from fleetbench.agent.daemon import Daemon, DaemonConfig, load_config
+from fleetbench.agent.daemon import Daemon, load_config
 from tests.agent.flaky_registry import flaky_registry
-from tests.conftest import free_port, make_report
+from tests.factories import a_daemon, free_port, make_report
 
 
 def _daemon(tmp_path: Path, registry_url: str, **agent: object) -> Daemon:
-    config = DaemonConfig.model_validate(
-        {
-            "node": "ci-node",
-            "registry_url": registry_url,
-            "token": "t",
-            **agent,
-            "sweep": [{"name": "tiny", "model": tmp_path / "none.gguf", "cron": "0 3 * * *"}],
-        }
-    )
-    settings = AgentSettings(spool=tmp_path / "state" / "spool.db", cache_dir=tmp_path / "cache")
-    return Daemon(config, settings, load=lambda: (5.0, None))
+    sweep = {"name": "tiny", "model": tmp_path / "none.gguf", "cron": "0 3 * * *"}
+    return a_daemon(tmp_path, sweep, registry_url=registry_url, token="t", **agent)
 
 
 @pytest.fixture
@@ -95,12 +85,10 @@ def test_the_set_aside_settings_and_the_retention_reach_the_spool(tmp_path: Path
     path = tmp_path / "agent.toml"
     path.write_text(
         "[agent]\nset_aside_after_5xx = 2\nset_aside_after_attempts = 7\n"
-        "set_aside_after_hours = 1.5\n\n"
+        f'set_aside_after_hours = 1.5\nspool_retention_days = 3\nspool = "{tmp_path}/spool.db"\n\n'
         '[[sweep]]\nname = "tiny"\nmodel = "/models/tiny.gguf"\ncron = "0 3 * * *"\n'
     )
-    settings = AgentSettings(
-        spool=tmp_path / "spool.db", cache_dir=tmp_path / "cache", spool_retention_days=3
-    )
-    spool = Daemon(load_config(path), settings).spool
+    spool = Daemon(load_config(path)).spool
+    assert spool.path == tmp_path / "spool.db"
     assert (spool.set_aside_after_5xx, spool.set_aside_after_attempts) == (2, 7)
     assert (spool.set_aside_after_s, spool.keep_delivered_s) == (5400, 3 * 86400)

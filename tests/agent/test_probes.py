@@ -10,7 +10,7 @@ import pytest
 from fleetbench.agent.fingerprint import fingerprint_of, take_fingerprint
 from fleetbench.agent.probes import PROBES, Collected, NoData, ProbeResult, register, run_probes
 from fleetbench.agent.probes.host import HostProbe, parse_cpuinfo, parse_meminfo, parse_os_release
-from tests.conftest import FIXTURES
+from tests.factories import FIXTURES
 
 EPYC = FIXTURES / "probes" / "linux-epyc"
 

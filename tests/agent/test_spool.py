@@ -14,7 +14,7 @@ import pytest
 from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.spool import Spool
 from fleetbench.registry.config import RegistrySettings
-from tests.conftest import LiveRegistry, free_port, make_report, running_registry
+from tests.factories import LiveRegistry, free_port, make_report, running_registry
 
 HOUR = 3600.0
 NOW = 1_800_000_000.0

@@ -17,7 +17,7 @@ from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
 from fleetbench.agent.spool import Spool, SpooledRun
 from tests.agent.flaky_registry import Answer, flaky_registry
-from tests.conftest import LiveRegistry, agent, free_port, make_report
+from tests.factories import LiveRegistry, agent, free_port, make_report
 
 HOUR = 3600.0
 DAY = 24 * HOUR

@@ -21,13 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from fleetbench.agent.config import AgentSettings
-from fleetbench.agent.daemon import Daemon, DaemonConfig
 from fleetbench.agent.errors import SpoolUnwritable
 from fleetbench.agent.spool import Spool
 from fleetbench.contract.wire import RunReport
 from tests.agent.test_spool_delivery import OLD_SCHEMA
-from tests.conftest import LiveRegistry, agent, free_port, make_report
+from tests.factories import LiveRegistry, a_daemon, agent, free_port, make_report
 
 FULL = r"the spool at {path} cannot be written \(disk full: (\d+) bytes free\)"
 
@@ -258,16 +256,13 @@ def test_the_daemon_keeps_an_unspoolable_run_in_memory_and_delivers_it_directly(
     """The spool cannot take the run: it is kept in memory (and logged as JSON), and handed
     to the registry directly once one answers, so a daemon stopped before space is back has
     lost nothing the registry could take."""
-    config = DaemonConfig.model_validate(
-        {
-            "node": "ci-node",
-            "registry_url": f"http://127.0.0.1:{free_port()}",  # nobody answers, at first
-            "token": live_registry.token("ci-node"),
-            "sweep": [{"name": "tiny", "model": tmp_path / "tiny.gguf", "cron": "0 3 * * *"}],
-        }
+    daemon = a_daemon(
+        tmp_path,
+        {"name": "tiny", "model": tmp_path / "tiny.gguf", "cron": "0 3 * * *"},
+        registry_url=f"http://127.0.0.1:{free_port()}",  # nobody answers, at first
+        token=live_registry.token("ci-node"),
+        spool=small_disk.root / "spool.db",
     )
-    settings = AgentSettings(spool=small_disk.root / "spool.db", cache_dir=tmp_path / "cache")
-    daemon = Daemon(config, settings, load=lambda: (5.0, None))
     measured, later = make_report(node="ci-node"), make_report(node="ci-node")
     runs = iter([measured, later])
     monkeypatch.setattr("fleetbench.agent.daemon.measure_run", lambda *args, **kwargs: next(runs))

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from fleetbench.agent.spool import Spool
-from tests.conftest import LiveRegistry, make_report
+from tests.factories import LiveRegistry, make_report
 
 
 def test_a_flush_killed_six_times_loses_nothing_and_stores_nothing_twice(

@@ -8,7 +8,7 @@ import pytest
 
 from fleetbench.contract.kv_cache import CACHE_TYPE_BYTES, CacheType, fits, kv_cache_bytes
 from fleetbench.contract.wire import ModelInfo
-from tests.conftest import ARTICLE_MODEL_INFO
+from tests.factories import ARTICLE_MODEL_INFO
 
 NEMO = ARTICLE_MODEL_INFO  # Mistral NeMo 12B: 40 layers, 8 KV heads of 128
 GIB = 2**30

@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 from fleetbench.registry.admission import Lane, LaneLimits
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine, upgrade_schema
-from tests.conftest import JSON, make_report, running_registry
+from tests.factories import JSON, make_report, running_registry
 
 # --- the lanes -----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fleetbench.contract import wire
-from tests.conftest import (
+from tests.factories import (
     ARTICLE_MODEL,
     DAY0,
     WOBBLE,

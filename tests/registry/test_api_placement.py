@@ -8,7 +8,7 @@ import pytest
 
 from fleetbench.contract import wire
 from fleetbench.registry.config import RegistrySettings
-from tests.conftest import (
+from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_MODEL_INFO,
     ARTICLE_TABLE,

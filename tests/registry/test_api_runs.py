@@ -12,8 +12,9 @@ import pytest
 
 from fleetbench.contract import wire
 from fleetbench.registry.config import RegistrySettings
-from tests.conftest import (
+from tests.factories import (
     ARTICLE_MODEL,
+    ARTICLE_MODEL_INFO,
     LiveRegistry,
     make_report,
     post_report,
@@ -255,9 +256,7 @@ def test_read_runs_filters_and_paginates(live_registry: LiveRegistry) -> None:
 def test_read_nodes_and_models(live_registry: LiveRegistry) -> None:
     token = live_registry.token("m4pro", site="lab")
     live_registry.token("idle-node")
-    model = wire.ModelInfo(
-        name=ARTICLE_MODEL, sha256="ab" * 32, n_layer=40, n_head_kv=8, head_dim_k=128
-    )
+    model = ARTICLE_MODEL_INFO.model_copy(update={"sha256": "ab" * 32})
     with live_registry.client(token) as client:
         assert post_report(client, make_report(model=ARTICLE_MODEL)).status_code == 201
         report = make_report(model=ARTICLE_MODEL, hardware=None)

@@ -20,7 +20,7 @@ from fleetbench.registry.export import (
     rows_to_json,
     safe_filename,
 )
-from tests.conftest import (
+from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_TABLE,
     LiveRegistry,

@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from fleetbench.contract import wire
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine
-from tests.conftest import JSON, free_port, make_report, running_registry
+from tests.factories import JSON, free_port, make_report, running_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = [sys.executable, "-m", "fleetbench.registry.cli"]

@@ -23,7 +23,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 
 from fleetbench.registry.main import create_app
-from tests.conftest import ARTICLE_MODEL_INFO, LiveRegistry, make_report, post_report
+from tests.factories import ARTICLE_MODEL_INFO, LiveRegistry, make_report, post_report
 
 FUZZ_NODE = "fuzz-node"
 EXAMPLES = int(

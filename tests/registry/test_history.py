@@ -12,7 +12,7 @@ from fleetbench.registry import crud
 from fleetbench.registry.ingest import ingest_report
 from fleetbench.registry.models import Regression
 from fleetbench.registry.series import HISTORY_RUNS
-from tests.conftest import DAY0, make_report, scaled
+from tests.factories import DAY0, make_report, scaled
 
 
 def test_a_step_is_stored_once_however_long_the_history_grows(session: Session) -> None:

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from fleetbench.registry.config import RegistrySettings
-from tests.conftest import (
+from tests.factories import (
     ARTICLE_MODEL,
     JSON,
     LiveRegistry,

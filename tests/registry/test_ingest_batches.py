@@ -27,7 +27,7 @@ from fleetbench.registry.ingest import (
     ingest_report,
 )
 from fleetbench.registry.models import LatestPoint, LatestRun, NodeActivity, Regression
-from tests.conftest import make_report, scaled
+from tests.factories import make_report, scaled
 
 DAY0 = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
 

@@ -23,7 +23,7 @@ from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine, session_factory
 from fleetbench.registry.ingest import ingest_report
 from fleetbench.registry.metrics import FleetCollector, RegistryMetrics
-from tests.conftest import (
+from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_TABLE,
     LiveRegistry,

@@ -14,7 +14,7 @@ from fleetbench.registry import crud, placement_rows
 from fleetbench.registry.ingest import ingest_report
 from fleetbench.registry.models import Node
 from fleetbench.registry.questions.placement import NodeChoice, answer_placement
-from tests.conftest import ARTICLE_TABLE, make_report
+from tests.factories import ARTICLE_TABLE, make_report
 
 RUN = uuid.UUID(int=1)
 WHEN = datetime(2026, 10, 16, tzinfo=UTC)

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from fleetbench.registry.db import create_db_engine, schema_revisions
-from tests.conftest import JSON, free_port, make_report
+from tests.factories import JSON, free_port, make_report
 
 REGISTRY = [sys.executable, "-m", "fleetbench.registry.cli"]
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from fleetbench.registry.questions.placement import (
     why_fit_unchecked,
 )
 from fleetbench.registry.questions.regressions import SeriesRun, describe_cause, find_steps
-from tests.conftest import ARTICLE_MODEL_INFO, ARTICLE_TABLE
+from tests.factories import ARTICLE_MODEL_INFO, ARTICLE_TABLE
 
 GIB = 2**30
 START = datetime(2026, 11, 1, tzinfo=UTC)

@@ -34,7 +34,7 @@ from fleetbench.registry.models import (
     Run,
     RunPoint,
 )
-from tests.conftest import ARTICLE_TABLE, WOBBLE, make_report, scaled
+from tests.factories import ARTICLE_TABLE, WOBBLE, make_report, scaled
 
 NOW = datetime.now(UTC)
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from alembic import command
 from sqlalchemy import Engine, inspect
 
 from fleetbench.registry.db import alembic_config, create_db_engine, schema_revisions
-from tests.conftest import free_port
+from tests.factories import free_port
 
 REGISTRY = [sys.executable, "-m", "fleetbench.registry.cli"]
 

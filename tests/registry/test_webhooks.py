@@ -17,7 +17,7 @@ from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import session_factory
 from fleetbench.registry.models import Regression
 from fleetbench.registry.notify import WebhookNotifier
-from tests.conftest import WOBBLE, LiveRegistry, post_history, running_registry
+from tests.factories import WOBBLE, LiveRegistry, post_history, running_registry
 
 SLOWER_BUILD = [(1, w) for w in WOBBLE[:5]] + [(2, 0.8), (2, 0.8)]
 

@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, sync_playwright
 
 from fleetbench.contract import wire
-from tests.conftest import LiveRegistry, make_report, post_report
+from tests.factories import LiveRegistry, make_report, post_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from tests.conftest import ARTICLE_MODEL, ARTICLE_TABLE
+from tests.factories import ARTICLE_MODEL, ARTICLE_TABLE
 from tests.web.conftest import TIMES, Dashboard, Fleet, hours_ago
 
 # A newer build that scales further: the gains per added stream stay above a quarter of a

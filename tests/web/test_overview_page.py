@@ -9,7 +9,7 @@ from typing import Any
 from playwright.sync_api import Route
 
 from fleetbench.registry.config import RegistrySettings
-from tests.conftest import ARTICLE_MODEL, running_registry
+from tests.factories import ARTICLE_MODEL, running_registry
 from tests.web.conftest import Dashboard, Fleet, apple_m4_pro, hours_ago
 
 

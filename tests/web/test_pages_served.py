@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleetbench.registry.web.pages import CONTENT_SECURITY_POLICY, STATIC_DIR, plotly_js_path
-from tests.conftest import LiveRegistry
+from tests.factories import LiveRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-from fleetbench.contract import wire
-from tests.conftest import ARTICLE_MODEL
+from tests.factories import ARTICLE_MODEL, ARTICLE_MODEL_INFO
 from tests.web.conftest import Dashboard, Fleet, apple_m4_pro, hours_ago
 
 # (B, S_PP, S_TG): per-user 60, 55, 50, 40, 25 tokens/s.
@@ -106,14 +105,7 @@ def test_context_tokens_check_the_fit_and_show_what_was_refused(
     # Mistral NeMo's architecture: 40 layers, 8 KV heads of 128: 160 KiB of f16 KV cache per
     # token, 5 GiB per user at 32768 tokens. The M4 Pro lends Metal 75% of its 24 GiB: 18 GiB,
     # 7 of them weights, so two users fit, not eight. The RTX reports no hardware: unchecked.
-    model = wire.ModelInfo(
-        name=ARTICLE_MODEL,
-        n_layer=40,
-        n_head_kv=8,
-        head_dim_k=128,
-        head_dim_v=128,
-        file_size=7 * 2**30,
-    )
+    model = ARTICLE_MODEL_INFO
     fleet.report("m4pro", model=model, hardware=apple_m4_pro(), started_at=hours_ago(3))
     fleet.report("rtx", model=model, table=FAST_TABLE, started_at=hours_ago(4))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-from tests.conftest import ARTICLE_MODEL, ARTICLE_TABLE
+from tests.factories import ARTICLE_MODEL, ARTICLE_TABLE
 from tests.web.conftest import MINUS, Dashboard, Fleet, hours_ago
 
 NOISE = [1.0, 1.012, 0.991, 1.004, 0.85 * 0.996, 0.85 * 1.006]  # four runs, then 15% slower

@@ -5,7 +5,7 @@ from __future__ import annotations
 from urllib.parse import quote, urlencode
 
 from fleetbench.contract import wire
-from tests.conftest import ARTICLE_TABLE
+from tests.factories import ARTICLE_TABLE
 from tests.web.conftest import TIMES, Dashboard, Fleet, hours_ago
 
 NODE = "<img src=x onerror=window.__xss=1>"
