@@ -87,8 +87,8 @@ class AgentSettings(BaseSettings):
 
 
 def load_settings(toml: Path | None = None) -> AgentSettings:
-    """The settings, with the [agent] table of `toml` under the variables. Raises
-    SettingsError."""
+    """The settings, with the [agent] table of `toml` (a TOML file that has one) under the
+    variables. Raises SettingsError."""
     settings_cls = AgentSettings
     if toml is not None:
 

@@ -105,7 +105,7 @@ def load_config(path: Path) -> DaemonConfig:
             f"{path}: unknown table(s) {sorted(unknown)}; expected [agent], [[sweep]]"
         )
     try:
-        settings = load_settings(path)
+        settings = load_settings(path if "agent" in raw else None)
     except SettingsError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     try:

@@ -16,6 +16,7 @@ from sqlalchemy import ColumnElement, Select, bindparam, func, or_, select
 from sqlalchemy.orm import Session, aliased, selectinload
 
 from fleetbench.contract.wire import model_name_key
+from fleetbench.registry.labels import build_label
 from fleetbench.registry.models import (
     EngineBuild,
     HardwareFingerprint,
@@ -27,7 +28,6 @@ from fleetbench.registry.models import (
     Run,
     table_of,
 )
-from fleetbench.registry.series import build_label
 
 __all__ = [
     "AuthenticatedNode",

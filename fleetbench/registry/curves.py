@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from fleetbench.registry import series
+from fleetbench.registry import labels, series
 from fleetbench.registry.models import (
     RUN_NEWEST_FIRST,
     RUN_SUCCESSFUL,
@@ -127,11 +127,11 @@ def curves_answer(
         build = curve.build
         curves.append(
             CurvePublic(
-                label=series.build_label(build),
+                label=labels.build_label(build),
                 build_number=build.build_number,
                 commit=build.commit,
                 backend=build.backend,
-                binding_version=series.binding_label(build),
+                binding_version=labels.binding_label(build),
                 run_id=curve.run_id,
                 measured_at=curve.measured_at,
                 pp=curve.pp,

@@ -12,13 +12,13 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import Integer, Row, and_, bindparam, func, select, true, tuple_
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased
 
-from fleetbench.contract import wire
+from fleetbench.registry.labels import SETTING_NAMES, RunLabels, run_labels
 from fleetbench.registry.models import (
     RUN_NEWEST_FIRST,
     RUN_SUCCESSFUL,
@@ -38,13 +38,9 @@ __all__ = [
     "OrderKey",
     "RecentRun",
     "RecentSeries",
-    "RunLabels",
     "Values",
-    "binding_label",
-    "build_label",
     "order_key",
     "point_values",
-    "run_labels",
     "series",
     "series_of_pairs",
 ]
@@ -58,57 +54,6 @@ _MEDIAN_SE = math.sqrt(math.pi / 2)  # a median's standard error over a mean's
 # behind the candidates it judges again (the last `window`, 5), and a few more for the
 # series' noise. Reading and assembling them is most of an ingest's work.
 HISTORY_RUNS = 32
-
-
-class _BuildFields(Protocol):
-    @property
-    def engine(self) -> str: ...
-    @property
-    def build_number(self) -> int | None: ...
-    @property
-    def commit(self) -> str | None: ...
-    @property
-    def backend(self) -> str | None: ...
-
-
-class _BindingFields(Protocol):
-    @property
-    def binding(self) -> str | None: ...
-    @property
-    def binding_version(self) -> str | None: ...
-
-
-def build_label(build: _BuildFields) -> str:
-    """The llama.cpp build as people name it: `llama.cpp b11429 (d812350) Metal`."""
-    parts = [build.engine]
-    if build.build_number is not None:
-        parts.append(f"b{build.build_number}")
-    if build.commit:
-        parts.append(
-            f"({build.commit[:7]})" if build.build_number is not None else build.commit[:12]
-        )
-    if build.backend:
-        parts.append(build.backend)
-    return " ".join(parts)
-
-
-def binding_label(build: _BindingFields) -> str | None:
-    if not build.binding:
-        return None
-    return f"{build.binding} {build.binding_version}" if build.binding_version else build.binding
-
-
-_SETTINGS = tuple(wire.RunSettings.model_fields)
-
-
-def _settings_label(run: Any) -> str:
-    return " ".join(f"{k}={getattr(run, k)}" for k in _SETTINGS if getattr(run, k) is not None)
-
-
-def _hardware_label(description: str | None, digest: str | None) -> str | None:
-    if digest is None:
-        return None
-    return f"{description or 'hardware'} [{digest[:8]}]"
 
 
 Cell = tuple[int, int, int, Metric]  # PP, TG, B, metric: one series of a node's model
@@ -131,7 +76,7 @@ _LABEL_COLUMNS = (
     Run.id,
     Run.started_at,
     Run.received_at,
-    *(getattr(Run, k) for k in _SETTINGS),
+    *(getattr(Run, k) for k in SETTING_NAMES),
     *BUILD_COLUMNS,
     HardwareFingerprint.description,
     HardwareFingerprint.hash,
@@ -223,15 +168,6 @@ def order_key(started_at: datetime, received_at: datetime, run_id: uuid.UUID) ->
     return (started_at, received_at, -run_id.int)
 
 
-class RunLabels(NamedTuple):
-    """What a run ran on, as series compare it."""
-
-    build: str
-    binding: str | None
-    hardware: str | None
-    settings: str
-
-
 class RecentRun(NamedTuple):
     key: OrderKey
     run_id: uuid.UUID
@@ -284,19 +220,6 @@ class RecentSeries:
             ),
             self.cells,
         )
-
-
-def run_labels(
-    build: Any, fingerprint_description: str | None, fingerprint_hash: str | None, settings: Any
-) -> RunLabels:
-    """`build` has an engine build's fields; `settings` RunSettings' (a report's, or a run
-    row's)."""
-    return RunLabels(
-        build_label(build),
-        binding_label(build),
-        _hardware_label(fingerprint_description, fingerprint_hash),
-        _settings_label(settings),
-    )
 
 
 def point_values(

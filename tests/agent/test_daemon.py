@@ -64,6 +64,20 @@ def test_config_reads_agent_and_sweeps(tmp_path: Path) -> None:
     assert (spec.n_ctx, spec.n_threads) == (4096, 4)  # by llama.cpp's flag names
 
 
+def test_the_example_config_loads_and_a_config_needs_no_agent_table(tmp_path: Path) -> None:
+    example = load_config(Path(__file__).parents[2] / "deploy" / "agent.toml.example")
+    assert [s.name for s in example.sweeps] == [
+        "nemo-nightly",
+        "gemma-weekly-long-prompts",
+        "nemo-with-the-node-s-own-build",
+    ]
+    binary = example.sweeps[2]
+    assert (binary.engine, binary.spec().n_ctx) == ("llama-batched-bench", 20480)
+    assert example.settings.registry_url == "http://registry.internal:8787"
+    sweeps_alone = load_config(_write(tmp_path, GOOD[GOOD.index("[[sweep]]") :]))
+    assert sweeps_alone.settings.jitter_s == 300
+
+
 def test_variables_win_over_the_file_and_the_file_over_the_defaults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -80,7 +80,7 @@ def test_every_page_loads_its_own_script_and_only_existing_assets() -> None:
 
 def test_the_web_files_ship_in_the_package() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    patterns = config["tool"]["setuptools"]["package-data"]["registry"]
+    patterns = config["tool"]["setuptools"]["package-data"]["fleetbench.registry"]
     files = [p.relative_to(STATIC_DIR.parent.parent).as_posix() for p in STATIC_DIR.iterdir()]
     assert len(files) >= 12
     for name in files:

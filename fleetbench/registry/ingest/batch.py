@@ -1,6 +1,6 @@
 """One batch of reports stored in one transaction: the steps in order, answered per
-report; the latest curves and the regressions of the series it touched brought up to date
-in the same transaction."""
+report; the latest curves (registry.latest) and the regressions of the series it touched
+(registry.regressions) brought up to date in the same transaction."""
 
 from __future__ import annotations
 
@@ -35,15 +35,13 @@ from fleetbench.registry.ingest.rows import (
     store_fingerprints,
 )
 from fleetbench.registry.ingest.statements import statements_for
+from fleetbench.registry.labels import run_labels
 from fleetbench.registry.latest import LatestCandidate, record_latest
-from fleetbench.registry.regression_store import NewRuns, refresh_regressions
+from fleetbench.registry.regressions import NewRun, check_new_runs
 from fleetbench.registry.series import (
     RecentRun,
-    RecentSeries,
     Values,
     point_values,
-    run_labels,
-    series_of_pairs,
 )
 from fleetbench.registry.series_cache import SeriesCache
 
@@ -193,53 +191,26 @@ def _latest_and_regressions(
             )
         )
     record_latest(connection, heads)
-    new_runs: dict[tuple[int, int], NewRuns] = {}
-    for run in successful:
-        pair = new_runs.setdefault((run.node_id, run.model_id), NewRuns())
-        pair.run_ids.append(run.id)
-        pair.cells.update((p.pp, p.tg) for p in run.report.points)
     added = Counter(run.node_id for run in runs)
     before = {node_id: now - added[node_id] for node_id, now in node_changes.items()}
-    histories = _recent_series(session, successful, new_runs, fingerprints, before, series_cache)
-    for node_id, now in node_changes.items():
-        models = {m: h for (n, m), h in histories.items() if n == node_id}
-        learned.series[node_id] = (before[node_id], now, models)
-    return refresh_regressions(
-        session, new_runs, {pair: recent.as_lists() for pair, recent in histories.items()}
+    checked = check_new_runs(
+        session,
+        [
+            NewRun(
+                run.node_id,
+                run.model_id,
+                frozenset((p.pp, p.tg) for p in run.report.points),
+                _recent_run(run, fingerprints),
+            )
+            for run in successful
+        ],
+        node_changes_before=before,
+        series_cache=series_cache,
     )
-
-
-def _recent_series(
-    session: Session,
-    runs: Sequence[IncomingRun],
-    new_runs: Mapping[tuple[int, int], NewRuns],
-    fingerprints: Fingerprints,
-    node_changes_before: Mapping[int, int],
-    series_cache: SeriesCache | None,
-) -> dict[tuple[int, int], RecentSeries]:
-    """Each pair's series with the batch's runs in: the remembered ones with the new runs
-    added where they are still valid, else read from the database (where the new runs are,
-    in this transaction)."""
-    found: dict[tuple[int, int], RecentSeries] = {}
-    for (node_id, model_id), pair in new_runs.items():
-        if series_cache is None:
-            break
-        remembered = series_cache.get(
-            node_id,
-            model_id,
-            changes=node_changes_before[node_id],
-            cells=frozenset(pair.cells),
-        )
-        if remembered is None:
-            continue
-        mine = [r for r in runs if (r.node_id, r.model_id) == (node_id, model_id)]
-        found[(node_id, model_id)] = remembered.with_runs(
-            [_recent_run(run, fingerprints) for run in mine]
-        )
-    missing = {pair: runs_.cells for pair, runs_ in new_runs.items() if pair not in found}
-    if missing:
-        found.update(series_of_pairs(session, missing))
-    return found
+    for node_id, now in node_changes.items():
+        models = {m: h for (n, m), h in checked.series.items() if n == node_id}
+        learned.series[node_id] = (before[node_id], now, models)
+    return checked.regressed
 
 
 def _recent_run(run: IncomingRun, fingerprints: Fingerprints) -> tuple[RecentRun, Values]:

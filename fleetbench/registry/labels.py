@@ -1,0 +1,85 @@
+"""What a run ran on, as the registry names it: the llama.cpp build (`llama.cpp b11429
+(d812350) Metal`), the binding, the hardware and the settings. The regression detector
+compares runs by these labels (a change of any is a cause it can name); the curves, exports
+and pages show them."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+from fleetbench.contract import wire
+
+__all__ = ["SETTING_NAMES", "RunLabels", "binding_label", "build_label", "run_labels"]
+
+
+class _BuildFields(Protocol):
+    @property
+    def engine(self) -> str: ...
+    @property
+    def build_number(self) -> int | None: ...
+    @property
+    def commit(self) -> str | None: ...
+    @property
+    def backend(self) -> str | None: ...
+
+
+class _BindingFields(Protocol):
+    @property
+    def binding(self) -> str | None: ...
+    @property
+    def binding_version(self) -> str | None: ...
+
+
+def build_label(build: _BuildFields) -> str:
+    """The llama.cpp build as people name it: `llama.cpp b11429 (d812350) Metal`."""
+    parts = [build.engine]
+    if build.build_number is not None:
+        parts.append(f"b{build.build_number}")
+    if build.commit:
+        parts.append(
+            f"({build.commit[:7]})" if build.build_number is not None else build.commit[:12]
+        )
+    if build.backend:
+        parts.append(build.backend)
+    return " ".join(parts)
+
+
+def binding_label(build: _BindingFields) -> str | None:
+    if not build.binding:
+        return None
+    return f"{build.binding} {build.binding_version}" if build.binding_version else build.binding
+
+
+SETTING_NAMES = tuple(wire.RunSettings.model_fields)
+
+
+def _settings_label(run: Any) -> str:
+    return " ".join(f"{k}={getattr(run, k)}" for k in SETTING_NAMES if getattr(run, k) is not None)
+
+
+def _hardware_label(description: str | None, digest: str | None) -> str | None:
+    if digest is None:
+        return None
+    return f"{description or 'hardware'} [{digest[:8]}]"
+
+
+class RunLabels(NamedTuple):
+    """What a run ran on, as series compare it."""
+
+    build: str
+    binding: str | None
+    hardware: str | None
+    settings: str
+
+
+def run_labels(
+    build: Any, fingerprint_description: str | None, fingerprint_hash: str | None, settings: Any
+) -> RunLabels:
+    """`build` has an engine build's fields; `settings` RunSettings' (a report's, or a run
+    row's)."""
+    return RunLabels(
+        build_label(build),
+        binding_label(build),
+        _hardware_label(fingerprint_description, fingerprint_hash),
+        _settings_label(settings),
+    )

@@ -1,0 +1,85 @@
+"""The regression check a batch's new runs get, in the batch's transaction: each series they
+have a value in is read (from registry.series_cache where it is still valid, else from the
+database), judged again by questions.regressions' detector, and what it finds stored
+(registry.regression_store). Ingest calls it with the runs it stored; nothing here knows
+how they were stored."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from fleetbench.registry.regression_store import NewRuns, refresh_regressions
+from fleetbench.registry.series import RecentRun, RecentSeries, Values, series_of_pairs
+from fleetbench.registry.series_cache import SeriesCache
+
+__all__ = ["Checked", "NewRun", "check_new_runs"]
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A successful run just stored, as its series hold it."""
+
+    node_id: int
+    model_id: int
+    cells: frozenset[tuple[int, int]]  # the (PP, TG) it measured
+    recent: tuple[RecentRun, Values]
+
+
+@dataclass(frozen=True)
+class Checked:
+    regressed: set[tuple[int, int]]  # the (node, model) pairs a regression is stored for
+    series: dict[tuple[int, int], RecentSeries]  # each pair's series now, for the cache
+
+
+def check_new_runs(
+    session: Session,
+    runs: Sequence[NewRun],
+    *,
+    node_changes_before: Mapping[int, int],
+    series_cache: SeriesCache | None,
+) -> Checked:
+    """Checks the series of `runs` (`node_changes_before`: each node's NodeActivity.changes
+    before the batch, which says whether a remembered series is still valid)."""
+    new_runs: dict[tuple[int, int], NewRuns] = {}
+    for run in runs:
+        pair = new_runs.setdefault((run.node_id, run.model_id), NewRuns())
+        pair.run_ids.append(run.recent[0].run_id)
+        pair.cells.update(run.cells)
+    series = _recent_series(session, runs, new_runs, node_changes_before, series_cache)
+    regressed = refresh_regressions(
+        session, new_runs, {pair: recent.as_lists() for pair, recent in series.items()}
+    )
+    return Checked(regressed, series)
+
+
+def _recent_series(
+    session: Session,
+    runs: Sequence[NewRun],
+    new_runs: Mapping[tuple[int, int], NewRuns],
+    node_changes_before: Mapping[int, int],
+    series_cache: SeriesCache | None,
+) -> dict[tuple[int, int], RecentSeries]:
+    """Each pair's series with the batch's runs in: the remembered ones with the new runs
+    added where they are still valid, else read from the database (where the new runs are,
+    in this transaction)."""
+    found: dict[tuple[int, int], RecentSeries] = {}
+    for (node_id, model_id), pair in new_runs.items():
+        if series_cache is None:
+            break
+        remembered = series_cache.get(
+            node_id,
+            model_id,
+            changes=node_changes_before[node_id],
+            cells=frozenset(pair.cells),
+        )
+        if remembered is None:
+            continue
+        mine = [r.recent for r in runs if (r.node_id, r.model_id) == (node_id, model_id)]
+        found[(node_id, model_id)] = remembered.with_runs(mine)
+    missing = {pair: runs_.cells for pair, runs_ in new_runs.items() if pair not in found}
+    if missing:
+        found.update(series_of_pairs(session, missing))
+    return found
