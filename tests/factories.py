@@ -170,21 +170,46 @@ _AGENT_STATE = _StateFolders()
 
 
 def agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """`fleetbench-agent ARGS` in a fresh process, with only the FLEETBENCH_* variables given,
-    its output read in a pipe (no terminal, no COLUMNS), as a script or a log reads it; its
-    spool in a folder of its own unless `env` names one (XDG_STATE_HOME or FLEETBENCH_SPOOL)."""
+    """`fleetbench-agent ARGS` in a fresh process (see `command`)."""
+    return command(sys.executable, "-m", "fleetbench.agent.cli", *args, **env)
+
+
+def command(
+    *argv: str | Path, cwd: Path | None = None, timeout: float = 120, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """A command in a fresh process, with only the FLEETBENCH_* variables given, its output
+    read in a pipe (no terminal, no COLUMNS), as a script or a log reads it; an agent's spool
+    in a folder of its own unless `env` names one (XDG_STATE_HOME or FLEETBENCH_SPOOL)."""
     clean = {
         k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_") and k != "COLUMNS"
     }
     if "XDG_STATE_HOME" not in env and "FLEETBENCH_SPOOL" not in env:
         clean["XDG_STATE_HOME"] = _AGENT_STATE.mkdtemp()
     return subprocess.run(
-        [sys.executable, "-m", "fleetbench.agent.cli", *args],
+        [str(a) for a in argv],
+        cwd=cwd,
         env={**clean, **env},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
+
+
+def wait_until_serving(
+    url: str, server: subprocess.Popen[Any], *, seconds: float = 60, log: Path | None = None
+) -> httpx.Response:
+    """The first answer of the registry process `server` at `url` to /healthz; fails the
+    test (with the end of `log`) if the process dies or `seconds` pass first."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1)
+        except httpx.TransportError:
+            pass
+        said = log.read_text()[-3000:] if log is not None else ""
+        assert server.poll() is None, f"the registry exited: {said}"
+        assert time.monotonic() < deadline, f"the registry did not answer: {said}"
+        time.sleep(0.1)
 
 
 # A node's history: one run a day from DAY0, the article's curve scaled by a factor.

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
-import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.factories import ARTICLE_MODEL, LiveRegistry, free_port
+from tests.factories import ARTICLE_MODEL, LiveRegistry, command, free_port, wait_until_serving
 from tests.test_import_end_to_end import ARTICLE_EXAMPLE
 
 ROOT = Path(__file__).parent.parent
@@ -26,14 +27,35 @@ AGENT_ONLY = ("llama_cpp", "gguf", "psutil", "apscheduler", "pynvml")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of the files git knows, built from a copy (an in-place build would take
+    whatever an older build left in build/)."""
+    source = tmp_path_factory.mktemp("source")
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split("\0")  # fmt: skip
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     folder = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(folder), ROOT],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", folder, source],
         check=True,
         timeout=600,
     )
     [built] = folder.glob("fleetbench-*.whl")
     return built
+
+
+def test_the_wheel_takes_one_import_name_and_ships_its_data(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        [top_level] = [n for n in names if n.endswith(".dist-info/top_level.txt")]
+        assert archive.read(top_level).decode().split() == ["fleetbench"]
+    assert {n.split("/")[0] for n in names if not n.startswith("fleetbench-")} == {"fleetbench"}
+    assert "fleetbench/migrations/script.py.mako" in names
+    assert "fleetbench/registry/web/static/index.html" in names
 
 
 def _venv(folder: Path, requirement: str) -> Path:
@@ -57,17 +79,10 @@ def registry_only(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 def _run(bin_dir: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_")}
-    clean.pop("VIRTUAL_ENV", None)
-    clean["PATH"] = f"{bin_dir}{os.pathsep}{clean.get('PATH', '')}"
-    return subprocess.run(
-        [str(bin_dir / args[0]), *args[1:]],
-        cwd=cwd,
-        env={**clean, "XDG_STATE_HOME": str(cwd / "state"), **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """A console script of the environment `bin_dir`, run in `cwd` (out of the checkout),
+    its spool there too."""
+    state = {"XDG_STATE_HOME": str(cwd / "state"), **env}
+    return command(bin_dir / args[0], *args[1:], cwd=cwd, timeout=300, **state)
 
 
 def _importable(bin_dir: Path, modules: tuple[str, ...], cwd: Path) -> list[str]:
@@ -150,22 +165,14 @@ def registry_from_its_extra(
     migrated = _run(registry_only, "fleetbench-registry", "migrate", cwd=tmp_path, **env)
     assert migrated.returncode == 0, migrated.stderr
     port = free_port()
-    command = [str(registry_only / "fleetbench-registry"), "serve", "--port", str(port)]
+    argv = [str(registry_only / "fleetbench-registry"), "serve", "--port", str(port)]
     log = tmp_path / "registry.log"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_")}
     with log.open("w") as stderr:
-        server = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, **env}, stderr=stderr)
+        server = subprocess.Popen(argv, cwd=tmp_path, env={**clean, **env}, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the registry did not start"
-            time.sleep(0.2)
+        assert wait_until_serving(url, server, log=log).status_code == 200
         yield url
     finally:
         server.terminate()
@@ -182,3 +189,16 @@ def test_the_registry_extra_migrates_and_serves_without_the_agent_s_engines(
     assert page.status_code == 200 and "fleetbench" in page.text
     schema = httpx.get(f"{registry_from_its_extra}/openapi.json", timeout=30).json()
     assert "/v1/placement" in schema["paths"]
+
+
+def test_a_command_without_its_extra_names_the_extra(
+    agent_only: Path, registry_only: Path, tmp_path: Path
+) -> None:
+    for bin_dir, script, extra in (
+        (agent_only, ("fleetbench-registry", "--help"), "registry"),
+        (registry_only, ("fleetbench-agent", "fingerprint"), "agent"),
+    ):
+        done = _run(bin_dir, *script, cwd=tmp_path)
+        assert done.returncode == 1, done.stderr
+        assert f"pip install 'fleetbench[{extra}]'" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -10,26 +10,44 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.markup import escape
 from rich.progress import Progress
 
 from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError
 from fleetbench.agent.client import RegistryClient
-from fleetbench.agent.config import AgentSettings, SettingsError, load_settings
-from fleetbench.agent.display import console, curve_table, placement_table, spool_table
-from fleetbench.agent.errors import ClientError, EngineUnavailable, SpoolError, SpoolUnwritable
+from fleetbench.agent.config import AgentSettings, SettingsError, load_settings, open_spool
+from fleetbench.agent.display import (
+    SPOOL_UNWRITABLE_EXIT,
+    curve_table,
+    err,
+    error_line,
+    fail,
+    out,
+    placement_table,
+    spool_table,
+)
+from fleetbench.agent.errors import (
+    ClientError,
+    EngineUnavailable,
+    SpoolError,
+    SpoolUnwritable,
+    validation_problems,
+)
 from fleetbench.agent.fingerprint import take_fingerprint
 from fleetbench.agent.gguf_model import ModelFileError, describe_gguf
+from fleetbench.agent.handover import (
+    deliver,
+    deliver_unspooled,
+    import_through_the_spool,
+    spool_run,
+    token_of,
+)
 from fleetbench.agent.importer import reports_from_output
-from fleetbench.agent.runners import SweepSpec
+from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
-from fleetbench.agent.spool import Spool, open_spool
 from fleetbench.agent.sweep import measure_run
-from fleetbench.contract.wire import FailedPoint, ModelInfo, Point, RunReport
+from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
-out = console()
-err = console(stderr=True)
 
 RegistryOption = Annotated[
     str | None,
@@ -37,29 +55,12 @@ RegistryOption = Annotated[
 ]
 
 
-def _field_errors(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
-
-
-# `sweep --report` and `flush` when the spool cannot be written (a full disk).
-SPOOL_UNWRITABLE_EXIT = 3
-
-
 def _settings() -> AgentSettings:
     """FLEETBENCH_* settings; a bad value is a one-line error naming the variable."""
     try:
         return load_settings()
     except SettingsError as exc:
-        raise _fail(str(exc), code=2) from exc
-
-
-def _token(settings: AgentSettings) -> str | None:
-    return settings.token.get_secret_value() if settings.token else None
+        raise fail(str(exc), code=2) from exc
 
 
 @app.command("import")
@@ -95,15 +96,15 @@ def import_output(
             text, node=node, model=info, measured_at=when, skipped=skipped
         )
     except (OSError, ModelFileError) as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     except BatchedBenchOutputError as exc:
-        raise _fail(f"{file}: {exc}") from exc
+        raise fail(f"{file}: {exc}") from exc
     except ValidationError as exc:  # --node or --model that no report may carry
-        raise _fail(_field_errors(exc)) from exc
+        raise fail(validation_problems(exc)) from exc
 
     for problem in skipped:
         err.print(
-            f"error: {escape(str(file))}: {escape(str(problem))}; that table is left out",
+            f"error: {file}: {problem}; that table is left out",
             highlight=False,
         )
     if dry_run:
@@ -111,9 +112,9 @@ def import_output(
         if skipped:
             raise typer.Exit(1)
         return
-    secret = token or _token(settings)
+    secret = token or token_of(settings)
     if not secret:
-        raise _fail(
+        raise fail(
             "no registry token: pass --token or set FLEETBENCH_TOKEN "
             "(create one with `fleetbench-registry token create --node NAME`)",
             code=2,
@@ -128,67 +129,9 @@ def import_output(
                 + (f", llama.cpp build {build}" if build is not None else ""),
             )
         )
-    _import_through_the_spool([r for _, r in reports], settings, url, secret)
+    import_through_the_spool([r for _, r in reports], settings, url, secret)
     if skipped:
         raise typer.Exit(1)
-
-
-def _import_through_the_spool(
-    reports: list[RunReport], settings: AgentSettings, url: str, token: str
-) -> None:
-    """Spools the imported runs and delivers them (these alone, with this token): what the
-    registry cannot take now stays queued, never lost. Importing again asks the registry
-    again, whatever the spool made of the runs before."""
-    try:
-        spool = open_spool(settings)
-        for added, report in enumerate(reports):
-            try:
-                spool.add(report, again=True)
-            except SpoolError as exc:
-                before = f"; {added} of {len(reports)} run(s) spooled before it" if added else ""
-                raise _fail(
-                    f"{exc}{before}; nothing else was sent", code=SPOOL_UNWRITABLE_EXIT
-                ) from exc
-            except ValueError as exc:  # delivered before with another measurement time
-                raise _fail(f"{exc}: {_IMPORTED_BEFORE}") from exc
-        ids = {str(r.run_id) for r in reports}
-        with RegistryClient(url, token=token) as client:
-            result = spool.flush(client, every_queued=True, only=ids)
-        states = {r.run_id: r for r in spool.runs() if r.run_id in ids}
-    except SpoolError as exc:  # unreadable, or the disk filled meanwhile
-        raise _fail(
-            f"{exc}; import again once the spool can be written", code=SPOOL_UNWRITABLE_EXIT
-        ) from exc
-    failed = False
-    for report in reports:
-        run_id = str(report.run_id)
-        receipt, state = result.receipts.get(run_id), states.get(run_id)
-        if receipt is not None:
-            out.print(
-                f"{receipt.outcome}: run {run_id} ({receipt.points} points) at {url}",
-                soft_wrap=True,
-            )
-            continue
-        failed = True
-        why = (state.last_error if state else None) or "not tried"
-        if why.startswith("registry answered 409"):
-            why = f"{why}: {_IMPORTED_BEFORE}"
-        elif why.startswith("registry answered 401"):
-            why = f"{why}; give the node's token and import again"
-        elif state is not None and state.state == "queued":
-            why = (
-                f"{why}; it is queued in {spool.path}: import again when the registry answers, "
-                "or `fleetbench-agent flush` with that node's token"
-            )
-        err.print(f"error: run {run_id} not stored: {escape(why)}", highlight=False, soft_wrap=True)
-    if failed:
-        raise typer.Exit(1)
-
-
-_IMPORTED_BEFORE = (
-    "it was imported before with another measurement time; pass --measured-at with the "
-    "time it was imported with"
-)
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:
@@ -267,14 +210,15 @@ def sweep(
         )
     except ValidationError as exc:
         problem = exc.errors(include_url=False)[0]
-        flag = "--" + str(problem["loc"][0]).replace("_", "-")
-        raise typer.BadParameter(problem["msg"], param_hint=flag) from None
+        setting = str(problem["loc"][0]) if problem["loc"] else ""
+        flag = {v: k for k, v in LLAMA_CPP_NAMES.items()}.get(setting, setting)
+        raise typer.BadParameter(problem["msg"], param_hint="--" + flag.replace("_", "-")) from None
     try:
         runner = runner_for(engine, binary)
     except UnknownEngine as exc:
         raise typer.BadParameter(str(exc), param_hint="--engine") from None
     except EngineUnavailable as exc:
-        raise _fail(str(exc), code=2) from None
+        raise fail(str(exc), code=2) from None
     from fleetbench.agent.daemon import sweep_lock
 
     settings = _settings()
@@ -284,19 +228,19 @@ def sweep(
         lock.parent.mkdir(parents=True, exist_ok=True)
         lock.touch(exist_ok=True)
     except OSError as exc:
-        raise _fail(f"cannot make the sweep lock {lock}: {exc}") from exc
+        raise fail(f"cannot make the sweep lock {lock}: {exc}") from exc
     with (
         sweep_lock(lock) as acquired,
         Progress(console=err, transient=True) as progress,
     ):
         if not acquired:
-            raise _fail("another sweep is running on this machine; try again later")
+            raise fail("another sweep is running on this machine; try again later")
         task = progress.add_task(f"sweeping {name}", total=len(spec.grid()))
 
         def show(result: Point | FailedPoint) -> None:
             progress.advance(task)
             if isinstance(result, FailedPoint):
-                progress.console.print(f"B={result.b} PP={result.pp}: {escape(result.reason)}")
+                progress.console.print(f"B={result.b} PP={result.pp}: {result.reason}")
 
         run = measure_run(
             model,
@@ -307,7 +251,7 @@ def sweep(
             sha256_cache=settings.cache_dir / "sha256.json",
             on_point=show,
         )
-    spooled = _spooled(run, settings) if report else None
+    spooled = spool_run(run, settings) if report else None
     unspooled = isinstance(spooled, SpoolUnwritable)  # then stdout keeps the run as JSON
     if as_json or unspooled:
         out.print_json(run.model_dump_json())
@@ -315,68 +259,13 @@ def sweep(
         table = curve_table(run.points, title=f"{name} on {run.node} ({run.status})")
         (err if unspooled else out).print(table)
     if run.error is not None:
-        err.print(f"[red]error:[/red] {escape(run.error)}", highlight=False, soft_wrap=True)
+        err.print(error_line(run.error), highlight=False, soft_wrap=True)
     if isinstance(spooled, SpoolUnwritable):
-        _deliver_unspooled(run, spooled, settings, registry)
+        deliver_unspooled(run, spooled, settings, registry)
     elif spooled is not None:
-        _deliver(run, spooled, settings, registry)
+        deliver(run, spooled, settings, registry)
     if run.status == "failed":
         raise typer.Exit(1)
-
-
-def _spooled(run: RunReport, settings: AgentSettings) -> Spool | SpoolUnwritable:
-    """The spool holding the run, or why it cannot take it."""
-    spool = open_spool(settings)
-    try:
-        spool.add(run)
-    except SpoolUnwritable as exc:
-        return exc
-    return spool
-
-
-def _deliver(run: RunReport, spool: Spool, settings: AgentSettings, registry: str | None) -> None:
-    with RegistryClient(registry or settings.registry_url, token=_token(settings)) as client:
-        try:
-            result = spool.flush(client)
-        except SpoolUnwritable as exc:
-            raise _fail(
-                f"{exc}; run {run.run_id} is spooled and will be delivered later",
-                code=SPOOL_UNWRITABLE_EXIT,
-            ) from exc
-    state = {r.run_id: r for r in spool.runs()}[str(run.run_id)]
-    if state.state == "delivered":
-        err.print(f"run {run.run_id} delivered to the registry", soft_wrap=True)
-    else:
-        err.print(
-            f"run {run.run_id} {state.state} in the spool ({spool.path}): {state.last_error}",
-            soft_wrap=True,
-        )
-    if result.rejected:
-        raise typer.Exit(1)
-
-
-def _deliver_unspooled(
-    run: RunReport, problem: SpoolUnwritable, settings: AgentSettings, registry: str | None
-) -> None:
-    """The spool cannot take the run (it is on stdout as JSON by now): hand it to the
-    registry directly, once. Delivered, that is said and the command goes on (exit 0, or 1
-    for a failed run); not delivered, one line says why and the command exits 3, so nothing
-    is lost silently: `sweep --report > run.json` keeps the run."""
-    url = registry or settings.registry_url
-    try:
-        with RegistryClient(url, token=_token(settings)) as client:
-            client.submit_run(run)
-    except ClientError as exc:
-        raise _fail(
-            f"{problem}, and the registry did not take the run directly ({exc}); "
-            "the run is printed on stdout as JSON",
-            code=SPOOL_UNWRITABLE_EXIT,
-        ) from exc
-    err.print(
-        f"warning: {problem}; run {run.run_id} was delivered to {url} directly",
-        highlight=False,
-        soft_wrap=True,
-    )
 
 
 @app.command()
@@ -396,11 +285,11 @@ def daemon(
     try:
         loaded = load_config(config)
     except ConfigError as exc:
-        raise _fail(str(exc), code=2) from exc
+        raise fail(str(exc), code=2) from exc
     try:
         running = Daemon(loaded)
     except SpoolError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     running.serve()
 
 
@@ -426,12 +315,12 @@ def status(
         runs = spool.runs()
         counts = spool.counts()
     except SpoolError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     problem = spool.unwritable_reason()
     if as_json:
         out.print_json(json.dumps([dataclasses.asdict(r) for r in runs]))
         if problem is not None:
-            err.print(f"warning: {escape(problem)}", highlight=False, soft_wrap=True)
+            err.print(f"warning: {problem}", highlight=False, soft_wrap=True)
         return
     out.print(
         f"spool {spool.path}: {counts['queued']} queued, {counts['delivered']} delivered, "
@@ -439,7 +328,7 @@ def status(
         soft_wrap=True,
     )
     if problem is not None:
-        out.print(f"warning: {escape(problem)}", highlight=False, soft_wrap=True)
+        out.print(f"warning: {problem}", highlight=False, soft_wrap=True)
     waiting = [r for r in runs if r.state != "delivered"]
     if waiting:
         out.print(spool_table(waiting))
@@ -455,16 +344,16 @@ def flush(registry: RegistryOption = None) -> None:
     try:
         queued = spool.counts()["queued"]
     except SpoolError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     with (
-        RegistryClient(registry or settings.registry_url, token=_token(settings)) as client,
+        RegistryClient(registry or settings.registry_url, token=token_of(settings)) as client,
         Progress(console=err, transient=True) as progress,
     ):
         task = progress.add_task(f"delivering {queued} run(s)", total=queued)
         try:
             result = spool.flush(client, every_queued=True, progress=lambda: progress.advance(task))
         except SpoolUnwritable as exc:
-            raise _fail(str(exc), code=SPOOL_UNWRITABLE_EXIT) from exc
+            raise fail(str(exc), code=SPOOL_UNWRITABLE_EXIT) from exc
     waiting = f": {result.waiting_reason}" if result.deferred else ""
     out.print(
         f"{result.delivered} delivered, {result.rejected} rejected, "
@@ -496,7 +385,7 @@ def placement(
 ) -> None:
     """Ask the registry which node and concurrency meets a per-user speed for a model."""
     settings = _settings()
-    with RegistryClient(registry or settings.registry_url, token=_token(settings)) as client:
+    with RegistryClient(registry or settings.registry_url, token=token_of(settings)) as client:
         try:
             answer = client.placement(
                 model=model,
@@ -507,7 +396,7 @@ def placement(
                 limit=limit,
             )
         except ClientError as exc:
-            raise _fail(str(exc)) from exc
+            raise fail(str(exc)) from exc
     if as_json:
         out.print_json(answer.model_dump_json())
     else:

@@ -16,7 +16,10 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-__all__ = ["DEFAULT_REGISTRY_URL", "AgentSettings", "SettingsError", "load_settings"]
+from fleetbench.agent.errors import Location, validation_problems
+from fleetbench.agent.spool import Spool
+
+__all__ = ["DEFAULT_REGISTRY_URL", "AgentSettings", "SettingsError", "load_settings", "open_spool"]
 
 DEFAULT_REGISTRY_URL = "http://127.0.0.1:8787"
 _PREFIX = "FLEETBENCH_"
@@ -99,10 +102,23 @@ def load_settings(toml: Path | None = None) -> AgentSettings:
     try:
         return settings_cls()
     except ValidationError as exc:
-        raise SettingsError("; ".join(_problem(e["loc"], e["msg"]) for e in exc.errors())) from None
+        raise SettingsError(validation_problems(exc, _source)) from None
 
 
-def _problem(location: tuple[int | str, ...], message: str) -> str:
+def _source(location: Location) -> str:
+    """The variable a bad value came from, or else the [agent] key."""
     key = "_".join(str(p) for p in location)
     variable = _PREFIX + key.upper()
-    return f"{variable if variable in os.environ else 'agent.' + key}: {message}"
+    given = {k.upper(): k for k, v in os.environ.items() if v}  # empty ones are ignored
+    return given.get(variable, "agent." + key)
+
+
+def open_spool(settings: AgentSettings) -> Spool:
+    """The spool the settings describe, with their rules for setting runs aside."""
+    return Spool(
+        settings.spool,
+        set_aside_after_5xx=settings.set_aside_after_5xx,
+        set_aside_after_attempts=settings.set_aside_after_attempts,
+        set_aside_after_s=settings.set_aside_after_hours * 3600,
+        keep_delivered_s=settings.spool_retention_days * 86400,
+    )

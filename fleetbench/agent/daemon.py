@@ -24,11 +24,12 @@ from typing import Any
 import psutil
 
 from fleetbench.agent.client import RegistryClient
+from fleetbench.agent.config import open_spool
 from fleetbench.agent.daemon_config import ConfigError, DaemonConfig, SweepConfig, load_config
 from fleetbench.agent.errors import ClientError, RequestRejected, SpoolUnwritable
 from fleetbench.agent.gguf_model import sha256_of
 from fleetbench.agent.probes.nvidia import nvml_session
-from fleetbench.agent.spool import RETRYABLE_STATUS, open_spool
+from fleetbench.agent.spool import RETRYABLE_STATUS
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.wire import RunReport
 

@@ -12,13 +12,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from fleetbench.agent.config import AgentSettings, SettingsError, load_settings
-from fleetbench.agent.errors import EngineUnavailable
+from fleetbench.agent.errors import EngineUnavailable, Location, validation_problems
 from fleetbench.agent.runners import Runner, SweepSpec
 from fleetbench.agent.runners.engines import runner_for
 
@@ -37,7 +38,7 @@ class SweepConfig(SweepSpec):
     model: Path
     model_name: str | None = None
     cron: str = Field(description="crontab expression, e.g. '0 3 * * *'")
-    repeats: int = Field(default=3, ge=1)  # a schedule has time for the precision
+    repeats: int = Field(default=3, ge=1, le=1000)  # a schedule has time for the precision
     engine: str | None = Field(
         default=None, description="a runner's name [default: llama-cpp-python, or the binary's]"
     )
@@ -53,19 +54,23 @@ class SweepConfig(SweepSpec):
         CronTrigger.from_crontab(cron)  # raises ValueError naming the bad field
         return cron
 
+    _runner: Runner = PrivateAttr()
+
     @model_validator(mode="after")
     def _engine_runs_here(self) -> SweepConfig:
-        self.runner()  # an unknown or missing engine stops the daemon at start
+        # An unknown or missing engine stops the daemon at start; made once, the runner
+        # reports later trouble (an engine removed meanwhile) as a failed run.
+        try:
+            self._runner = runner_for(self.engine, self.binary)
+        except EngineUnavailable as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     def spec(self) -> SweepSpec:
         return SweepSpec.model_validate(self.model_dump(include=set(SweepSpec.model_fields)))
 
     def runner(self) -> Runner:
-        try:
-            return runner_for(self.engine, self.binary)
-        except EngineUnavailable as exc:
-            raise ValueError(str(exc)) from None
+        return self._runner
 
 
 class _Sweeps(BaseModel):
@@ -99,6 +104,8 @@ def load_config(path: Path) -> DaemonConfig:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    if not isinstance(raw.get("agent", {}), dict) or not isinstance(raw.get("sweep", []), list):
+        raise ConfigError(f"{path}: [agent] is one table and [[sweep]] a list of them")
     unknown = set(raw) - {"agent", "sweep"}
     if unknown:
         raise ConfigError(
@@ -111,12 +118,11 @@ def load_config(path: Path) -> DaemonConfig:
     try:
         sweeps = _Sweeps.model_validate({"sweep": raw.get("sweep", [])}).sweep
     except ValidationError as exc:
-        problems = "; ".join(f"{_key(e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
-        raise ConfigError(f"{path}: {problems}") from None
+        raise ConfigError(f"{path}: {validation_problems(exc, _key)}") from None
     return DaemonConfig(settings, sweeps)
 
 
-def _key(location: tuple[int | str, ...]) -> str:
+def _key(location: Location) -> str:
     """The TOML key of an error: sweep[0].cron."""
     key = "sweep"
     for part in location[1:]:

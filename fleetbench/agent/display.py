@@ -1,19 +1,31 @@
-"""Tables for people: a run's curve as the batching article shows it, and placement answers;
-and the consoles they are printed on."""
+"""What the CLI prints for people: a run's curve as the batching article shows it, placement
+answers, the spool, one-line errors; and the consoles it prints them on."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fleetbench.agent.spool import SpooledRun
 from fleetbench.contract.answers import PlacementAnswer
 from fleetbench.contract.wire import Point
 
-__all__ = ["console", "curve_table", "placement_table", "spool_table"]
+__all__ = [
+    "SPOOL_UNWRITABLE_EXIT",
+    "console",
+    "curve_table",
+    "err",
+    "error_line",
+    "fail",
+    "out",
+    "placement_table",
+    "spool_table",
+]
 
 # Rich lays out for 80 columns when it is not on a terminal and cuts cells to fit ("133.…");
 # in a pipe or a log a table is as wide as its contents instead (tables never stretch).
@@ -21,9 +33,30 @@ _PIPE_WIDTH = 1000
 
 
 def console(*, stderr: bool = False) -> Console:
-    """A console as wide as the terminal, or, in a pipe or a log, as what it prints."""
-    terminal = Console(stderr=stderr)
-    return terminal if terminal.is_terminal else Console(stderr=stderr, width=_PIPE_WIDTH)
+    """A console as wide as the terminal, or, in a pipe or a log, as what it prints. No
+    markup: what it prints (a model name, an engine's error, `fleetbench[llama]`) is shown as
+    written, never read as style tags."""
+    terminal = Console(stderr=stderr, markup=False)
+    if terminal.is_terminal:
+        return terminal
+    return Console(stderr=stderr, width=_PIPE_WIDTH, markup=False)
+
+
+out = console()
+err = console(stderr=True)
+
+# `sweep --report`, `import` and `flush` when the spool cannot be written (a full disk).
+SPOOL_UNWRITABLE_EXIT = 3
+
+
+def error_line(message: str) -> Text:
+    return Text.assemble(("error:", "red"), " ", message)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Says what went wrong on stderr, in one line; raise what it returns."""
+    err.print(error_line(message), highlight=False, soft_wrap=True)
+    return typer.Exit(code)
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:

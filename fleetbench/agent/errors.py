@@ -14,15 +14,35 @@ BatchedBenchOutputError (NoTableFound, BadRow) and fleetbench.agent.gguf_model.M
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
 __all__ = [
     "ClientError",
     "EngineUnavailable",
     "FleetbenchError",
+    "Location",
     "RegistryUnavailable",
     "RequestRejected",
     "SpoolError",
     "SpoolUnwritable",
+    "dotted",
+    "validation_problems",
 ]
+
+
+Location = tuple[int | str, ...]
+
+
+def dotted(location: Location) -> str:
+    return ".".join(str(part) for part in location)
+
+
+def validation_problems(exc: ValidationError, key: Callable[[Location], str] = dotted) -> str:
+    """A validation error in one line: each problem after the key it is about, as `key`
+    names it (a CLI option, an agent.toml key, a variable)."""
+    return "; ".join(f"{key(e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
 
 
 class FleetbenchError(Exception):

@@ -39,7 +39,6 @@ from typing import Literal
 from pydantic import ValidationError
 
 from fleetbench.agent.client import RegistryClient
-from fleetbench.agent.config import AgentSettings
 from fleetbench.agent.errors import (
     ClientError,
     RegistryUnavailable,
@@ -50,7 +49,7 @@ from fleetbench.agent.errors import (
 from fleetbench.contract.answers import RunReceipt
 from fleetbench.contract.wire import RunReport
 
-__all__ = ["FlushResult", "Spool", "SpooledRun", "open_spool"]
+__all__ = ["FlushResult", "Spool", "SpooledRun"]
 
 State = Literal["queued", "delivered", "rejected"]
 
@@ -499,14 +498,3 @@ def _schema_changes(db: sqlite3.Connection) -> list[str]:
         for name, (definition, _) in _ADDED_COLUMNS.items()
         if name not in present
     ]
-
-
-def open_spool(settings: AgentSettings) -> Spool:
-    """The spool the settings describe, with their rules for setting runs aside."""
-    return Spool(
-        settings.spool,
-        set_aside_after_5xx=settings.set_aside_after_5xx,
-        set_aside_after_attempts=settings.set_aside_after_attempts,
-        set_aside_after_s=settings.set_aside_after_hours * 3600,
-        keep_delivered_s=settings.spool_retention_days * 86400,
-    )

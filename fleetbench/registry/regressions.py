@@ -6,7 +6,8 @@ how they were stored."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
@@ -22,10 +23,12 @@ __all__ = ["Checked", "NewRun", "check_new_runs"]
 class NewRun:
     """A successful run just stored, as its series hold it."""
 
+    run_id: uuid.UUID
     node_id: int
     model_id: int
     cells: frozenset[tuple[int, int]]  # the (PP, TG) it measured
-    recent: tuple[RecentRun, Values]
+    # It as its series hold it: made only to add it to a remembered series.
+    as_series_run: Callable[[], tuple[RecentRun, Values]]
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def check_new_runs(
     new_runs: dict[tuple[int, int], NewRuns] = {}
     for run in runs:
         pair = new_runs.setdefault((run.node_id, run.model_id), NewRuns())
-        pair.run_ids.append(run.recent[0].run_id)
+        pair.run_ids.append(run.run_id)
         pair.cells.update(run.cells)
     series = _recent_series(session, runs, new_runs, node_changes_before, series_cache)
     regressed = refresh_regressions(
@@ -77,7 +80,7 @@ def _recent_series(
         )
         if remembered is None:
             continue
-        mine = [r.recent for r in runs if (r.node_id, r.model_id) == (node_id, model_id)]
+        mine = [r.as_series_run() for r in runs if (r.node_id, r.model_id) == (node_id, model_id)]
         found[(node_id, model_id)] = remembered.with_runs(mine)
     missing = {pair: runs_.cells for pair, runs_ in new_runs.items() if pair not in found}
     if missing:

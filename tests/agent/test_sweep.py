@@ -180,11 +180,31 @@ def test_a_spec_refuses_what_the_wire_format_would_so_every_run_has_settings(
 
 def test_a_spec_reads_llama_cpp_s_flag_names_and_its_own_alike() -> None:
     by_flags = SweepSpec.model_validate(
-        {"ctx-size": 4096, "batch_size": 512, "ubatch-size": 128, "threads": 2}
+        {
+            "ctx-size": 4096,
+            "batch_size": 512,
+            "ubatch-size": 128,
+            "threads": 2,
+            "flash-attn": "on",
+            "n-gpu-layers": 0,
+            "cache-type-k": "q8_0",
+            "kv-unified": True,
+        }
     )
-    by_names = SweepSpec(n_ctx=4096, n_batch=512, n_ubatch=128, n_threads=2)
+    by_names = SweepSpec(
+        n_ctx=4096,
+        n_batch=512,
+        n_ubatch=128,
+        n_threads=2,
+        flash_attn="on",
+        n_gpu_layers=0,
+        cache_type_k="q8_0",
+        kv_unified=True,
+    )
     assert by_flags == by_names
     assert (by_names.n_ctx, by_names.n_batch, by_names.n_ubatch) == (4096, 512, 128)
+    with pytest.raises(ValidationError, match="'ctx-size' and 'n_ctx' both set n_ctx"):
+        SweepSpec.model_validate({"ctx-size": 4096, "n_ctx": 2048})
 
 
 def _failed_to_load(spec: SweepSpec) -> RunReport:

@@ -10,7 +10,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from sqlalchemy.engine import make_url
 from fleetbench.contract import wire
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine
-from tests.factories import JSON, free_port, make_report, running_registry
+from tests.factories import JSON, free_port, make_report, running_registry, wait_until_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = [sys.executable, "-m", "fleetbench.registry.cli"]
@@ -59,15 +58,8 @@ def _serve(database_url: str) -> tuple[subprocess.Popen[bytes], str]:
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return server, url
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline and server.poll() is None, "no registry"
-        time.sleep(0.1)
+    assert wait_until_serving(url, server).status_code == 200
+    return server, url
 
 
 def _tokens(database_url: str, nodes: int) -> list[str]:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from fleetbench.registry.db import create_db_engine, schema_revisions
-from tests.factories import JSON, free_port, make_report
+from tests.factories import JSON, free_port, make_report, wait_until_serving
 
 REGISTRY = [sys.executable, "-m", "fleetbench.registry.cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,15 +85,7 @@ def test_two_workers_store_every_report_once_and_count_them_all(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and server.poll() is None, "no registry"
-            time.sleep(0.2)
+        assert wait_until_serving(url, server).status_code == 200
         reports = [make_report(node=f"node-{n % 8}") for n in range(48)]
 
         def post(n: int) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -13,7 +12,7 @@ from alembic import command
 from sqlalchemy import Engine, inspect
 
 from fleetbench.registry.db import alembic_config, create_db_engine, schema_revisions
-from tests.factories import free_port
+from tests.factories import free_port, wait_until_serving
 
 REGISTRY = [sys.executable, "-m", "fleetbench.registry.cli"]
 
@@ -100,14 +99,7 @@ def test_default_sqlite_is_created_upgraded_and_served(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline and server.poll() is None, "did not start"
-                time.sleep(0.2)
+        health = wait_until_serving(f"http://127.0.0.1:{port}", server, seconds=30)
         assert health.json() == {"status": "ok"}
         docs = httpx.get(f"http://127.0.0.1:{port}/openapi.json").json()
         assert "RunReport" in docs["components"]["schemas"]

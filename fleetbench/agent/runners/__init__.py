@@ -13,15 +13,16 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleetbench.contract.bounds import INT32_MAX
 from fleetbench.contract.kv_cache import CacheType, fits, kv_cells
 from fleetbench.contract.wire import EngineBuild, FailedPoint, ModelInfo, Point, RunSettings
 
 __all__ = [
+    "LLAMA_CPP_NAMES",
     "PointCallback",
     "Runner",
     "StartCallback",
@@ -34,9 +35,13 @@ __all__ = [
 ]
 
 
-def _flag(name: str, *aliases: str) -> AliasChoices:
-    """A setting read by its own name or by llama.cpp's (`ctx_size`, `ctx-size`)."""
-    return AliasChoices(name, *aliases, *(a.replace("_", "-") for a in aliases if "_" in a))
+# llama.cpp's long flag names where they differ from the settings they set.
+LLAMA_CPP_NAMES = {
+    "ctx_size": "n_ctx",
+    "batch_size": "n_batch",
+    "ubatch_size": "n_ubatch",
+    "threads": "n_threads",
+}
 
 
 Sizes = Annotated[tuple[Annotated[int, Field(ge=0, le=INT32_MAX)], ...], Field(min_length=1)]
@@ -45,29 +50,43 @@ Positive = Annotated[int, Field(ge=1, le=INT32_MAX)]
 
 class SweepSpec(BaseModel):
     """The grid and the settings of a sweep, with llama-batched-bench's defaults: what the
-    CLI's options, a daemon's `[[sweep]]` table and the runners all take. Each setting has
-    llama.cpp's long flag name as an alias where the names differ (`ctx_size` for n_ctx,
-    `batch_size`, `ubatch_size`, `threads`)."""
+    CLI's options, a daemon's `[[sweep]]` table and the runners all take. Each setting is
+    read by its name or by llama.cpp's long flag name, with `-` or `_` (`ctx-size`,
+    `ctx_size` or `n_ctx`; `flash-attn`; `threads`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _llama_cpp_names(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        named: dict[Any, Any] = {}
+        given: dict[Any, Any] = {}  # the key each setting was given by
+        for key, value in data.items():
+            name = key.replace("-", "_") if isinstance(key, str) else key
+            name = LLAMA_CPP_NAMES.get(name, name)
+            if name in named:
+                raise ValueError(f"{given[name]!r} and {key!r} both set {name}")
+            named[name], given[name] = value, key
+        return named
 
     npp: Sizes = (128,)
     ntg: Sizes = (128,)
     npl: Annotated[tuple[Positive, ...], Field(min_length=1)] = (1, 2, 4, 8)
     n_ctx: Positive | None = Field(
-        default=None, validation_alias=_flag("n_ctx", "ctx_size"),
+        default=None,
         description="KV cells; None: sized so that every point fits (see needed_cells)",
-    )  # fmt: skip
-    n_batch: Positive = Field(default=2048, validation_alias=_flag("n_batch", "batch_size"))
-    n_ubatch: Positive = Field(default=512, validation_alias=_flag("n_ubatch", "ubatch_size"))
+    )
+    n_batch: Positive = 2048
+    n_ubatch: Positive = 512
     flash_attn: Literal["on", "off", "auto"] = "auto"
     kv_unified: bool = False
     pp_shared: bool = False
     n_gpu_layers: Annotated[int, Field(ge=-1, le=INT32_MAX, description="-1: all")] = -1
     n_threads: Positive | None = Field(
-        default=None, validation_alias=_flag("n_threads", "threads"),
-        description="None: the physical cores, as llama.cpp picks them",
-    )  # fmt: skip
+        default=None, description="None: the physical cores, as llama.cpp picks them"
+    )
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"
     repeats: int = Field(default=1, ge=1, le=1000, description="measure each point N times")

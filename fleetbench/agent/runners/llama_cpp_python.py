@@ -42,10 +42,10 @@ class LlamaCppPythonRunner:
 
     def identity(self) -> dict[str, str]:
         # The binding's version fixes the llama.cpp it vendors.
-        return {BINDING: importlib.metadata.version(BINDING)}
+        return {BINDING: _version()}
 
     def engine(self) -> EngineBuild:
-        return EngineBuild(binding=BINDING, binding_version=importlib.metadata.version(BINDING))
+        return EngineBuild(binding=BINDING, binding_version=_version())
 
     def run(
         self, model_path: Path, spec: SweepSpec, *, on_point: PointCallback = lambda _: None
@@ -89,6 +89,14 @@ class LlamaCppPythonRunner:
         if outcome is not None:
             return outcome
         raise SweepFailed(error or _death(child.exitcode), points, failures, started)
+
+
+def _version() -> str:
+    """The binding's version, read without loading llama.cpp into the agent's process."""
+    try:
+        return importlib.metadata.version(BINDING)
+    except importlib.metadata.PackageNotFoundError:  # importable, installed another way
+        return "unknown"
 
 
 def _outcome(engine: str, settings: str, model: str | None) -> SweepOutcome:

@@ -4,6 +4,7 @@ report; the latest curves (registry.latest) and the regressions of the series it
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -197,10 +198,11 @@ def _latest_and_regressions(
         session,
         [
             NewRun(
+                run.id,
                 run.node_id,
                 run.model_id,
                 frozenset((p.pp, p.tg) for p in run.report.points),
-                _recent_run(run, fingerprints),
+                functools.partial(_recent_run, run, fingerprints),
             )
             for run in successful
         ],
