@@ -50,13 +50,19 @@ def test_shared_prompt_in_a_unified_cache(tiny_llama: Path) -> None:
     assert four.s_pp == pytest.approx(32 / four.t_pp)  # prefill counted once
 
 
-def test_repeats_give_the_median_and_the_spread(tiny_llama: Path) -> None:
+def test_repeats_are_measured_and_combined_in_the_engine(tiny_llama: Path) -> None:
+    """Three repeats reach the point with their spread; the median and spread maths on
+    known samples is test_runners' test_a_point_from_its_repeats_is_the_median_time..."""
     outcome = LlamaCppPythonRunner().run(
         tiny_llama, SweepSpec(npp=(16,), ntg=(4,), npl=(2,), repeats=3)
     )
     [point] = outcome.points
     assert point.repeats == 3
-    assert point.s_tg_stdev is not None and point.s_pp_stdev is not None
+    assert point.t_tg is not None and point.s_tg == pytest.approx(2 * 4 / point.t_tg)
+    assert point.t_pp is not None and point.s_pp == pytest.approx(2 * 16 / point.t_pp)
+    # speeds from the median times, and a spread over the three (noise sets its size)
+    assert point.s_tg_stdev is not None and point.s_tg_stdev >= 0
+    assert point.s_pp_stdev is not None and point.s_pp_stdev >= 0
 
 
 def test_points_that_do_not_fit_are_failures_and_the_sweep_goes_on(tiny_llama: Path) -> None:
