@@ -155,3 +155,20 @@ def test_connections_cut_mid_ingest_store_no_partial_run(postgres_database_url: 
     assert 503 in first  # the cuts were felt
     assert set(again) <= {200, 201}
     assert _whole(postgres_database_url, reports) == (120, 0)
+
+
+def test_healthz_says_unavailable_without_naming_the_database(postgres_database_url: str) -> None:
+    """The database gone, /healthz answers 503 and keeps its host, port and name (what
+    the driver's error says) to the registry's log."""
+    url = make_url(postgres_database_url)
+    admin = create_db_engine(url.set(database="postgres").render_as_string(hide_password=False))
+    with running_registry(RegistrySettings(database_url=postgres_database_url)) as registry:
+        assert httpx.get(f"{registry.url}/healthz").json() == {"status": "ok"}
+        registry.engine.dispose()  # the test's own connections, so the drop can go ahead
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            connection.execute(text(f'DROP DATABASE "{url.database}" WITH (FORCE)'))
+        down = httpx.get(f"{registry.url}/healthz")
+    admin.dispose()
+    assert down.status_code == 503
+    assert down.json()["detail"] == "the registry's database is unavailable"
+    assert str(url.database) not in down.text and str(url.port or 5432) not in down.text
