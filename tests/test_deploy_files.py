@@ -1,0 +1,189 @@
+"""deploy/ checked without a container engine or a cluster (none runs here): each file
+parses, holds the fields its tool requires, and runs commands the console scripts have,
+with options they take."""
+
+from __future__ import annotations
+
+import json
+import plistlib
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from fleetbench.agent.cli import app as agent_app
+from fleetbench.agent.daemon_config import load_config
+from fleetbench.registry.cli import app as registry_app
+
+ROOT = Path(__file__).parent.parent
+DEPLOY = ROOT / "deploy"
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+CLIS = {"fleetbench-agent": agent_app, "fleetbench-registry": registry_app}
+VENV_BIN = "/opt/fleetbench/venv/bin/"
+
+
+def assert_runs(script: str, args: list[str]) -> None:
+    """`script ARGS` names a command of that console script and only options it takes."""
+    name = script.removeprefix(VENV_BIN)
+    assert name in SCRIPTS, script
+    commands: dict[str, Any] = typer.main.get_command(CLIS[name]).commands  # type: ignore[attr-defined]
+    command = commands.get(args[0])
+    assert command is not None, f"{name} has no command {args[0]!r}"
+    options = {opt for param in command.params for opt in param.opts}
+    given = {arg.split("=")[0] for arg in args[1:] if arg.startswith("-")}
+    assert given <= options, (name, args[0], given - options)
+
+
+def dockerfile(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, its arguments), continuation lines joined, comments left out."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1])
+        for line in lines
+        if line and not line.startswith("#")
+    ]
+
+
+def _one(instructions: list[tuple[str, str]], name: str) -> Any:
+    [value] = [rest for instruction, rest in instructions if instruction == name]
+    return json.loads(value)
+
+
+def test_the_registry_image_installs_the_registry_alone_and_serves() -> None:
+    steps = dockerfile(DEPLOY / "container" / "registry.Dockerfile")
+    assert steps[0][0] == "FROM"
+    runs = " ".join(rest for instruction, rest in steps if instruction == "RUN")
+    assert '"/src[registry]"' in runs and "llama" not in runs
+    [entrypoint] = _one(steps, "ENTRYPOINT")
+    command = _one(steps, "CMD")
+    assert_runs(entrypoint, command)
+    assert command[command.index("--port") + 1] == str(_one(steps, "EXPOSE"))  # 8787
+    assert ("USER", "fleetbench") in steps
+
+
+def test_the_agent_image_compiles_llama_cpp_for_the_backend_asked() -> None:
+    steps = dockerfile(DEPLOY / "container" / "agent.Dockerfile")
+    args = {rest.split("=")[0]: rest.split("=", 1)[1] for i, rest in steps if i == "ARG"}
+    assert args == {
+        "BASE_IMAGE": "debian:bookworm-slim",
+        "GGML_CUDA": "OFF",
+        "CUDA_ARCHITECTURES": "native",
+    }
+    assert steps[1] == ("FROM", "${BASE_IMAGE}")
+    [install] = [rest for i, rest in steps if i == "RUN" and "/src[llama]" in rest]
+    assert "-DGGML_CUDA=${GGML_CUDA}" in install
+    assert "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES}" in install
+    [entrypoint] = _one(steps, "ENTRYPOINT")
+    command = _one(steps, "CMD")
+    assert_runs(entrypoint, command)
+    assert _one(steps, "VOLUME") == ["/var/lib/fleetbench"]  # the spool outlives the container
+
+
+def test_docker_leaves_the_checkout_s_environment_and_models_out() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".git", "*.gguf", "build"} <= set(ignored)
+
+
+def test_compose_migrates_once_then_serves_with_two_workers_on_postgres() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"postgres", "migrate", "registry"}
+    migrate, registry = services["migrate"], services["registry"]
+    assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert registry["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
+    assert migrate["build"] == registry["build"]
+    assert (DEPLOY.parent / registry["build"]["dockerfile"]).is_file()
+    assert migrate["environment"] == registry["environment"]
+    url = registry["environment"]["FLEETBENCH_DATABASE_URL"]
+    postgres = services["postgres"]["environment"]
+    assert url == (
+        f"postgresql+psycopg://{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}"
+        f"@postgres:5432/{postgres['POSTGRES_DB']}"
+    )
+    for service in (migrate, registry):
+        assert_runs("fleetbench-registry", service["command"])
+    assert registry["command"][registry["command"].index("--workers") + 1] == "2"
+    assert registry["ports"] == ["127.0.0.1:8787:8787"]  # not the world, in plain HTTP
+
+
+def _manifests(name: str) -> dict[str, dict[str, Any]]:
+    documents = list(yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()))
+    for document in documents:
+        assert {"apiVersion", "kind", "metadata"} <= set(document), document
+    return {d["kind"]: d for d in documents}
+
+
+def test_kubernetes_runs_a_migration_job_and_a_registry_behind_its_service() -> None:
+    manifests = _manifests("registry.yaml")
+    assert set(manifests) == {"Job", "Deployment", "Service"}
+    job, deployment, service = manifests["Job"], manifests["Deployment"], manifests["Service"]
+    [migrate] = job["spec"]["template"]["spec"]["containers"]
+    assert_runs("fleetbench-registry", migrate["args"])
+    assert migrate["args"] == ["migrate"]
+    pod = deployment["spec"]["template"]
+    assert deployment["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+    assert service["spec"]["selector"] == pod["metadata"]["labels"]
+    [registry] = pod["spec"]["containers"]
+    assert_runs("fleetbench-registry", registry["args"])
+    [port] = registry["ports"]
+    assert registry["args"][registry["args"].index("--port") + 1] == str(port["containerPort"])
+    assert service["spec"]["ports"][0]["targetPort"] == port["name"]
+    assert registry["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert registry["env"] == migrate["env"]  # the same database, from the same Secret
+
+
+def test_kubernetes_runs_an_agent_on_each_gpu_node_with_that_node_s_token() -> None:
+    manifests = _manifests("agent-daemonset.yaml")
+    assert set(manifests) == {"ConfigMap", "DaemonSet"}
+    pod = manifests["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    [agent] = pod["containers"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["FLEETBENCH_NODE"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    shell = shlex.split(agent["args"][0].replace("&&", " && "))
+    script = shell[shell.index("exec") + 1]
+    assert_runs(script, shell[shell.index("exec") + 2 :])
+    assert '"$(cat /etc/fleetbench/tokens/$FLEETBENCH_NODE)"' in agent["args"][0]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    assert volumes["tokens"]["secret"]["secretName"] == "fleetbench-agent-tokens"
+    assert mounts["tokens"] == "/etc/fleetbench/tokens"
+    spool = Path(env["FLEETBENCH_SPOOL"]["value"])
+    assert spool.is_relative_to(mounts["state"]) and "hostPath" in volumes["state"]
+    assert agent["resources"]["limits"] == {"nvidia.com/gpu": 1}
+
+
+def test_the_daemonset_s_agent_toml_is_one_the_agent_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(_manifests("agent-daemonset.yaml")["ConfigMap"]["data"]["agent.toml"])
+    monkeypatch.delenv("FLEETBENCH_REGISTRY_URL", raising=False)
+    loaded = load_config(config)
+    assert loaded.settings.registry_url == "http://fleetbench-registry:8787"  # the Service
+    assert [s.name for s in loaded.sweeps] == ["nemo-nightly"]
+
+
+def test_the_launchd_daemon_runs_the_agent_and_restarts_it_after_a_crash() -> None:
+    plist = plistlib.loads((DEPLOY / "macos" / "com.fleetbench.agent.plist").read_bytes())
+    assert plist["Label"] == "com.fleetbench.agent"
+    script, *args = plist["ProgramArguments"]
+    assert_runs(script, args)
+    assert plist["RunAtLoad"] is True and plist["KeepAlive"] == {"SuccessfulExit": False}
+    assert plist["UserName"] == "fleetbench"
+
+
+@pytest.mark.parametrize("unit", ["fleetbench-agent.service", "fleetbench-registry.service"])
+def test_the_systemd_units_run_commands_the_scripts_have(unit: str) -> None:
+    lines = (DEPLOY / unit).read_text().splitlines()
+    commands = [line.split("=", 1)[1] for line in lines if line.startswith("ExecStart")]
+    assert commands
+    for command in commands:
+        script, *args = shlex.split(command)
+        assert_runs(script, args)
