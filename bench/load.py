@@ -174,21 +174,22 @@ def node_name(node: int) -> str:
 
 
 def prepare_database(args: argparse.Namespace, work: Path) -> str:
-    from fleetbench.registry import crud
     from fleetbench.registry.db import create_db_engine, session_factory, upgrade_schema
+    from fleetbench.registry.tokens import create_node_token
 
     url = f"sqlite:///{work / 'registry.db'}" if args.database == "sqlite" else args.database_url
     if args.database == "postgresql":
         recreate_database(url)
     engine = create_db_engine(url)
     upgrade_schema(engine)
-    tokens = []
     with session_factory(engine)() as session:
-        for node in range(args.writers):
-            tokens.append(crud.create_node_token(session, node_name=node_name(node), labels={}))
+        secrets = [
+            create_node_token(session, node_name=node_name(node), labels={})
+            for node in range(args.writers)
+        ]
         session.commit()
     engine.dispose()
-    (work / "tokens").write_text("\n".join(tokens))
+    (work / "tokens").write_text("\n".join(secrets))
     return url
 
 

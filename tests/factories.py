@@ -27,7 +27,7 @@ from sqlalchemy import Engine, text
 from fleetbench.agent.config import AgentSettings
 from fleetbench.agent.daemon import Daemon, DaemonConfig, SweepConfig
 from fleetbench.contract import wire
-from fleetbench.registry import crud
+from fleetbench.registry import tokens
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine, session_factory
 from fleetbench.registry.main import create_app
@@ -43,10 +43,20 @@ class LiveRegistry:
         self.engine = engine
 
     def token(self, node: str, **labels: str) -> str:
+        """A new node token's secret (the node made if new, with these labels)."""
         with session_factory(self.engine)() as session:
-            token = crud.create_node_token(session, node_name=node, labels=labels)
+            token = tokens.create_node_token(session, node_name=node, labels=labels)
             session.commit()
         return token
+
+    def scoped_token(
+        self, scope: tokens.Scope, name: str | None = None, expires_at: datetime | None = None
+    ) -> str:
+        """A new reader or admin token's secret."""
+        with session_factory(self.engine)() as session:
+            _, secret = tokens.create_token(session, scope=scope, name=name, expires_at=expires_at)
+            session.commit()
+        return secret
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -3,6 +3,7 @@ old runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -12,10 +13,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
-from fleetbench.registry import crud, latest, retention
+from fleetbench.registry import latest, retention, tokens
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import (
     SchemaOutOfDate,
@@ -29,7 +31,7 @@ from fleetbench.registry.db import (
 from fleetbench.registry.metrics import MULTIPROCESS_DIR
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
-token_app = typer.Typer(help="Node tokens.", no_args_is_help=True)
+token_app = typer.Typer(help="Tokens: node, reader and admin.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 
 # Messages go to stderr: `token create` prints only the token on stdout.
@@ -146,26 +148,118 @@ def serve(
 
 @token_app.command("create")
 def token_create(
-    node: Annotated[str, typer.Option(help="node name; created if it does not exist")],
+    node: Annotated[
+        str | None, typer.Option(help="a node token's node; created if it does not exist")
+    ] = None,
+    scope: Annotated[str, typer.Option(help="node, reader or admin")] = "node",
+    name: Annotated[
+        str | None, typer.Option(help="what lists and acknowledgements call it")
+    ] = None,
+    expires_days: Annotated[
+        float | None, typer.Option(min=0.001, help="it stops working after this many days")
+    ] = None,
     label: Annotated[
         list[str] | None, typer.Option(help="node label KEY=VALUE (repeatable)")
     ] = None,
 ) -> None:
-    """Create a token for a node and print it (only the token, on standard output)."""
+    """Create a token and print it (only the token, on standard output)."""
+    if scope not in tokens.SCOPES:
+        raise typer.BadParameter(f"{scope!r}: node, reader or admin", param_hint="--scope")
+    if (scope == "node") != (node is not None and bool(node.strip())):
+        raise typer.BadParameter(
+            "a node token needs --node; reader and admin tokens take none", param_hint="--node"
+        )
     labels: dict[str, str] = {}
     for item in label or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise typer.BadParameter(f"label {item!r} is not KEY=VALUE", param_hint="--label")
         labels[key] = value
-    if not node.strip():
-        raise typer.BadParameter("node name is empty", param_hint="--node")
-    engine = _open(RegistrySettings())
-    with session_factory(engine)() as session:
-        token = crud.create_node_token(session, node_name=node.strip(), labels=labels)
+    expires = datetime.now(UTC) + timedelta(days=expires_days) if expires_days else None
+    with session_factory(_open(RegistrySettings()))() as session:
+        token, secret = tokens.create_token(
+            session,
+            scope=scope,
+            node_name=node.strip() if node else None,
+            labels=labels,
+            name=name,
+            expires_at=expires,
+        )
         session.commit()
-    typer.echo(token)
-    err.print(f"token created for node {node.strip()!r}; it is shown only once")
+        said = tokens.display_name(token.name, token.scope, token.id)
+    typer.echo(secret)
+    err.print(f"{scope} token {said!r} created (id {token.id}); it is shown only once")
+
+
+@token_app.command("list")
+def token_list(
+    as_json: Annotated[bool, typer.Option("--json", help="print the tokens as JSON")] = False,
+) -> None:
+    """Every token, without its secret: id, scope, name, node, state and when it was made,
+    last used and expires."""
+    with session_factory(_open(RegistrySettings()))() as session:
+        rows = [
+            {
+                "id": token.id,
+                "scope": token.scope,
+                "name": token.name,
+                "node": token.node.name if token.node else None,
+                "state": tokens.token_state(token),
+                "created_at": token.created_at.isoformat(),
+                "last_used_at": token.last_used_at.isoformat() if token.last_used_at else None,
+                "expires_at": token.expires_at.isoformat() if token.expires_at else None,
+            }
+            for token in tokens.list_tokens(session)
+        ]
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    table = Table("id", "scope", "name", "node", "state", "created", "last used", "expires")
+    for row in rows:
+        table.add_row(*(str(v) if v is not None else "-" for v in row.values()))
+    Console(markup=False).print(table)
+
+
+TokenId = Annotated[int, typer.Argument(min=1, help="its id (token list)")]
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: TokenId) -> None:
+    """Revoke a token: every registry process refuses it within 30 s."""
+    with session_factory(_open(RegistrySettings()))() as session:
+        token = tokens.revoke_token(session, token_id=token_id)
+        session.commit()
+    if token is None:
+        err.print(f"error: no token {token_id}", markup=False)
+        raise typer.Exit(1)
+    err.print(f"token {token_id} revoked", markup=False)
+
+
+@token_app.command("rotate")
+def token_rotate(
+    token_id: TokenId,
+    grace_hours: Annotated[
+        float, typer.Option(min=0, help="the old token keeps working this long")
+    ] = 24,
+) -> None:
+    """Replace a token with a new one of the same scope, node and name, printed on standard
+    output; the old one keeps working for the grace period, so runs spooled meanwhile are
+    delivered whichever token the agent holds."""
+    with session_factory(_open(RegistrySettings()))() as session:
+        rotated = tokens.rotate_token(
+            session, token_id=token_id, grace=timedelta(hours=grace_hours)
+        )
+        session.commit()
+        if rotated is None:
+            err.print(f"error: no active token {token_id}", markup=False)
+            raise typer.Exit(1)
+        old, new, secret = rotated
+        ends = old.expires_at
+    typer.echo(secret)
+    err.print(
+        f"token {token_id} replaced by token {new.id}; the old one works until {ends}",
+        markup=False,
+    )
 
 
 @app.command()

@@ -36,7 +36,14 @@ class RegistrySettings(BaseSettings):
         "allowed is about 250 KB",
     )
     read_token_required: bool = Field(
-        default=False, description="when true, every GET under /v1 needs a node token"
+        default=False, description="when true, every GET needs a reader or admin token"
+    )
+    auth_failures_per_minute: int = Field(
+        default=60,
+        ge=0,
+        le=1_000_000,
+        description="refused tokens one client address may send a minute before it is "
+        "answered 429 (0: no limit); behind a proxy, let uvicorn read X-Forwarded-For",
     )
     stale_after_hours: float = Field(
         default=48, gt=0, description="a node with no run for this long shows as stale"

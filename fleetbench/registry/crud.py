@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,16 +22,12 @@ from fleetbench.registry.models import (
     Model,
     Node,
     NodeActivity,
-    NodeToken,
     Regression,
     Run,
-    table_of,
 )
 
 __all__ = [
-    "AuthenticatedNode",
     "NodeSummary",
-    "create_node_token",
     "find_models",
     "find_node",
     "get_node",
@@ -40,11 +35,7 @@ __all__ = [
     "list_models",
     "list_nodes",
     "list_runs",
-    "node_for_token",
-    "token_digest",
 ]
-
-TOKEN_PREFIX = "fbn_"
 
 
 class NodeSummary(NamedTuple):
@@ -73,47 +64,6 @@ def _sha256(text: str) -> str:
 
 def find_node(session: Session, name: str) -> Node | None:
     return session.scalars(select(Node).where(Node.name == name)).one_or_none()
-
-
-def create_node_token(session: Session, *, node_name: str, labels: dict[str, str]) -> str:
-    """A new token for the node (created if needed); returns the token, stored only hashed."""
-    node = find_node(session, node_name)
-    if node is None:
-        node = Node(name=node_name, labels=labels, created_at=_now())
-        session.add(node)
-    elif labels:
-        node.labels = {**node.labels, **labels}
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    session.add(NodeToken(node=node, token_sha256=_sha256(token), created_at=_now()))
-    session.flush()
-    return token
-
-
-@dataclass(frozen=True)
-class AuthenticatedNode:
-    """The node a request's token belongs to."""
-
-    id: int
-    name: str
-
-
-_NODES, _TOKENS = table_of(Node), table_of(NodeToken)
-# Built once: every request that carries a token runs it.
-_NODE_BY_TOKEN = (
-    select(_NODES.c.id, _NODES.c.name)
-    .join(_TOKENS, _TOKENS.c.node_id == _NODES.c.id)
-    .where(_TOKENS.c.token_sha256 == bindparam("digest"))
-)
-
-
-def token_digest(token: str) -> str:
-    """What is stored of a token (its SHA-256) and what it is looked up by."""
-    return _sha256(token)
-
-
-def node_for_token(session: Session, token: str) -> AuthenticatedNode | None:
-    row = session.connection().execute(_NODE_BY_TOKEN, {"digest": _sha256(token)}).one_or_none()
-    return AuthenticatedNode(row.id, row.name) if row is not None else None
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""FastAPI dependencies: the database session, the settings and node authentication.
+"""FastAPI dependencies: the database session, the settings, and who a token speaks for
+(registry.tokens: node, reader, admin).
 
 Each request holds at most one database connection at a time (registry.admission sizes the
 pool by that): authentication uses its own short session and gives its connection back
@@ -8,10 +9,12 @@ query.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, Response, status
@@ -20,14 +23,16 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from fleetbench.registry import crud
+from fleetbench.registry import crud, tokens
 from fleetbench.registry.config import RegistrySettings
-from fleetbench.registry.crud import AuthenticatedNode
 from fleetbench.registry.models import Model, Node
+from fleetbench.registry.tokens import AuthenticatedNode, Principal
 
 __all__ = [
+    "AdminAuth",
     "AuthenticateFirst",
     "AuthenticatedFirst",
+    "FailedLogins",
     "KnownTokens",
     "NodeAuth",
     "ReadAccess",
@@ -38,7 +43,8 @@ __all__ = [
 ]
 
 _bearer = HTTPBearer(
-    auto_error=False, description="a node token from `fleetbench-registry token create`"
+    auto_error=False,
+    description="a token from `fleetbench-registry token create`: node, reader or admin",
 )
 
 
@@ -70,58 +76,130 @@ _Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 class KnownTokens:
     """Tokens found valid in the last `ttl` seconds (at most `size` of them), by digest.
     Nearly every request of a fleet's agents carries a token; looking each up costs a
-    connection checkout and two round trips, a third of a report's database work."""
+    connection checkout and two round trips, a third of a report's database work. So a
+    token revoked in another process stops working here within `ttl`; in this one, at once
+    (`forget`)."""
 
     def __init__(self, *, ttl: float = 30.0, size: int = 10_000) -> None:
         self.ttl = ttl
         self.size = size
-        self._found: OrderedDict[str, tuple[float, AuthenticatedNode]] = OrderedDict()
+        self._found: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, digest: str) -> AuthenticatedNode | None:
+    def get(self, digest: str) -> Principal | None:
         with self._lock:
             found = self._found.get(digest)
             if found is None or time.monotonic() - found[0] > self.ttl:
                 return None
-            return found[1]
+        return found[1] if found[1].valid_at(datetime.now(UTC)) else None
 
-    def put(self, digest: str, node: AuthenticatedNode) -> None:
+    def put(self, digest: str, principal: Principal) -> None:
         with self._lock:
-            self._found[digest] = (time.monotonic(), node)
+            self._found[digest] = (time.monotonic(), principal)
             self._found.move_to_end(digest)
             while len(self._found) > self.size:
                 self._found.popitem(last=False)
 
+    def forget(self, token_id: int) -> None:
+        with self._lock:
+            for digest in [d for d, (_, p) in self._found.items() if p.token_id == token_id]:
+                del self._found[digest]
 
-def _authenticate(request: Request, token: str | None) -> AuthenticatedNode:
-    """The token's node, or 401: from the tokens known lately, else one short session."""
+
+class FailedLogins:
+    """Refused tokens by client address over the last `window` seconds. Past `limit`, that
+    address's tokens are no longer looked up (429 with Retry-After) until the oldest
+    refusal leaves the window; tokens this process found valid lately still pass, so an
+    agent sharing a NAT with a misconfigured one keeps reporting."""
+
+    def __init__(self, *, limit: int, window: float = 60.0, size: int = 10_000) -> None:
+        self.limit = limit
+        self.window = window
+        self.size = size
+        self._refused: OrderedDict[str, list[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def wait_s(self, address: str) -> float | None:
+        """Seconds until `address` may try again, or None if it may now."""
+        if not self.limit:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            times = [t for t in self._refused.get(address, []) if now - t < self.window]
+            if times:
+                self._refused[address] = times
+            else:
+                self._refused.pop(address, None)
+            return self.window - (now - times[0]) if len(times) >= self.limit else None
+
+    def refused(self, address: str) -> None:
+        with self._lock:
+            self._refused.setdefault(address, []).append(time.monotonic())
+            self._refused.move_to_end(address)
+            while len(self._refused) > self.size:
+                self._refused.popitem(last=False)
+
+
+def _refused(detail: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def _authenticate(request: Request, token: str | None) -> Principal:
+    """The token's principal, or 401: from the tokens known lately, else one short
+    session."""
     if token is None:
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            detail="a node token is required: Authorization: Bearer <token>",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        raise _refused("a token is required: Authorization: Bearer <token>")
     known: KnownTokens = request.app.state.known_tokens
-    digest = crud.token_digest(token)
-    node = known.get(digest)
-    if node is not None:
-        return node
-    with request.app.state.sessions() as session:
-        node = crud.node_for_token(session, token)
-    if node is not None:
-        known.put(digest, node)
-    if node is None:
+    digest = tokens.token_digest(token)
+    principal = known.get(digest)
+    if principal is not None:
+        return principal
+    failed: FailedLogins = request.app.state.failed_logins
+    address = request.client.host if request.client else "unknown"
+    if (wait := failed.wait_s(address)) is not None:
         raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            detail="unknown token",
-            headers={"WWW-Authenticate": "Bearer"},
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            detail="too many refused tokens from this address: try again later",
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
         )
-    return node
+    try:
+        with request.app.state.sessions() as session:
+            principal = tokens.authenticate(session, digest)
+    except tokens.TokenRefused as exc:
+        failed.refused(address)
+        raise _refused(str(exc)) from None
+    known.put(digest, principal)
+    return principal
+
+
+def _bearer_token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return credentials.credentials if credentials is not None else None
+
+
+def _forbidden(principal: Principal, needed: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_403_FORBIDDEN,
+        detail=f"this needs {needed}; {principal.name!r} is a {principal.scope} token",
+    )
+
+
+def _as_node(principal: Principal) -> AuthenticatedNode:
+    if principal.scope != "node" or principal.node_id is None or principal.node_name is None:
+        raise _forbidden(principal, "a node token")
+    return AuthenticatedNode(principal.node_id, principal.node_name)
 
 
 def _authenticated_node(request: Request, credentials: _Credentials) -> AuthenticatedNode:
-    token = credentials.credentials if credentials is not None else None
-    return _authenticate(request, token)
+    return _as_node(_authenticate(request, _bearer_token(credentials)))
+
+
+def _admin(request: Request, credentials: _Credentials) -> Principal:
+    principal = _authenticate(request, _bearer_token(credentials))
+    if principal.scope != "admin":
+        raise _forbidden(principal, "an admin token")
+    return principal
 
 
 async def _authenticated_first(request: Request, _: _Credentials) -> AuthenticatedNode:
@@ -130,19 +208,26 @@ async def _authenticated_first(request: Request, _: _Credentials) -> Authenticat
     return node
 
 
+def _may_read(principal: Principal) -> None:
+    if principal.scope not in ("reader", "admin"):
+        raise _forbidden(principal, "a reader or admin token (reads are closed)")
+
+
 async def _read_access(request: Request, settings: SettingsDep, credentials: _Credentials) -> None:
     if not settings.read_token_required:
         return
-    token = credentials.credentials if credentials is not None else None
+    token = _bearer_token(credentials)
     known: KnownTokens = request.app.state.known_tokens
-    if token is not None and known.get(crud.token_digest(token)) is not None:
-        return
-    await run_in_threadpool(_authenticate, request, token)
+    principal = known.get(tokens.token_digest(token)) if token is not None else None
+    if principal is None:
+        principal = await run_in_threadpool(_authenticate, request, token)
+    _may_read(principal)
 
 
 NodeAuth = Annotated[AuthenticatedNode, Depends(_authenticated_node)]
 AuthenticatedFirst = Annotated[AuthenticatedNode, Depends(_authenticated_first)]
 """NodeAuth for routes of AuthenticateFirst: the node it found, at no further cost."""
+AdminAuth = Annotated[Principal, Depends(_admin)]
 ReadAccess = Depends(_read_access)
 
 
@@ -158,10 +243,10 @@ class AuthenticateFirst(APIRoute):
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             credentials = token.strip() if scheme.lower() == "bearer" and token.strip() else None
             known: KnownTokens = request.app.state.known_tokens
-            node = known.get(crud.token_digest(credentials)) if credentials else None
-            if node is None:  # look it up, on a thread (a database round trip)
-                node = await run_in_threadpool(_authenticate, request, credentials)
-            request.state.node = node
+            principal = known.get(tokens.token_digest(credentials)) if credentials else None
+            if principal is None:  # look it up, on a thread (a database round trip)
+                principal = await run_in_threadpool(_authenticate, request, credentials)
+            request.state.node = _as_node(principal)
             return await handler(request)
 
         return authenticated

@@ -22,12 +22,12 @@ from fleetbench.registry.admission import Admission, Lane, LaneLimits
 from fleetbench.registry.body_limit import BodySizeLimit
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine, session_factory
-from fleetbench.registry.deps import KnownTokens, SessionDep
+from fleetbench.registry.deps import FailedLogins, KnownTokens, SessionDep
 from fleetbench.registry.ingest import Ingest, IngestLimits
 from fleetbench.registry.metrics import HttpMetricsMiddleware, install_metrics
 from fleetbench.registry.notify import WebhookNotifier
 from fleetbench.registry.responses import API_RESPONSES
-from fleetbench.registry.routes import history, models, nodes, placement, runs
+from fleetbench.registry.routes import history, models, nodes, placement, runs, tokens
 from fleetbench.registry.validation_errors import validation_error_handler
 from fleetbench.registry.web import pages as web_pages
 
@@ -91,6 +91,7 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     app.state.sessions = sessions
     app.state.notifier = notifier
     app.state.known_tokens = KnownTokens()
+    app.state.failed_logins = FailedLogins(limit=settings.auth_failures_per_minute)
     reads = Lane(
         "read",
         LaneLimits(settings.max_reads_in_flight, settings.max_queued, settings.max_queue_wait_s),
@@ -125,7 +126,7 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
 
     api = APIRouter(prefix="/v1", responses=API_RESPONSES)
     api.include_router(runs.ingest_router)
-    for module in (runs, nodes, models, placement, history):
+    for module in (runs, nodes, models, placement, history, tokens):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(web_pages.router)  # the dashboard: /, /placement, ...

@@ -43,11 +43,11 @@ __all__ = [
     "Model",
     "Node",
     "NodeActivity",
-    "NodeToken",
     "Regression",
     "Run",
     "RunOrder",
     "RunPoint",
+    "Token",
     "newer_run",
     "table_of",
 ]
@@ -107,18 +107,28 @@ class Node(Base):
     created_at: Mapped[datetime]
 
 
-class NodeToken(Base):
-    """A node's bearer token, stored as its SHA-256: tokens are 256-bit random strings, so a
-    fast hash is enough (nothing to brute-force) and lookups stay one index probe."""
+class Token(Base):
+    """A bearer token, stored as its SHA-256: tokens are 256-bit random strings, so a fast
+    hash is enough (nothing to brute-force) and lookups stay one index probe. Its scope
+    (registry.tokens): `node` reports that node's runs, `reader` reads everything, `admin`
+    also manages tokens and acknowledges regressions. Revoked or past `expires_at`, it no
+    longer authenticates; the row stays, for the list."""
 
-    __tablename__ = "node_tokens"
+    __tablename__ = "tokens"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str | None] = mapped_column(String(200))
+    node_id: Mapped[int | None] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), index=True
+    )
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
 
-    node: Mapped[Node] = relationship()
+    node: Mapped[Node | None] = relationship()
 
 
 class HardwareFingerprint(Base):
@@ -319,6 +329,7 @@ class Regression(Base):
     first_seen_at: Mapped[datetime]
     detected_at: Mapped[datetime]
     acknowledged_at: Mapped[datetime | None]
+    acknowledged_by: Mapped[str | None] = mapped_column(String(200))
     note: Mapped[str | None] = mapped_column(Text)
     notified_at: Mapped[datetime | None]
     notify_attempts: Mapped[int] = mapped_column(default=0)

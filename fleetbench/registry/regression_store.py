@@ -203,6 +203,7 @@ def get_regression(session: Session, regression_id: int) -> Regression | None:
     return session.get(Regression, regression_id)
 
 
-def acknowledge_regression(regression: Regression, *, note: str) -> None:
+def acknowledge_regression(regression: Regression, *, note: str, by: str) -> None:
     regression.acknowledged_at = datetime.now(UTC)
+    regression.acknowledged_by = by
     regression.note = note

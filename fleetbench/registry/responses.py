@@ -17,22 +17,36 @@ _DETAIL = {
     }
 }
 
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "seconds to wait before retrying",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+
 API_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {
-        "description": "no token, or an unknown one (for reads only while they are closed: "
-        "FLEETBENCH_READ_TOKEN_REQUIRED)",
+        "description": "no token, or an unknown, revoked or expired one (for reads only while "
+        "they are closed: FLEETBENCH_READ_TOKEN_REQUIRED)",
         "content": _DETAIL,
+    },
+    403: {
+        "description": "the token's scope does not allow this (a node token reports its "
+        "node's runs; reading closed reads takes a reader or admin token; managing tokens "
+        "and acknowledging regressions, an admin token)",
+        "content": _DETAIL,
+    },
+    429: {
+        "description": "too many refused tokens from this client address lately: retry after "
+        "Retry-After seconds",
+        "content": _DETAIL,
+        "headers": _RETRY_AFTER,
     },
     503: {
         "description": "the registry is busy or its database unavailable: retry after "
         "Retry-After seconds",
         "content": _DETAIL,
-        "headers": {
-            "Retry-After": {
-                "description": "seconds to wait before retrying",
-                "schema": {"type": "integer", "minimum": 1},
-            }
-        },
+        "headers": _RETRY_AFTER,
     },
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {

@@ -7,13 +7,15 @@ from datetime import datetime
 from typing import Any, Literal, cast
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fleetbench.contract import bounds as wire_bounds
 from fleetbench.contract import wire
 from fleetbench.contract.bounds import Text
-from fleetbench.registry.models import Regression, Run
+from fleetbench.registry.models import Regression, Run, Token
 from fleetbench.registry.questions.health import Health
 from fleetbench.registry.series import Metric
+from fleetbench.registry.tokens import token_state
 
 __all__ = [
     "Acknowledgement",
@@ -28,15 +30,21 @@ __all__ = [
     "NodesPublic",
     "RegressionPublic",
     "RegressionsPublic",
+    "Rotation",
     "RunDetail",
     "RunPublic",
     "RunsPublic",
     "SeriesKey",
     "SeriesPointPublic",
     "SeriesPublic",
+    "TokenCreated",
+    "TokenPublic",
+    "TokenRequest",
+    "TokensPublic",
     "regression_public",
     "run_detail",
     "run_public",
+    "token_public",
 ]
 
 
@@ -177,12 +185,75 @@ class RegressionPublic(SeriesKey):
     first_seen_at: datetime
     detected_at: datetime
     acknowledged_at: datetime | None
+    acknowledged_by: str | None = Field(default=None, description="the admin token's name")
     note: str | None
 
 
 class RegressionsPublic(_Public):
     data: list[RegressionPublic]
     count: int
+
+
+class TokenPublic(BaseModel):
+    """A token as lists show it: never its secret."""
+
+    id: int
+    scope: Literal["node", "reader", "admin"]
+    name: str | None
+    node: str | None = Field(description="a node token's node")
+    state: Literal["active", "expired", "revoked"]
+    created_at: datetime
+    last_used_at: datetime | None = Field(description="to within ten minutes")
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokensPublic(BaseModel):
+    data: list[TokenPublic]
+    count: int
+
+
+class TokenRequest(BaseModel):
+    """A token to create: a node token names its node (made if new); others name none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scope: Literal["node", "reader", "admin"]
+    node: wire_bounds.Name | None = None
+    name: Text | None = Field(default=None, max_length=200)
+    expires_in_days: float | None = Field(default=None, gt=0, le=36_500, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _node_for_node_tokens(self) -> TokenRequest:
+        if (self.scope == "node") != (self.node is not None):
+            raise ValueError("a node token names its node; reader and admin tokens name none")
+        return self
+
+
+class TokenCreated(TokenPublic):
+    token: str = Field(description="the secret: shown this once, stored only hashed")
+
+
+class Rotation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    grace_hours: float = Field(
+        default=24, ge=0, le=8760, allow_inf_nan=False, description="the old one works this long"
+    )
+
+
+def token_public(row: Token) -> TokenPublic:
+    return TokenPublic(
+        id=row.id,
+        scope=cast(Any, row.scope),
+        name=row.name,
+        node=row.node.name if row.node else None,
+        state=cast(Any, token_state(row)),
+        created_at=row.created_at,
+        last_used_at=row.last_used_at,
+        expires_at=row.expires_at,
+        revoked_at=row.revoked_at,
+    )
 
 
 class Acknowledgement(BaseModel):
@@ -214,6 +285,7 @@ def regression_public(row: Regression) -> RegressionPublic:
         first_seen_at=row.first_seen_at,
         detected_at=row.detected_at,
         acknowledged_at=row.acknowledged_at,
+        acknowledged_by=row.acknowledged_by,
         note=row.note,
     )
 

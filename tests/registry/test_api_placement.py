@@ -201,9 +201,9 @@ def test_reason_with_long_enough_prompts_that_are_too_slow(live_registry: LiveRe
 def test_placement_with_reads_closed_needs_a_token(database_url: str) -> None:
     settings = RegistrySettings(database_url=database_url, read_token_required=True)
     with running_registry(settings) as registry:
-        token = registry.token("m4pro")
-        with registry.client(token) as client:
+        with registry.client(registry.token("m4pro")) as client:
             assert post_report(client, make_report()).status_code == 201
+        with registry.client(registry.scoped_token("reader")) as client:
             answer = client.get(
                 "/v1/placement", params={"model": ARTICLE_MODEL, "min_tps_per_user": 15}
             )

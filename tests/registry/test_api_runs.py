@@ -278,13 +278,13 @@ def test_read_nodes_and_models(live_registry: LiveRegistry) -> None:
 def test_reads_can_require_a_token(database_url: str) -> None:
     settings = RegistrySettings(database_url=database_url, read_token_required=True)
     with running_registry(settings) as registry:
-        token = registry.token("m4pro")
-        with registry.client() as anonymous, registry.client(token) as node:
+        reader = registry.scoped_token("reader")
+        with registry.client() as anonymous, registry.client(reader) as client:
             assert anonymous.get("/v1/nodes").status_code == 401
             placement = {"model": "x", "min_tps_per_user": 1}
             assert anonymous.get("/v1/placement", params=placement).status_code == 401
             assert anonymous.get("/healthz").status_code == 200
-            assert node.get("/v1/nodes").status_code == 200
+            assert client.get("/v1/nodes").status_code == 200
 
 
 def test_concurrent_retries_of_one_run_store_it_once(live_registry: LiveRegistry) -> None:
@@ -323,9 +323,7 @@ def test_concurrent_new_runs_share_one_model_and_build_row(live_registry: LiveRe
 def test_tokens_are_stored_only_as_their_sha256(live_registry: LiveRegistry) -> None:
     token = live_registry.token("m4pro")
     with live_registry.engine.connect() as connection:
-        stored = [
-            row[0] for row in connection.exec_driver_sql("SELECT token_sha256 FROM node_tokens")
-        ]
+        stored = [row[0] for row in connection.exec_driver_sql("SELECT token_sha256 FROM tokens")]
     assert stored == [hashlib.sha256(token.encode()).hexdigest()]
     assert token not in stored
 

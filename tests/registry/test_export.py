@@ -163,6 +163,7 @@ def test_run_export_needs_a_token_when_reads_are_closed(database_url: str) -> No
     with running_registry(settings) as registry:
         with registry.client(registry.token("m4pro")) as client:
             assert post_report(client, report).status_code == 201
+        with registry.client(registry.scoped_token("reader")) as client:
             allowed = client.get(f"/v1/runs/{report.run_id}/export")
         with registry.client() as anonymous:
             refused = anonymous.get(f"/v1/runs/{report.run_id}/export")

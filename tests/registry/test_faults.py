@@ -18,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from fleetbench.contract import wire
+from fleetbench.registry import tokens
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine
 from tests.factories import JSON, free_port, make_report, running_registry, wait_until_serving
@@ -63,17 +64,16 @@ def _serve(database_url: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def _tokens(database_url: str, nodes: int) -> list[str]:
-    from fleetbench.registry import crud
     from fleetbench.registry.db import session_factory
 
     engine = create_db_engine(database_url)
     with session_factory(engine)() as session:
-        tokens = [
-            crud.create_node_token(session, node_name=f"n{n}", labels={}) for n in range(nodes)
+        secrets = [
+            tokens.create_node_token(session, node_name=f"n{n}", labels={}) for n in range(nodes)
         ]
         session.commit()
     engine.dispose()
-    return tokens
+    return secrets
 
 
 def _post_all(url: str, reports: list[wire.RunReport], tokens: list[str]) -> list[int | str]:

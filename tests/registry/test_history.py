@@ -8,7 +8,7 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fleetbench.registry import crud
+from fleetbench.registry import crud, tokens
 from fleetbench.registry.ingest import ingest_report
 from fleetbench.registry.models import Regression
 from fleetbench.registry.series import HISTORY_RUNS
@@ -16,8 +16,8 @@ from tests.factories import DAY0, make_report, scaled
 
 
 def test_a_step_is_stored_once_however_long_the_history_grows(session: Session) -> None:
-    token = crud.create_node_token(session, node_name="m4pro", labels={})
-    node = crud.node_for_token(session, token)
+    tokens.create_node_token(session, node_name="m4pro", labels={})
+    node = crud.find_node(session, "m4pro")
     assert node is not None
     rng = random.Random(7)
     runs = 30 + HISTORY_RUNS + 5  # the step leaves the detector's view long before the end

@@ -63,7 +63,7 @@ def test_query_values_past_what_the_database_holds_are_422(
 
 
 def test_an_acknowledge_id_past_the_column_is_422(live_registry: LiveRegistry) -> None:
-    token = live_registry.token("m4pro")
+    token = live_registry.scoped_token("admin")
     with live_registry.client(token) as client:
         response = client.post(f"/v1/regressions/{BIG}/acknowledge", json={"note": "ok"})
     assert response.status_code == 422, response.text
@@ -71,7 +71,7 @@ def test_an_acknowledge_id_past_the_column_is_422(live_registry: LiveRegistry) -
 
 
 def test_a_nul_in_an_acknowledgement_note_is_422(live_registry: LiveRegistry) -> None:
-    token = live_registry.token("m4pro")
+    token = live_registry.scoped_token("admin")
     with live_registry.client(token) as client:
         response = client.post("/v1/regressions/1/acknowledge", json={"note": "o\u0000k"})
     assert response.status_code == 422, response.text

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from fleetbench.contract import wire
-from fleetbench.registry import crud
+from fleetbench.registry import crud, tokens
 from fleetbench.registry.db import session_factory, write_transaction
 from fleetbench.registry.ingest import (
     Ingest,
@@ -33,7 +33,7 @@ DAY0 = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
 
 
 def _node(session: Session, name: str = "m4pro") -> int:
-    crud.create_node_token(session, node_name=name, labels={})
+    tokens.create_node_token(session, node_name=name, labels={})
     found = crud.find_node(session, name)
     assert found is not None
     return found.id

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session
 
 from fleetbench.contract import wire
-from fleetbench.registry import crud
+from fleetbench.registry import crud, tokens
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine, session_factory
 from fleetbench.registry.ingest import ingest_report
@@ -229,6 +229,8 @@ def test_metrics_need_a_token_only_when_reads_are_closed(database_url: str) -> N
             assert stranger.get("/metrics").status_code == 401
         with registry.client(token) as client:
             assert post_report(client, make_report()).status_code == 201
+            assert client.get("/metrics").status_code == 403  # a node token reports, no more
+        with registry.client(registry.scoped_token("reader", "prometheus")) as client:
             samples = scrape(client)
     assert point_gauges(samples, DECODE)[key(8)] == 133.65
     requests = series(samples, "fleetbench_http_requests_total", "method", "route", "status")
@@ -252,8 +254,8 @@ def test_each_app_keeps_its_own_counters(database_url: str) -> None:
 def test_fleet_gauges_are_one_query(engine: Engine, session: Session) -> None:
     for n in range(3):
         node_name = f"node-{n}"
-        token = crud.create_node_token(session, node_name=node_name, labels={})
-        node = crud.node_for_token(session, token)
+        tokens.create_node_token(session, node_name=node_name, labels={})
+        node = crud.find_node(session, node_name)
         assert node is not None
         for model in ("model-a", "model-b"):
             for day in range(2):  # the later run of each holds B=1 at 10 + n
@@ -293,9 +295,8 @@ def test_fleet_gauges_are_one_query(engine: Engine, session: Session) -> None:
 
 
 def test_models_sharing_a_name_give_one_curve_the_latest(engine: Engine, session: Session) -> None:
-    node = crud.node_for_token(
-        session, crud.create_node_token(session, node_name="m4pro", labels={})
-    )
+    tokens.create_node_token(session, node_name="m4pro", labels={})
+    node = crud.find_node(session, "m4pro")
     assert node is not None
     for day, digest, table in (
         (1, "b" * 64, [(1, 300.0, 31.0), (8, 290.0, 141.0)]),

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fleetbench.registry import crud, placement_rows
+from fleetbench.registry import crud, placement_rows, tokens
 from fleetbench.registry.ingest import ingest_report
 from fleetbench.registry.models import Node
 from fleetbench.registry.questions.placement import NodeChoice, answer_placement
@@ -94,7 +94,7 @@ def test_nothing_reported() -> None:
 
 def _store(session: Session, **report_fields: object) -> None:
     report = make_report(**report_fields)  # type: ignore[arg-type]
-    crud.create_node_token(session, node_name=report.node, labels={})
+    tokens.create_node_token(session, node_name=report.node, labels={})
     node = session.scalars(select(Node).where(Node.name == report.node)).one()
     ingest_report(session, report=report, node_id=node.id)
     session.commit()

@@ -15,7 +15,7 @@ from alembic import command
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
-from fleetbench.registry import crud, latest, retention
+from fleetbench.registry import crud, latest, retention, tokens
 from fleetbench.registry.db import (
     alembic_config,
     session_factory,
@@ -49,7 +49,7 @@ def test_prune_keeps_what_the_registry_needs_and_counts_what_it_deleted(
 ) -> None:
     sessions = session_factory(engine)
     with sessions() as session:
-        crud.create_node_token(session, node_name="m4pro", labels={})
+        tokens.create_node_token(session, node_name="m4pro", labels={})
         node = crud.find_node(session, "m4pro")
         assert node is not None
 
@@ -107,7 +107,7 @@ def test_prune_runs_from_the_command_line_and_says_what_it_did(database_url: str
 
     engine = create_db_engine(database_url)
     with session_factory(engine)() as session:
-        crud.create_node_token(session, node_name="m4pro", labels={})
+        tokens.create_node_token(session, node_name="m4pro", labels={})
         node = crud.find_node(session, "m4pro")
         assert node is not None
         for days_ago in (100, 99, 1):
@@ -209,7 +209,7 @@ def test_migrate_computes_the_knees_the_migration_left_unknown(empty_database_ur
     engine = create_db_engine(empty_database_url)
     upgrade_schema(engine)
     with session_factory(engine)() as session:
-        crud.create_node_token(session, node_name="m4pro", labels={})
+        tokens.create_node_token(session, node_name="m4pro", labels={})
         node = crud.find_node(session, "m4pro")
         assert node is not None
         with write_transaction(session):

@@ -33,7 +33,7 @@ def test_migrations_match_the_models(engine: Engine) -> None:
     tables = set(inspect(engine).get_table_names())
     assert {
         "nodes",
-        "node_tokens",
+        "tokens",
         "hardware_fingerprints",
         "engine_builds",
         "models",

@@ -164,13 +164,17 @@ def test_a_registry_that_needs_a_token_asks_for_one(
 ) -> None:
     settings = RegistrySettings(database_url=database_url, read_token_required=True)
     with running_registry(settings) as registry:
-        token = registry.token("m4pro")
-        dashboard.allow_console(r"status of 401")
+        registry.token("m4pro")
+        dashboard.allow_console(r"status of 40[13]")
         page = dashboard.page
         page.goto(registry.url + "/")
         dashboard.wait("error")
-        assert "requires a token" in (page.text_content("[role=alert]") or "")
-        page.fill("[role=alert] input[name=token]", token)
+        assert "a reader or admin token" in (page.text_content("[role=alert]") or "")
+        page.fill("[role=alert] input[name=token]", registry.token("m4pro"))
+        page.click("[role=alert] button[type=submit]")
+        dashboard.wait("error")  # a node token reports runs; it does not read the fleet
+        assert "reader or admin scope" in (page.text_content("[role=alert]") or "")
+        page.fill("[role=alert] input[name=token]", registry.scoped_token("reader", "wall"))
         page.click("[role=alert] button[type=submit]")
         dashboard.wait()
         assert [r[0] for r in dashboard.table("#nodes")] == ["m4pro"]

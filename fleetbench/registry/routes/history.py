@@ -10,7 +10,13 @@ from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from fleetbench.registry import crud, regression_store, series
 from fleetbench.registry.curves import curves_answer
 from fleetbench.registry.db import write_transaction
-from fleetbench.registry.deps import NodeAuth, ReadAccess, SessionDep, models_or_404, node_or_404
+from fleetbench.registry.deps import (
+    AdminAuth,
+    ReadAccess,
+    SessionDep,
+    models_or_404,
+    node_or_404,
+)
 from fleetbench.registry.export import export_response
 from fleetbench.registry.models import Model, Node
 from fleetbench.registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
@@ -70,7 +76,6 @@ def read_regressions(
     "/regressions/{regression_id}/acknowledge",
     response_model=RegressionPublic,
     responses={
-        403: {"description": "the token belongs to another node"},
         **NOT_FOUND,
         **BAD_BODY,
         **TOO_LARGE,
@@ -80,21 +85,16 @@ def acknowledge(
     regression_id: Annotated[int, Path(ge=1, le=INT32_MAX)],
     body: Acknowledgement,
     session: SessionDep,
-    node: NodeAuth,
+    admin: AdminAuth,
 ) -> RegressionPublic:
-    """Accepts a regression (with a note), with the token of its node: it is no longer
-    listed by default nor makes its node's health 'regressed'."""
+    """Accepts a regression (with a note), with an admin token (the node that regressed
+    cannot silence itself): it is no longer listed by default nor makes its node's health
+    'regressed'; who accepted it and when is kept."""
     with write_transaction(session):
         row = regression_store.get_regression(session, regression_id)
         if row is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail="regression not found")
-        if row.node_id != node.id:
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                detail=f"this token belongs to node {node.name!r}, "
-                f"the regression to {row.node.name!r}",
-            )
-        regression_store.acknowledge_regression(row, note=body.note)
+        regression_store.acknowledge_regression(row, note=body.note, by=admin.name)
         public = regression_public(row)
         session.commit()
     return public

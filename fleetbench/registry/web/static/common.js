@@ -46,7 +46,10 @@ export async function api(path, params = {}) {
 
 function describeError(response, body) {
   if (response.status === 401) {
-    return "This registry requires a token to read (FLEETBENCH_READ_TOKEN_REQUIRED).";
+    return "This registry requires a token to read: a reader or admin token (FLEETBENCH_READ_TOKEN_REQUIRED).";
+  }
+  if (response.status === 403) {
+    return "This token may not read here; reading requires a token of reader or admin scope.";
   }
   let detail = body && body.detail;
   if (Array.isArray(detail)) {
@@ -111,7 +114,11 @@ export function showError(target, error) {
 }
 
 function tokenForm() {
-  const input = h("input", { type: "password", name: "token", placeholder: "node token" });
+  const input = h("input", {
+    type: "password",
+    name: "token",
+    placeholder: "reader or admin token",
+  });
   return h(
     "form",
     {

@@ -1,0 +1,92 @@
+"""Tokens for admins: create, list, revoke, rotate (registry.tokens)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Request, status
+
+from fleetbench.registry import tokens
+from fleetbench.registry.db import write_transaction
+from fleetbench.registry.deps import AdminAuth, KnownTokens, SessionDep
+from fleetbench.registry.models import Token
+from fleetbench.registry.params import INT32_MAX
+from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
+from fleetbench.registry.schemas import (
+    Rotation,
+    TokenCreated,
+    TokenPublic,
+    TokenRequest,
+    TokensPublic,
+    token_public,
+)
+
+router = APIRouter(prefix="/tokens", tags=["tokens"])
+
+TokenId = Annotated[int, Path(ge=1, le=INT32_MAX)]
+BODY = {**BAD_BODY, **TOO_LARGE}
+
+
+def _created(token: Token, secret: str) -> TokenCreated:
+    return TokenCreated(**token_public(token).model_dump(), token=secret)
+
+
+def _forget(request: Request, token_id: int) -> None:
+    known: KnownTokens = request.app.state.known_tokens
+    known.forget(token_id)  # other processes let it go within their cache's ttl
+
+
+@router.get("", response_model=TokensPublic)
+def list_tokens(session: SessionDep, _: AdminAuth) -> TokensPublic:
+    """Every token, without its secret."""
+    rows = [token_public(t) for t in tokens.list_tokens(session)]
+    return TokensPublic(data=rows, count=len(rows))
+
+
+@router.post("", response_model=TokenCreated, status_code=201, responses=BODY)
+def create_token(body: TokenRequest, session: SessionDep, _: AdminAuth) -> TokenCreated:
+    """A new token; its secret is in this answer only."""
+    expires = (
+        datetime.now(UTC) + timedelta(days=body.expires_in_days) if body.expires_in_days else None
+    )
+    with write_transaction(session):
+        token, secret = tokens.create_token(
+            session, scope=body.scope, node_name=body.node, name=body.name, expires_at=expires
+        )
+        created = _created(token, secret)
+        session.commit()
+    return created
+
+
+@router.post("/{token_id}/revoke", response_model=TokenPublic, responses=NOT_FOUND)
+def revoke_token(
+    token_id: TokenId, request: Request, session: SessionDep, _: AdminAuth
+) -> TokenPublic:
+    """Revokes a token: refused at once by this process, by the others within 30 s."""
+    with write_transaction(session):
+        token = tokens.revoke_token(session, token_id=token_id)
+        if token is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no token {token_id}")
+        public = token_public(token)
+        session.commit()
+    _forget(request, token_id)
+    return public
+
+
+@router.post("/{token_id}/rotate", response_model=TokenCreated, responses={**NOT_FOUND, **BODY})
+def rotate_token(
+    token_id: TokenId, body: Rotation, request: Request, session: SessionDep, _: AdminAuth
+) -> TokenCreated:
+    """A new token of the same scope, node and name; the old one keeps working for
+    `grace_hours`, so runs spooled with it are still delivered."""
+    with write_transaction(session):
+        rotated = tokens.rotate_token(
+            session, token_id=token_id, grace=timedelta(hours=body.grace_hours)
+        )
+        if rotated is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no active token {token_id}")
+        created = _created(rotated[1], rotated[2])
+        session.commit()
+    _forget(request, token_id)
+    return created
