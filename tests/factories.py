@@ -8,6 +8,7 @@ import atexit
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -206,14 +207,19 @@ def command(
 
 
 def wait_until_serving(
-    url: str, server: subprocess.Popen[Any], *, seconds: float = 60, log: Path | None = None
+    url: str,
+    server: subprocess.Popen[Any],
+    *,
+    seconds: float = 60,
+    log: Path | None = None,
+    verify: ssl.SSLContext | bool = True,
 ) -> httpx.Response:
     """The first answer of the registry process `server` at `url` to /healthz; fails the
     test (with the end of `log`) if the process dies or `seconds` pass first."""
     deadline = time.monotonic() + seconds
     while True:
         try:
-            return httpx.get(f"{url}/healthz", timeout=1)
+            return httpx.get(f"{url}/healthz", timeout=1, verify=verify)
         except httpx.TransportError:
             pass
         said = log.read_text()[-3000:] if log is not None else ""

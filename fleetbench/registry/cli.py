@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -110,18 +111,41 @@ def serve(
             help="log every request (a fleet's reports: hundreds a second; /metrics counts them)",
         ),
     ] = False,
+    ssl_certfile: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="serve HTTPS: certificate")
+    ] = None,
+    ssl_keyfile: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="... and its private key")
+    ] = None,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            help="proxies whose X-Forwarded-For and -Proto to trust, e.g. 127.0.0.1 (the "
+            "client address limits refused tokens)"
+        ),
+    ] = None,
 ) -> None:
-    """Serve the registry's API and dashboard (docs at /docs)."""
+    """Serve the registry's API and dashboard (docs at /docs), in plain HTTP unless given a
+    certificate: a fleet reaches it through a TLS proxy, or with --ssl-certfile."""
     import uvicorn
 
     from fleetbench.registry.main import create_app
 
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        raise typer.BadParameter("give both or neither", param_hint="--ssl-certfile/--ssl-keyfile")
     settings = RegistrySettings()
     _open(settings).dispose()
+    served = {
+        "host": host,
+        "port": port,
+        "log_level": "info",
+        "access_log": access_log,
+        "ssl_certfile": ssl_certfile,
+        "ssl_keyfile": ssl_keyfile,
+        "forwarded_allow_ips": forwarded_allow_ips,
+    }
     if workers == 1:
-        uvicorn.run(
-            create_app(settings), host=host, port=port, log_level="info", access_log=access_log
-        )
+        uvicorn.run(create_app(settings), **served)  # type: ignore[arg-type]
         return
     if make_url(settings.sqlalchemy_url).get_backend_name() == "sqlite":
         err.print(
@@ -136,11 +160,8 @@ def serve(
         uvicorn.run(
             "fleetbench.registry.main:create_app",
             factory=True,
-            host=host,
-            port=port,
             workers=workers,
-            log_level="info",
-            access_log=access_log,
+            **served,  # type: ignore[arg-type]
         )
     finally:
         shutil.rmtree(counters, ignore_errors=True)

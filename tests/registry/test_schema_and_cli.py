@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from alembic import command
 from sqlalchemy import Engine, inspect
 
@@ -123,3 +125,32 @@ def test_a_database_from_a_newer_fleetbench_is_refused(database_url: str) -> Non
         assert result.returncode == 1
         assert "revision 9999, which this registry does not know" in result.stderr
         assert "upgraded by a newer fleetbench" in result.stderr
+
+
+def test_serve_speaks_https_with_a_certificate(tmp_path: Path, database_url: str) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    port = free_port()
+    argv = [*REGISTRY, "serve", "--port", str(port), "--ssl-certfile", str(cert)]
+    half = _run(argv[3:], {"FLEETBENCH_DATABASE_URL": database_url})
+    assert half.returncode == 2 and "give both or neither" in half.stderr
+    server = subprocess.Popen(
+        [*argv, "--ssl-keyfile", str(key)],
+        env={**os.environ, "FLEETBENCH_DATABASE_URL": database_url},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        trusted = ssl.create_default_context(cafile=str(cert))
+        health = wait_until_serving(f"https://127.0.0.1:{port}", server, verify=trusted)
+        assert health.json() == {"status": "ok"}
+        with pytest.raises(httpx.RemoteProtocolError):  # plain HTTP is not spoken
+            httpx.get(f"http://127.0.0.1:{port}/healthz")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
