@@ -39,7 +39,6 @@ from fleetbench.agent.handover import (
     deliver_unspooled,
     import_through_the_spool,
     spool_run,
-    token_of,
 )
 from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
@@ -112,7 +111,7 @@ def import_output(
         if skipped:
             raise typer.Exit(1)
         return
-    secret = token or token_of(settings)
+    secret = token or settings.current_token()
     if not secret:
         raise fail(
             "no registry token: pass --token or set FLEETBENCH_TOKEN "
@@ -346,7 +345,7 @@ def flush(registry: RegistryOption = None) -> None:
     except SpoolError as exc:
         raise fail(str(exc)) from exc
     with (
-        RegistryClient(registry or settings.registry_url, token=token_of(settings)) as client,
+        RegistryClient(registry or settings.registry_url, token=settings.current_token()) as client,
         Progress(console=err, transient=True) as progress,
     ):
         task = progress.add_task(f"delivering {queued} run(s)", total=queued)
@@ -385,7 +384,9 @@ def placement(
 ) -> None:
     """Ask the registry which node and concurrency meets a per-user speed for a model."""
     settings = _settings()
-    with RegistryClient(registry or settings.registry_url, token=token_of(settings)) as client:
+    with RegistryClient(
+        registry or settings.registry_url, token=settings.current_token()
+    ) as client:
         try:
             answer = client.placement(
                 model=model,

@@ -4,11 +4,12 @@ options override them all). A bad value is a SettingsError naming the variable o
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from pathlib import Path
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -22,6 +23,7 @@ from fleetbench.agent.spool import Spool
 __all__ = ["DEFAULT_REGISTRY_URL", "AgentSettings", "SettingsError", "load_settings", "open_spool"]
 
 DEFAULT_REGISTRY_URL = "http://127.0.0.1:8787"
+log = logging.getLogger("fleetbench.agent")
 _PREFIX = "FLEETBENCH_"
 
 
@@ -48,6 +50,11 @@ class AgentSettings(BaseSettings):
     )
     registry_url: str = Field(default=DEFAULT_REGISTRY_URL, description="the registry's base URL")
     token: SecretStr | None = Field(default=None, description="this node's registry token")
+    token_file: Path | None = Field(
+        default=None,
+        description="a file holding the token instead, read again before each delivery: "
+        "a rotated token is taken up without a restart",
+    )
     spool: Path = Field(
         default_factory=_default_spool, description="where finished runs wait for delivery"
     )
@@ -71,6 +78,24 @@ class AgentSettings(BaseSettings):
     busy_cpu_percent: float = Field(default=80, gt=0, le=100)
     busy_gpu_percent: float = Field(default=20, gt=0, le=100)
     busy_retry_s: float = Field(default=900, gt=0)
+
+    @model_validator(mode="after")
+    def _one_token(self) -> AgentSettings:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("give token or token_file, not both")
+        return self
+
+    def current_token(self) -> str | None:
+        """The token to deliver with now: token_file's content as it is now, or token.
+        A token file that cannot be read is no token (the registry's 401 is retried, so
+        no run is lost), with the reason logged."""
+        if self.token_file is None:
+            return self.token.get_secret_value() if self.token else None
+        try:
+            return self.token_file.read_text().strip() or None
+        except OSError as exc:
+            log.error("cannot read the token file: %s", exc)
+            return None
 
     @classmethod
     def settings_customise_sources(

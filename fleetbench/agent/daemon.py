@@ -94,7 +94,6 @@ class Daemon:
         self.settings = settings = config.settings
         self.node = settings.node
         self.registry_url = settings.registry_url
-        self.token = settings.token.get_secret_value() if settings.token else None
         self.spool = open_spool(settings)
         self.lock_path = self.spool.path.with_name("sweep.lock")
         self.sha256_cache = settings.cache_dir / "sha256.json"
@@ -205,7 +204,7 @@ class Daemon:
             self._deliver_kept_runs()
             return
         try:
-            with RegistryClient(self.registry_url, token=self.token) as client:
+            with RegistryClient(self.registry_url, token=self.settings.current_token()) as client:
                 result = self.spool.flush(client)
                 tried = result.delivered + result.rejected + result.deferred
                 if not tried and self._registry_down and self.spool.counts()["queued"]:
@@ -229,7 +228,7 @@ class Daemon:
     def _deliver_kept_runs(self) -> None:
         """The spool cannot take the runs kept in memory: they go to the registry directly,
         so that a daemon stopped before space is back loses none the registry could take."""
-        with RegistryClient(self.registry_url, token=self.token) as client:
+        with RegistryClient(self.registry_url, token=self.settings.current_token()) as client:
             while self.unspooled:
                 report = self.unspooled[0]
                 try:

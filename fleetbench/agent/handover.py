@@ -14,11 +14,7 @@ from fleetbench.agent.errors import ClientError, SpoolError, SpoolUnwritable
 from fleetbench.agent.spool import Spool
 from fleetbench.contract.wire import RunReport
 
-__all__ = ["deliver", "deliver_unspooled", "import_through_the_spool", "spool_run", "token_of"]
-
-
-def token_of(settings: AgentSettings) -> str | None:
-    return settings.token.get_secret_value() if settings.token else None
+__all__ = ["deliver", "deliver_unspooled", "import_through_the_spool", "spool_run"]
 
 
 def import_through_the_spool(
@@ -90,7 +86,9 @@ def spool_run(run: RunReport, settings: AgentSettings) -> Spool | SpoolUnwritabl
 
 
 def deliver(run: RunReport, spool: Spool, settings: AgentSettings, registry: str | None) -> None:
-    with RegistryClient(registry or settings.registry_url, token=token_of(settings)) as client:
+    with RegistryClient(
+        registry or settings.registry_url, token=settings.current_token()
+    ) as client:
         try:
             result = spool.flush(client)
         except SpoolUnwritable as exc:
@@ -119,7 +117,7 @@ def deliver_unspooled(
     is lost silently: `sweep --report > run.json` keeps the run."""
     url = registry or settings.registry_url
     try:
-        with RegistryClient(url, token=token_of(settings)) as client:
+        with RegistryClient(url, token=settings.current_token()) as client:
             client.submit_run(run)
     except ClientError as exc:
         raise fail(

@@ -7,15 +7,17 @@ import random
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from fleetbench.agent.config import AgentSettings
 from fleetbench.agent.daemon import Daemon, load_config
 from tests.agent.flaky_registry import flaky_registry
-from tests.factories import a_daemon, free_port, make_report
+from tests.factories import LiveRegistry, a_daemon, free_port, make_report
 
 
 def _daemon(tmp_path: Path, registry_url: str, **agent: object) -> Daemon:
     sweep = {"name": "tiny", "model": tmp_path / "none.gguf", "cron": "0 3 * * *"}
-    return a_daemon(tmp_path, sweep, registry_url=registry_url, token="t", **agent)
+    return a_daemon(tmp_path, sweep, **{"registry_url": registry_url, "token": "t", **agent})
 
 
 @pytest.fixture
@@ -92,3 +94,28 @@ def test_the_set_aside_settings_and_the_retention_reach_the_spool(tmp_path: Path
     assert spool.path == tmp_path / "spool.db"
     assert (spool.set_aside_after_5xx, spool.set_aside_after_attempts) == (2, 7)
     assert (spool.set_aside_after_s, spool.keep_delivered_s) == (5400, 3 * 86400)
+
+
+def test_the_daemon_reads_its_token_file_again_before_each_delivery(
+    live_registry: LiveRegistry, tmp_path: Path
+) -> None:
+    """An admin rotates the node's token, the old one ending at once, and the file is
+    rewritten: the running daemon delivers its next run with the new token."""
+    token_file = tmp_path / "token"
+    token_file.write_text(live_registry.token("ci-node") + "\n")
+    daemon = _daemon(tmp_path, live_registry.url, token=None, token_file=token_file)
+    daemon.spool.add(make_report(node="ci-node"))
+    daemon.flush()
+    assert daemon.spool.counts()["delivered"] == 1
+    with live_registry.client(live_registry.scoped_token("admin")) as admin:
+        [old] = [t["id"] for t in admin.get("/v1/tokens").json()["data"] if t["node"]]
+        new = admin.post(f"/v1/tokens/{old}/rotate", json={"grace_hours": 0}).json()["token"]
+    token_file.write_text(new)
+    daemon.spool.add(make_report(node="ci-node"))
+    daemon.flush()
+    assert daemon.spool.counts() == {"queued": 0, "delivered": 2, "rejected": 0}
+
+
+def test_a_token_and_a_token_file_together_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="give token or token_file, not both"):
+        AgentSettings(token="fbn_x", token_file=tmp_path / "token")
