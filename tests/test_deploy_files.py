@@ -112,6 +112,12 @@ def test_compose_migrates_once_then_serves_with_two_workers_on_postgres() -> Non
     assert registry["ports"] == ["127.0.0.1:8787:8787"]  # not the world, in plain HTTP
 
 
+def _image_uid(dockerfile_name: str) -> int:
+    runs = [r for i, r in dockerfile(DEPLOY / "container" / dockerfile_name) if i == "RUN"]
+    [useradd] = [r for r in runs if r.startswith("useradd")]
+    return int(useradd.split("--uid")[1].split()[0])
+
+
 def _manifests(name: str) -> dict[str, dict[str, Any]]:
     documents = list(yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()))
     for document in documents:
@@ -135,6 +141,8 @@ def test_kubernetes_runs_a_migration_job_and_a_registry_behind_its_service() -> 
     assert registry["args"][registry["args"].index("--port") + 1] == str(port["containerPort"])
     assert service["spec"]["ports"][0]["targetPort"] == port["name"]
     assert registry["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    uid = _image_uid("registry.Dockerfile")
+    assert pod["spec"]["securityContext"]["runAsUser"] == uid
     assert registry["env"] == migrate["env"]  # the same database, from the same Secret
 
 
@@ -159,6 +167,13 @@ def test_kubernetes_runs_an_agent_on_each_gpu_node_with_that_node_s_token() -> N
     spool = Path(env["FLEETBENCH_SPOOL"]["value"])
     assert spool.is_relative_to(mounts["state"]) and "hostPath" in volumes["state"]
     assert agent["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    # runs as the image's user, which can read its token and write its spool
+    uid = _image_uid("agent.Dockerfile")
+    assert pod["securityContext"] == {"runAsUser": uid, "runAsGroup": uid, "fsGroup": uid}
+    assert volumes["tokens"]["secret"]["defaultMode"] == 0o440  # group-readable: fsGroup
+    [owner] = pod["initContainers"]
+    assert owner["command"] == ["chown", f"{uid}:{uid}", mounts["state"]]
+    assert {m["mountPath"] for m in owner["volumeMounts"]} == {mounts["state"]}
 
 
 def test_the_daemonset_s_agent_toml_is_one_the_agent_loads(

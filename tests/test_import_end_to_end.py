@@ -7,8 +7,9 @@ import re
 import subprocess
 from pathlib import Path
 
+from fleetbench.registry.config import RegistrySettings
 from tests.agent.tiny_gguf import write_tiny_gguf
-from tests.factories import ARTICLE_MODEL, FIXTURES, LiveRegistry, agent
+from tests.factories import ARTICLE_MODEL, FIXTURES, LiveRegistry, agent, running_registry
 
 ROOT = Path(__file__).parent.parent
 ARTICLE_EXAMPLE = ROOT / "examples" / "m4pro-mistral-nemo-q4km.md"
@@ -204,3 +205,18 @@ def test_a_table_with_a_bad_row_does_not_keep_the_others_out(live_registry: Live
     assert "that table is left out" in result.stderr
     assert result.stdout.startswith("created: run ") and result.stdout.count("created") == 1
     assert live_registry.count("runs") == 1 and live_registry.count("run_points") == 2
+
+
+def test_placement_where_reads_are_closed_takes_a_reader_token(database_url: str) -> None:
+    settings = RegistrySettings(database_url=database_url, read_token_required=True)
+    with running_registry(settings) as registry:
+        token = registry.token("m4pro")
+        env = {"FLEETBENCH_REGISTRY_URL": registry.url, "FLEETBENCH_TOKEN": token}
+        assert import_file(ARTICLE_EXAMPLE, **env).returncode == 0
+        question = ("placement", "--model", ARTICLE_MODEL, "--min-tps-per-user", "15", "--json")
+        refused = agent(*question, **env)  # the node's token reports; it does not read
+        assert refused.returncode == 1
+        assert "pass --token with a reader token" in refused.stderr
+        answered = agent(*question, "--token", registry.scoped_token("reader"), **env)
+    assert answered.returncode == 0, answered.stderr
+    assert [c["concurrency"] for c in json.loads(answered.stdout)["candidates"]] == [8]

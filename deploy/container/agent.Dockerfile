@@ -9,13 +9,15 @@ ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
 
 ARG GGML_CUDA=OFF
-# Compile for these GPU architectures only (e.g. 80;90): all of them takes far longer.
+# With GGML_CUDA=ON, the GPU architectures to compile for (e.g. 80;90); `native` needs a GPU
+# on the build machine, and all of them takes far longer.
 ARG CUDA_ARCHITECTURES=native
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         python3 python3-venv python3-dev build-essential cmake git ca-certificates \
     && rm -rf /var/lib/apt/lists/*
-RUN useradd --system --create-home --home-dir /var/lib/fleetbench fleetbench
+# A fixed uid, so that Kubernetes can run as it and own its volumes (fsGroup)
+RUN useradd --system --uid 10001 --user-group --create-home --home-dir /var/lib/fleetbench fleetbench
 COPY . /src
 RUN python3 -m venv /opt/fleetbench/venv \
     && CMAKE_ARGS="-DGGML_CUDA=${GGML_CUDA} -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES}" \

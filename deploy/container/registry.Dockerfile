@@ -5,7 +5,8 @@
 # It speaks plain HTTP on 8787: put a TLS-terminating proxy (or an ingress) in front of it.
 FROM python:3.11-slim
 
-RUN useradd --system --create-home --home-dir /var/lib/fleetbench fleetbench
+# A fixed uid, so that Kubernetes can run as it and own its volumes (fsGroup)
+RUN useradd --system --uid 10001 --user-group --create-home --home-dir /var/lib/fleetbench fleetbench
 COPY . /src
 RUN python -m venv /opt/fleetbench/venv \
     && /opt/fleetbench/venv/bin/pip install --no-cache-dir "/src[registry]" \

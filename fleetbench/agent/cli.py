@@ -380,13 +380,16 @@ def placement(
         int | None, typer.Option(help="list at most this many nodes [registry default: 100]")
     ] = None,
     registry: RegistryOption = None,
+    token: Annotated[
+        str | None,
+        typer.Option(help="a reader token, where the registry's reads are closed"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
     """Ask the registry which node and concurrency meets a per-user speed for a model."""
     settings = _settings()
-    with RegistryClient(
-        registry or settings.registry_url, token=settings.current_token()
-    ) as client:
+    url = registry or settings.registry_url
+    with RegistryClient(url, token=token or settings.current_token()) as client:
         try:
             answer = client.placement(
                 model=model,
@@ -397,7 +400,9 @@ def placement(
                 limit=limit,
             )
         except ClientError as exc:
-            raise fail(str(exc)) from exc
+            closed = getattr(exc, "status_code", None) in (401, 403)
+            hint = "; this registry's reads are closed: pass --token with a reader token"
+            raise fail(str(exc) + (hint if closed else "")) from exc
     if as_json:
         out.print_json(answer.model_dump_json())
     else:

@@ -1,4 +1,4 @@
-"""`fleetbench-registry`: migrate the database, create node tokens, serve the API, prune
+"""`fleetbench-registry`: migrate the database, manage tokens, serve the API, prune
 old runs."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -30,6 +31,7 @@ from fleetbench.registry.db import (
     write_transaction,
 )
 from fleetbench.registry.metrics import MULTIPROCESS_DIR
+from fleetbench.registry.schemas import TokenRequest, token_public
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 token_app = typer.Typer(help="Tokens: node, reader and admin.", no_args_is_help=True)
@@ -177,34 +179,37 @@ def token_create(
         str | None, typer.Option(help="what lists and acknowledgements call it")
     ] = None,
     expires_days: Annotated[
-        float | None, typer.Option(min=0.001, help="it stops working after this many days")
+        float | None, typer.Option(help="it stops working after this many days")
     ] = None,
     label: Annotated[
         list[str] | None, typer.Option(help="node label KEY=VALUE (repeatable)")
     ] = None,
 ) -> None:
     """Create a token and print it (only the token, on standard output)."""
-    if scope not in tokens.SCOPES:
-        raise typer.BadParameter(f"{scope!r}: node, reader or admin", param_hint="--scope")
-    if (scope == "node") != (node is not None and bool(node.strip())):
-        raise typer.BadParameter(
-            "a node token needs --node; reader and admin tokens take none", param_hint="--node"
+    try:  # the API's rules: scope, the node's name as reports spell it, bounds
+        asked = TokenRequest.model_validate(
+            {"scope": scope, "node": node, "name": name, "expires_in_days": expires_days}
         )
+    except ValidationError as exc:
+        problem = exc.errors(include_url=False)[0]
+        field = str(problem["loc"][0]) if problem["loc"] else "node"  # the node rule
+        option = "--" + {"expires_in_days": "expires-days"}.get(field, field)
+        message = problem["msg"].removeprefix("Value error, ")
+        raise typer.BadParameter(message, param_hint=option) from None
     labels: dict[str, str] = {}
     for item in label or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise typer.BadParameter(f"label {item!r} is not KEY=VALUE", param_hint="--label")
         labels[key] = value
-    expires = datetime.now(UTC) + timedelta(days=expires_days) if expires_days else None
     with session_factory(_open(RegistrySettings()))() as session:
         token, secret = tokens.create_token(
             session,
-            scope=scope,
-            node_name=node.strip() if node else None,
+            scope=asked.scope,
+            node_name=asked.node,
             labels=labels,
-            name=name,
-            expires_at=expires,
+            name=asked.name,
+            expires_at=tokens.expiry_after(asked.expires_in_days),
         )
         session.commit()
         said = tokens.display_name(token.name, token.scope, token.id)
@@ -219,19 +224,7 @@ def token_list(
     """Every token, without its secret: id, scope, name, node, state and when it was made,
     last used and expires."""
     with session_factory(_open(RegistrySettings()))() as session:
-        rows = [
-            {
-                "id": token.id,
-                "scope": token.scope,
-                "name": token.name,
-                "node": token.node.name if token.node else None,
-                "state": tokens.token_state(token),
-                "created_at": token.created_at.isoformat(),
-                "last_used_at": token.last_used_at.isoformat() if token.last_used_at else None,
-                "expires_at": token.expires_at.isoformat() if token.expires_at else None,
-            }
-            for token in tokens.list_tokens(session)
-        ]
+        rows = [token_public(t).model_dump(mode="json") for t in tokens.list_tokens(session)]
     if as_json:
         typer.echo(json.dumps(rows))
         return
@@ -260,7 +253,7 @@ def token_revoke(token_id: TokenId) -> None:
 def token_rotate(
     token_id: TokenId,
     grace_hours: Annotated[
-        float, typer.Option(min=0, help="the old token keeps working this long")
+        float, typer.Option(min=0, max=8760, help="the old token keeps working this long")
     ] = 24,
 ) -> None:
     """Replace a token with a new one of the same scope, node and name, printed on standard

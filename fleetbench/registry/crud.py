@@ -4,11 +4,10 @@ flush but never commit (the caller owns the transaction)."""
 from __future__ import annotations
 
 import functools
-import hashlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Select, bindparam, func, or_, select
@@ -49,14 +48,6 @@ class NodeSummary(NamedTuple):
     engine: str | None  # the latest run's engine build
     hardware: str | None  # the latest run's fingerprint, described
     open_regressions: int  # not acknowledged, and no later step in their series
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # --- nodes and tokens ------------------------------------------------------------------

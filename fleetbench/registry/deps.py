@@ -34,7 +34,6 @@ __all__ = [
     "AuthenticatedFirst",
     "FailedLogins",
     "KnownTokens",
-    "NodeAuth",
     "ReadAccess",
     "SessionDep",
     "SettingsDep",
@@ -108,9 +107,10 @@ class KnownTokens:
 
 class FailedLogins:
     """Refused tokens by client address over the last `window` seconds. Past `limit`, that
-    address's tokens are no longer looked up (429 with Retry-After) until the oldest
-    refusal leaves the window; tokens this process found valid lately still pass, so an
-    agent sharing a NAT with a misconfigured one keeps reporting."""
+    address's refused tokens are answered 429 with Retry-After (until the oldest refusal
+    leaves the window) instead of 401; a valid token is never held up, so an agent sharing
+    a NAT or a proxy with a misconfigured one keeps reporting, and an admin can still
+    revoke a leaked token."""
 
     def __init__(self, *, limit: int, window: float = 60.0, size: int = 10_000) -> None:
         self.limit = limit
@@ -130,11 +130,15 @@ class FailedLogins:
                 self._refused[address] = times
             else:
                 self._refused.pop(address, None)
-            return self.window - (now - times[0]) if len(times) >= self.limit else None
+            return self.window - (now - times[0]) if len(times) > self.limit else None
 
     def refused(self, address: str) -> None:
+        if not self.limit:
+            return
         with self._lock:
-            self._refused.setdefault(address, []).append(time.monotonic())
+            times = self._refused.setdefault(address, [])
+            times.append(time.monotonic())
+            del times[: -(self.limit + 1)]  # what the decision needs, whatever the rate
             self._refused.move_to_end(address)
             while len(self._refused) > self.size:
                 self._refused.popitem(last=False)
@@ -156,19 +160,19 @@ def _authenticate(request: Request, token: str | None) -> Principal:
     principal = known.get(digest)
     if principal is not None:
         return principal
-    failed: FailedLogins = request.app.state.failed_logins
-    address = request.client.host if request.client else "unknown"
-    if (wait := failed.wait_s(address)) is not None:
-        raise HTTPException(
-            status.HTTP_429_TOO_MANY_REQUESTS,
-            detail="too many refused tokens from this address: try again later",
-            headers={"Retry-After": str(max(1, math.ceil(wait)))},
-        )
     try:
         with request.app.state.sessions() as session:
             principal = tokens.authenticate(session, digest)
     except tokens.TokenRefused as exc:
+        failed: FailedLogins = request.app.state.failed_logins
+        address = request.client.host if request.client else "unknown"
         failed.refused(address)
+        if (wait := failed.wait_s(address)) is not None:
+            raise HTTPException(
+                status.HTTP_429_TOO_MANY_REQUESTS,
+                detail="too many refused tokens from this address: try again later",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            ) from None
         raise _refused(str(exc)) from None
     known.put(digest, principal)
     return principal
@@ -189,10 +193,6 @@ def _as_node(principal: Principal) -> AuthenticatedNode:
     if principal.scope != "node" or principal.node_id is None or principal.node_name is None:
         raise _forbidden(principal, "a node token")
     return AuthenticatedNode(principal.node_id, principal.node_name)
-
-
-def _authenticated_node(request: Request, credentials: _Credentials) -> AuthenticatedNode:
-    return _as_node(_authenticate(request, _bearer_token(credentials)))
 
 
 def _admin(request: Request, credentials: _Credentials) -> Principal:
@@ -224,9 +224,8 @@ async def _read_access(request: Request, settings: SettingsDep, credentials: _Cr
     _may_read(principal)
 
 
-NodeAuth = Annotated[AuthenticatedNode, Depends(_authenticated_node)]
 AuthenticatedFirst = Annotated[AuthenticatedNode, Depends(_authenticated_first)]
-"""NodeAuth for routes of AuthenticateFirst: the node it found, at no further cost."""
+"""The node a route of AuthenticateFirst found, at no further cost."""
 AdminAuth = Annotated[Principal, Depends(_admin)]
 ReadAccess = Depends(_read_access)
 

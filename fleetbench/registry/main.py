@@ -159,7 +159,8 @@ def _document_auth(app: FastAPI, settings: RegistrySettings) -> None:
         if not settings.read_token_required:
             for operations in schema.get("paths", {}).values():
                 for method, operation in operations.items():
-                    if method in ("get", "head") and operation.get("security"):
+                    admin = "tokens" in operation.get("tags", [])  # never open
+                    if method in ("get", "head") and operation.get("security") and not admin:
                         operation["security"] = [*operation["security"], {}]
         app.openapi_schema = schema
         return schema

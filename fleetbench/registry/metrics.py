@@ -21,7 +21,7 @@ one process (the tests) keep separate counts. Three kinds of metrics:
   `fleetbench_latest_run_build_number`; and `fleetbench_fleet_collect_success` (0 when the
   query failed) with `fleetbench_fleet_collect_duration_seconds`.
 
-`/metrics` is open like the other reads: it needs a node token only when
+`/metrics` is open like the other reads: it needs a reader or admin token only when
 `FLEETBENCH_READ_TOKEN_REQUIRED` is true.
 """
 
@@ -358,7 +358,7 @@ router = APIRouter(tags=["metrics"])
 )
 def read_metrics(metrics: MetricsDep) -> Response:
     """Prometheus metrics: HTTP, ingest, and the fleet's latest decode speeds. Open unless
-    FLEETBENCH_READ_TOKEN_REQUIRED is true (then a node token, like the GETs under /v1)."""
+    FLEETBENCH_READ_TOKEN_REQUIRED is true (then a reader or admin token, like every GET)."""
     return Response(metrics.render(), media_type=CONTENT_TYPE)
 
 

@@ -15,7 +15,7 @@ from fleetbench.contract.bounds import Text
 from fleetbench.registry.models import Regression, Run, Token
 from fleetbench.registry.questions.health import Health
 from fleetbench.registry.series import Metric
-from fleetbench.registry.tokens import token_state
+from fleetbench.registry.tokens import Scope, node_rule, token_state
 
 __all__ = [
     "Acknowledgement",
@@ -198,7 +198,7 @@ class TokenPublic(BaseModel):
     """A token as lists show it: never its secret."""
 
     id: int
-    scope: Literal["node", "reader", "admin"]
+    scope: Scope
     name: str | None
     node: str | None = Field(description="a node token's node")
     state: Literal["active", "expired", "revoked"]
@@ -218,15 +218,15 @@ class TokenRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    scope: Literal["node", "reader", "admin"]
+    scope: Scope
     node: wire_bounds.Name | None = None
     name: Text | None = Field(default=None, max_length=200)
     expires_in_days: float | None = Field(default=None, gt=0, le=36_500, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _node_for_node_tokens(self) -> TokenRequest:
-        if (self.scope == "node") != (self.node is not None):
-            raise ValueError("a node token names its node; reader and admin tokens name none")
+        if (problem := node_rule(self.scope, self.node)) is not None:
+            raise ValueError(problem)
         return self
 
 

@@ -35,7 +35,9 @@ __all__ = [
     "create_node_token",
     "create_token",
     "display_name",
+    "expiry_after",
     "list_tokens",
+    "node_rule",
     "revoke_token",
     "rotate_token",
     "token_digest",
@@ -112,9 +114,9 @@ def create_token(
     expires_at: datetime | None = None,
 ) -> tuple[Token, str]:
     """A new token and its secret (stored only hashed). A node token needs its node, made
-    if it does not exist (with `labels` added); other scopes take none."""
-    if (scope == "node") != (node_name is not None):
-        raise ValueError("a node token names its node; reader and admin tokens name none")
+    if it does not exist (with `labels` added); other scopes take none (ValueError)."""
+    if (problem := node_rule(scope, node_name)) is not None:
+        raise ValueError(problem)
     node = None
     if node_name is not None:
         node = session.scalars(select(Node).where(Node.name == node_name)).one_or_none()
@@ -135,6 +137,17 @@ def create_token(
     session.add(token)
     session.flush()
     return token, secret
+
+
+def node_rule(scope: str, node_name: str | None) -> str | None:
+    """Why a token of `scope` cannot name (or lack) that node, or None when it may."""
+    if (scope == "node") != (node_name is not None):
+        return "a node token needs its node; reader and admin tokens take none"
+    return None
+
+
+def expiry_after(days: float | None) -> datetime | None:
+    return _now() + timedelta(days=days) if days else None
 
 
 def create_node_token(session: Session, *, node_name: str, labels: dict[str, str]) -> str:
@@ -206,12 +219,14 @@ def rotate_token(
     old = session.get(Token, token_id)
     if old is None or token_state(old) != "active":
         return None
+    kept = old.expires_at  # the new token lives no longer than the old one would have
     ends = _now() + grace
-    old.expires_at = min(old.expires_at, ends) if old.expires_at else ends
+    old.expires_at = min(kept, ends) if kept else ends
     new, secret = create_token(
         session,
         scope=old.scope,  # type: ignore[arg-type]
         node_name=old.node.name if old.node else None,
         name=old.name,
+        expires_at=kept,
     )
     return old, new, secret

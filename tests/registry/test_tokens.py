@@ -89,7 +89,7 @@ def test_a_rotated_token_strands_no_spooled_run(
 
 
 def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FLEETBENCH_DATABASE_URL": database_url}
+    env = {**os.environ, "FLEETBENCH_DATABASE_URL": database_url, "COLUMNS": "300"}
     return subprocess.run(
         [*REGISTRY, "token", *args], env=env, capture_output=True, text=True, timeout=60
     )
@@ -117,9 +117,11 @@ def test_the_cli_creates_lists_rotates_and_revokes_tokens(database_url: str) -> 
     assert states == [("grafana", "expired"), ("grafana", "revoked")]
 
     for wrong, why in (
-        (("--scope", "reader", "--node", "gpu-07"), "a node token needs --node"),
-        (("--name", "x"), "a node token needs --node"),
-        (("--scope", "root"), "node, reader or admin"),
+        (("--scope", "reader", "--node", "gpu-07"), "a node token needs its node"),
+        (("--name", "x"), "a node token needs its node"),
+        (("--scope", "root"), "Input should be 'node', 'reader' or 'admin'"),
+        (("--node", "n" * 201), "at most 200 characters"),
+        (("--node", "gpu-07", "--expires-days", "1e9"), "less than or equal to 36500"),
     ):
         refused = _cli(database_url, "create", *wrong)
         assert refused.returncode == 2 and why in refused.stderr, refused.stderr
@@ -128,8 +130,8 @@ def test_the_cli_creates_lists_rotates_and_revokes_tokens(database_url: str) -> 
 
 
 def test_refused_tokens_are_limited_per_client_address(database_url: str) -> None:
-    """Past the limit, an address's tokens are answered 429 without a lookup; another
-    address, and a token this registry found valid lately, go on."""
+    """Past the limit, an address's refused tokens are answered 429 with Retry-After;
+    valid tokens from it, and tokens from another address, go on."""
     settings = RegistrySettings(database_url=database_url, auth_failures_per_minute=5)
     with running_registry(settings) as registry:
         good = registry.token("gpu-07")
@@ -142,6 +144,8 @@ def test_refused_tokens_are_limited_per_client_address(database_url: str) -> Non
         assert 1 <= int(limited.headers["Retry-After"]) <= 60
         with registry.client(good) as client:  # known valid lately: not held up
             assert post_report(client, make_report(node="gpu-07")).status_code == 201
+        with registry.client(registry.token("gpu-08")) as client:  # valid, never seen
+            assert post_report(client, make_report(node="gpu-08")).status_code == 201
         elsewhere = httpx.HTTPTransport(local_address="127.0.0.2")
         with httpx.Client(base_url=registry.url, transport=elsewhere) as other:
             other.headers["Authorization"] = "Bearer fbn_guess"

@@ -47,7 +47,9 @@ def upgrade() -> None:
         " SELECT id, 'node', node_id, token_sha256, created_at FROM node_tokens"
     )
     if op.get_bind().dialect.name == "postgresql":  # the ids were copied, not drawn
-        op.execute("SELECT setval('tokens_id_seq', coalesce((SELECT max(id) FROM tokens), 1))")
+        op.execute(
+            "SELECT setval('tokens_id_seq', coalesce(max(id), 1), max(id) IS NOT NULL) FROM tokens"
+        )
     with op.batch_alter_table("node_tokens", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_node_tokens_node_id"))
     op.drop_table("node_tokens")
@@ -75,8 +77,14 @@ def downgrade() -> None:
     op.execute(  # node tokens alone, and only those still valid: the others had no rights
         "INSERT INTO node_tokens (id, node_id, token_sha256, created_at)"
         " SELECT id, node_id, token_sha256, created_at FROM tokens"
-        " WHERE scope = 'node' AND revoked_at IS NULL AND expires_at IS NULL"
+        " WHERE scope = 'node' AND revoked_at IS NULL"
+        " AND (expires_at IS NULL OR expires_at > CURRENT_TIMESTAMP)"
     )
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(
+            "SELECT setval('node_tokens_id_seq', coalesce(max(id), 1), max(id) IS NOT NULL)"
+            " FROM node_tokens"
+        )
     with op.batch_alter_table("tokens", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_tokens_node_id"))
     op.drop_table("tokens")

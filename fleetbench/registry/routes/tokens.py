@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request, status
@@ -47,12 +47,13 @@ def list_tokens(session: SessionDep, _: AdminAuth) -> TokensPublic:
 @router.post("", response_model=TokenCreated, status_code=201, responses=BODY)
 def create_token(body: TokenRequest, session: SessionDep, _: AdminAuth) -> TokenCreated:
     """A new token; its secret is in this answer only."""
-    expires = (
-        datetime.now(UTC) + timedelta(days=body.expires_in_days) if body.expires_in_days else None
-    )
     with write_transaction(session):
         token, secret = tokens.create_token(
-            session, scope=body.scope, node_name=body.node, name=body.name, expires_at=expires
+            session,
+            scope=body.scope,
+            node_name=body.node,
+            name=body.name,
+            expires_at=tokens.expiry_after(body.expires_in_days),
         )
         created = _created(token, secret)
         session.commit()
