@@ -159,3 +159,15 @@ def test_each_caller_gets_what_its_token_allows(database_url: str, reads_closed:
     wrong = {cell: (got[cell], want[cell]) for cell in want if got[cell] != want[cell]}
     assert wrong == {}, "(got, expected) by (method, path, caller)"
     assert len(want) == (len(ASKS) + len(PAGES)) * len(CALLERS)
+
+
+def test_the_schema_says_which_operations_need_a_token_with_reads_open() -> None:
+    schema = create_app(RegistrySettings(database_url="sqlite://")).openapi()
+    security = {
+        (m.upper(), p): op.get("security")
+        for p, ops in schema["paths"].items()
+        for m, op in ops.items()
+    }
+    assert {} in security[("GET", "/v1/nodes")]  # reads are open: a token is optional
+    assert security[("GET", "/v1/tokens")] == [{"HTTPBearer": []}]  # admins only, always
+    assert security[("POST", "/v1/runs")] == [{"HTTPBearer": []}]
