@@ -29,6 +29,7 @@ from fleetbench.agent.daemon_config import ConfigError, DaemonConfig, SweepConfi
 from fleetbench.agent.errors import ClientError, RequestRejected, SpoolUnwritable
 from fleetbench.agent.gguf_model import sha256_of
 from fleetbench.agent.probes.nvidia import nvml_session
+from fleetbench.agent.runners.llama_cpp_python import BINDING
 from fleetbench.agent.spool import RETRYABLE_STATUS
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.wire import RunReport
@@ -370,5 +371,5 @@ class _SweepState:
         except ValueError:
             engine = None
         if not isinstance(engine, dict):  # recorded by an older agent: the version alone
-            engine = {"llama-cpp-python": row[0]}
+            engine = {BINDING: row[0]}
         return {**engine, "model_sha256": row[1]}

@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
@@ -31,14 +31,19 @@ from fleetbench.registry.db import (
     write_transaction,
 )
 from fleetbench.registry.metrics import MULTIPROCESS_DIR
-from fleetbench.registry.schemas import TokenRequest, token_public
+from fleetbench.registry.schemas import TokenPublic, TokenRequest, token_public
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 token_app = typer.Typer(help="Tokens: node, reader and admin.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 
-# Messages go to stderr: `token create` prints only the token on stdout.
-err = Console(stderr=True, soft_wrap=True)
+# Messages go to stderr: `token create` prints only the token on stdout. No markup: what
+# they quote (a token's name, a database error) prints as written.
+err = Console(stderr=True, soft_wrap=True, markup=False)
+
+
+def _error(message: str) -> None:
+    err.print(Text.assemble(("error:", "red"), " ", message))
 
 
 def _describe(settings: RegistrySettings) -> str:
@@ -63,7 +68,7 @@ def _open(settings: RegistrySettings) -> Engine:
         else:
             ensure_schema_current(engine, fix_command="fleetbench-registry migrate")
     except SchemaOutOfDate as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(str(exc))
         raise typer.Exit(1) from exc
     return engine
 
@@ -88,7 +93,7 @@ def migrate() -> None:
         before = _upgrade(engine)
         _, head = schema_revisions(engine)
     except SchemaOutOfDate as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(str(exc))
         raise typer.Exit(1) from exc
     if before == head:
         err.print(f"schema already at {head}")
@@ -151,8 +156,10 @@ def serve(
         return
     if make_url(settings.sqlalchemy_url).get_backend_name() == "sqlite":
         err.print(
-            "[yellow]warning:[/yellow] SQLite has one writer at a time: more workers serve "
-            "more reads, not more reports"
+            Text.assemble(
+                ("warning:", "yellow"),
+                " SQLite has one writer at a time: more workers serve more reads, not more reports",
+            )
         )
     # Each worker builds its own app from the same FLEETBENCH_* settings; their counters
     # meet in one folder, so that any of them answers /metrics for all.
@@ -228,7 +235,7 @@ def token_list(
     if as_json:
         typer.echo(json.dumps(rows))
         return
-    table = Table("id", "scope", "name", "node", "state", "created", "last used", "expires")
+    table = Table(*(name.replace("_", " ") for name in TokenPublic.model_fields))
     for row in rows:
         table.add_row(*(str(v) if v is not None else "-" for v in row.values()))
     Console(markup=False).print(table)
@@ -244,9 +251,9 @@ def token_revoke(token_id: TokenId) -> None:
         token = tokens.revoke_token(session, token_id=token_id)
         session.commit()
     if token is None:
-        err.print(f"error: no token {token_id}", markup=False)
+        _error(f"no token {token_id}")
         raise typer.Exit(1)
-    err.print(f"token {token_id} revoked", markup=False)
+    err.print(f"token {token_id} revoked")
 
 
 @token_app.command("rotate")
@@ -265,15 +272,12 @@ def token_rotate(
         )
         session.commit()
         if rotated is None:
-            err.print(f"error: no active token {token_id}", markup=False)
+            _error(f"no active token {token_id}")
             raise typer.Exit(1)
         old, new, secret = rotated
         ends = old.expires_at
     typer.echo(secret)
-    err.print(
-        f"token {token_id} replaced by token {new.id}; the old one works until {ends}",
-        markup=False,
-    )
+    err.print(f"token {token_id} replaced by token {new.id}; the old one works until {ends}")
 
 
 @app.command()

@@ -21,6 +21,7 @@ from fastapi import Depends, HTTPException, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from sqlalchemy.orm import Session
 
 from fleetbench.registry import crud, tokens
@@ -150,16 +151,21 @@ def _refused(detail: str) -> HTTPException:
     )
 
 
-def _authenticate(request: Request, token: str | None) -> Principal:
-    """The token's principal, or 401: from the tokens known lately, else one short
-    session."""
+async def _principal(request: Request, token: str | None) -> Principal:
+    """The token's principal, or 401: from the tokens known lately (on the event loop),
+    else one short session on a thread (a database round trip)."""
     if token is None:
         raise _refused("a token is required: Authorization: Bearer <token>")
-    known: KnownTokens = request.app.state.known_tokens
     digest = tokens.token_digest(token)
+    known: KnownTokens = request.app.state.known_tokens
     principal = known.get(digest)
-    if principal is not None:
-        return principal
+    if principal is None:
+        principal = await run_in_threadpool(_look_up, request, digest)
+        known.put(digest, principal)
+    return principal
+
+
+def _look_up(request: Request, digest: str) -> Principal:
     try:
         with request.app.state.sessions() as session:
             principal = tokens.authenticate(session, digest)
@@ -174,7 +180,6 @@ def _authenticate(request: Request, token: str | None) -> Principal:
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             ) from None
         raise _refused(str(exc)) from None
-    known.put(digest, principal)
     return principal
 
 
@@ -195,8 +200,8 @@ def _as_node(principal: Principal) -> AuthenticatedNode:
     return AuthenticatedNode(principal.node_id, principal.node_name)
 
 
-def _admin(request: Request, credentials: _Credentials) -> Principal:
-    principal = _authenticate(request, _bearer_token(credentials))
+async def _admin(request: Request, credentials: _Credentials) -> Principal:
+    principal = await _principal(request, _bearer_token(credentials))
     if principal.scope != "admin":
         raise _forbidden(principal, "an admin token")
     return principal
@@ -216,12 +221,7 @@ def _may_read(principal: Principal) -> None:
 async def _read_access(request: Request, settings: SettingsDep, credentials: _Credentials) -> None:
     if not settings.read_token_required:
         return
-    token = _bearer_token(credentials)
-    known: KnownTokens = request.app.state.known_tokens
-    principal = known.get(tokens.token_digest(token)) if token is not None else None
-    if principal is None:
-        principal = await run_in_threadpool(_authenticate, request, token)
-    _may_read(principal)
+    _may_read(await _principal(request, _bearer_token(credentials)))
 
 
 AuthenticatedFirst = Annotated[AuthenticatedNode, Depends(_authenticated_first)]
@@ -239,13 +239,9 @@ class AuthenticateFirst(APIRoute):
         handler = super().get_route_handler()
 
         async def authenticated(request: Request) -> Response:
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            credentials = token.strip() if scheme.lower() == "bearer" and token.strip() else None
-            known: KnownTokens = request.app.state.known_tokens
-            principal = known.get(tokens.token_digest(credentials)) if credentials else None
-            if principal is None:  # look it up, on a thread (a database round trip)
-                principal = await run_in_threadpool(_authenticate, request, credentials)
-            request.state.node = _as_node(principal)
+            scheme, token = get_authorization_scheme_param(request.headers.get("authorization"))
+            bearer = token if scheme.lower() == "bearer" and token else None
+            request.state.node = _as_node(await _principal(request, bearer))
             return await handler(request)
 
         return authenticated

@@ -15,7 +15,7 @@ from fleetbench.contract.bounds import Text
 from fleetbench.registry.models import Regression, Run, Token
 from fleetbench.registry.questions.health import Health
 from fleetbench.registry.series import Metric
-from fleetbench.registry.tokens import Scope, node_rule, token_state
+from fleetbench.registry.tokens import Scope, TokenState, node_rule, token_state
 
 __all__ = [
     "Acknowledgement",
@@ -201,7 +201,7 @@ class TokenPublic(BaseModel):
     scope: Scope
     name: str | None
     node: str | None = Field(description="a node token's node")
-    state: Literal["active", "expired", "revoked"]
+    state: TokenState
     created_at: datetime
     last_used_at: datetime | None = Field(description="to within ten minutes")
     expires_at: datetime | None
@@ -248,7 +248,7 @@ def token_public(row: Token) -> TokenPublic:
         scope=cast(Any, row.scope),
         name=row.name,
         node=row.node.name if row.node else None,
-        state=cast(Any, token_state(row)),
+        state=token_state(row),
         created_at=row.created_at,
         last_used_at=row.last_used_at,
         expires_at=row.expires_at,

@@ -16,7 +16,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal, get_args
+from typing import Literal, Protocol
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import SQLAlchemyError
@@ -26,11 +26,11 @@ from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import Node, Token, table_of
 
 __all__ = [
-    "SCOPES",
     "AuthenticatedNode",
     "Principal",
     "Scope",
     "TokenRefused",
+    "TokenState",
     "authenticate",
     "create_node_token",
     "create_token",
@@ -47,7 +47,6 @@ __all__ = [
 log = logging.getLogger("fleetbench.registry")
 
 Scope = Literal["node", "reader", "admin"]
-SCOPES: tuple[Scope, ...] = get_args(Scope)
 # Recognisable in a leaked config or a log line (secret scanners match on prefixes).
 _PREFIX: dict[str, str] = {"node": "fbn_", "reader": "fbr_", "admin": "fba_"}
 # last_used_at is written at most this often per token and process: a write per request
@@ -96,7 +95,18 @@ def display_name(name: str | None, scope: str, token_id: int) -> str:
     return name or f"{scope} token {token_id}"
 
 
-def token_state(token: Token, now: datetime | None = None) -> str:
+class _Lifetime(Protocol):
+    @property
+    def revoked_at(self) -> datetime | None: ...
+    @property
+    def expires_at(self) -> datetime | None: ...
+
+
+TokenState = Literal["active", "expired", "revoked"]
+
+
+def token_state(token: _Lifetime, now: datetime | None = None) -> TokenState:
+    """Whether a token (a row, or its columns as read) still authenticates."""
     if token.revoked_at is not None:
         return "revoked"
     if token.expires_at is not None and token.expires_at <= (now or _now()):
@@ -176,10 +186,10 @@ def authenticate(session: Session, digest: str, now: datetime | None = None) -> 
     row = session.connection().execute(_BY_DIGEST, {"digest": digest}).one_or_none()
     if row is None:
         raise TokenRefused("unknown token")
-    if row.revoked_at is not None:
-        raise TokenRefused("this token was revoked")
-    if row.expires_at is not None and row.expires_at <= now:
-        raise TokenRefused("this token has expired")
+    if (state := token_state(row, now)) != "active":
+        raise TokenRefused(
+            "this token was revoked" if state == "revoked" else "this token has expired"
+        )
     if row.last_used_at is None or now - row.last_used_at > _USED_EVERY:
         try:
             with write_transaction(session):

@@ -18,7 +18,6 @@ ENGINES: dict[str, Callable[[Path | None], Runner]] = {
     BINDING: lambda _binary: LlamaCppPythonRunner(),
     BINARY: BatchedBenchBinaryRunner,
 }
-_RUNS_A_BINARY = {BINARY}
 
 
 class UnknownEngine(ValueError):
@@ -31,7 +30,7 @@ def engine_name(engine: str | None, binary: Path | None) -> str:
     name = engine or (BINARY if binary is not None else BINDING)
     if name not in ENGINES:
         raise UnknownEngine(f"unknown engine {name!r}: choose one of {', '.join(ENGINES)}")
-    if binary is not None and name not in _RUNS_A_BINARY:
+    if binary is not None and name != BINARY:
         raise UnknownEngine(f"engine {name!r} runs no binary: leave out the binary")
     return name
 

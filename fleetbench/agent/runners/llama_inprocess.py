@@ -32,6 +32,7 @@ from fleetbench.agent.runners import (
     plan_grid,
     point_from_samples,
 )
+from fleetbench.agent.runners.llama_cpp_python import BINDING
 from fleetbench.contract.kv_cache import kv_cells
 from fleetbench.contract.wire import EngineBuild, FailedPoint, Point
 
@@ -98,7 +99,7 @@ def run_sweep(
         outcome = SweepOutcome(
             engine=EngineBuild(
                 backend=_backend(llama),
-                binding="llama-cpp-python",
+                binding=BINDING,
                 binding_version=llama_cpp.__version__,
             ),
             settings=spec.run_settings(
