@@ -14,6 +14,7 @@ import httpx
 
 from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
 from fleetbench.contract.answers import PlacementAnswer, RunReceipt
+from fleetbench.contract.plans import NodePlans, NodeStatus
 from fleetbench.contract.wire import RunReport
 
 __all__ = ["RegistryClient"]
@@ -78,6 +79,24 @@ class RegistryClient:
         }
         response = self._request("GET", "/v1/placement", params=params)
         return PlacementAnswer.model_validate_json(response.content)
+
+    def plans(self, etag: str | None = None) -> tuple[str | None, NodePlans | None]:
+        """This node's plans and their ETag; (etag, None) when they are unchanged since
+        `etag` (a 304)."""
+        headers = {"If-None-Match": etag} if etag else {}
+        response = self._request("GET", "/v1/agent/plans", headers=headers)
+        tag = response.headers.get("ETag")
+        if response.status_code == 304:
+            return tag or etag, None
+        return tag, NodePlans.model_validate_json(response.content)
+
+    def report_status(self, status: NodeStatus) -> None:
+        self._request(
+            "PUT",
+            "/v1/agent/status",
+            content=status.model_dump_json(),
+            headers={"Content-Type": "application/json"},
+        )
 
     def healthy(self) -> bool:
         """Whether the registry answers `GET /healthz` with 200 {"status": "ok"} (its process

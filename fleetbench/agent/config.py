@@ -78,6 +78,11 @@ class AgentSettings(BaseSettings):
     busy_cpu_percent: float = Field(default=80, gt=0, le=100)
     busy_gpu_percent: float = Field(default=20, gt=0, le=100)
     busy_retry_s: float = Field(default=900, gt=0)
+    # the registry's sweep plans (fleetbench.contract.plans), beside agent.toml's own
+    plans: bool = Field(default=True, description="run the sweep plans the registry has")
+    plan_poll_s: float = Field(
+        default=300, gt=0, description="how often the plans are pulled (and at start)"
+    )
 
     @model_validator(mode="after")
     def _one_token(self) -> AgentSettings:

@@ -1,20 +1,20 @@
 """`fleetbench-agent daemon`: scheduled sweeps, delivered without loss, unattended.
 
-Each configured sweep runs on its cron schedule (with random jitter, so a fleet does not
-sweep in the same second), and at once when the llama.cpp build or the model file has
-changed since its last successful run, so a regression after an upgrade shows the next
-morning. Never two sweeps at once: one worker thread in the process, a file lock across
-processes. While other work holds the CPU or GPU above a threshold the sweep is postponed,
-saying why: benchmarks neither disturb production nor get polluted by it.
+Each configured sweep, of agent.toml's `[[sweep]]` tables and of the registry's plans for
+this node (agent.plans, pulled every few minutes), runs on its cron schedule (with random
+jitter, so a fleet does not sweep in the same second), and at once when the llama.cpp build
+or the model file has changed since its last successful run, so a regression after an
+upgrade shows the next morning; the plans' also when an admin asks the node to sweep now.
+Never two sweeps at once: one worker thread in the process, a file lock across processes.
+While other work holds the CPU or GPU above a threshold the sweep is postponed, saying why:
+benchmarks neither disturb production nor get polluted by it.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
-import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -28,10 +28,12 @@ from fleetbench.agent.config import open_spool
 from fleetbench.agent.daemon_config import ConfigError, DaemonConfig, SweepConfig, load_config
 from fleetbench.agent.errors import ClientError, RequestRejected, SpoolUnwritable
 from fleetbench.agent.gguf_model import sha256_of
+from fleetbench.agent.plans import PLAN_PREFIX, PlanCache, PlannedSweep, pull_plans, resolve_plan
 from fleetbench.agent.probes.nvidia import nvml_session
-from fleetbench.agent.runners.llama_cpp_python import BINDING
 from fleetbench.agent.spool import RETRYABLE_STATUS
 from fleetbench.agent.sweep import measure_run
+from fleetbench.agent.sweep_state import SweepState
+from fleetbench.contract.plans import NodePlans, NodeStatus, PlanState
 from fleetbench.contract.wire import RunReport
 
 __all__ = ["ConfigError", "Daemon", "DaemonConfig", "SweepConfig", "load_config", "sweep_lock"]
@@ -99,7 +101,12 @@ class Daemon:
         self.lock_path = self.spool.path.with_name("sweep.lock")
         self.sha256_cache = settings.cache_dir / "sha256.json"
         self.load = load or (lambda: (psutil.cpu_percent(interval=1.0), _gpu_percent()))
-        self._state = _SweepState(self.spool.path.with_name("sweeps.db"))
+        self._state = SweepState(self.spool.path.with_name("sweeps.db"))
+        self.plan_cache = PlanCache(self.spool.path.with_name("plans.json"))
+        self._plans = self.plan_cache.load() if settings.plans else None  # (etag, plans)
+        self.planned: dict[str, PlannedSweep] = {}  # by plan name
+        self._last_runs: dict[str, tuple[datetime, str]] = {}  # by sweep name
+        self._swept_now: datetime | None = None  # the sweep-now request last run
         self.scheduler: Any = None
         self.unspooled: list[RunReport] = []  # runs a full disk kept out of the spool
         self._registry_down = True  # until a flush says otherwise: probe it when in doubt
@@ -126,6 +133,8 @@ class Daemon:
             log.info("sweep %s starts (%s)", sweep.name, why)
             status = self._sweep(sweep)
         self.flush()
+        if sweep.name.startswith(PLAN_PREFIX):
+            self.report_status()
         return status
 
     def _sweep(self, sweep: SweepConfig) -> str:
@@ -151,12 +160,14 @@ class Daemon:
                 report.model_dump_json(),
             )
         log.info("sweep %s: run %s %s", sweep.name, report.run_id, report.status)
+        self._last_runs[sweep.name] = (report.started_at, report.status)
         if report.status != "failed":
             self._state.record(sweep.name, self._identity(sweep))
         return report.status
 
     def _postpone(self, sweep: SweepConfig, message: str) -> None:
         log.warning(message)
+        self._last_runs[sweep.name] = (datetime.now(UTC), "postponed")
         if self.scheduler is not None:
             self.scheduler.add_job(
                 self.run_sweep,
@@ -189,8 +200,13 @@ class Daemon:
         changed = [f"{k} {before.get(k)} -> {v}" for k, v in now.items() if before.get(k) != v]
         return "changed: " + ", ".join(changed) if changed else None
 
+    def sweeps(self) -> list[SweepConfig]:
+        """agent.toml's sweeps, then the plans' this node runs."""
+        planned = [p.sweep for p in self.planned.values() if p.sweep is not None]
+        return [*self.config.sweeps, *planned]
+
     def check_changes(self) -> None:
-        for sweep in self.config.sweeps:
+        for sweep in self.sweeps():
             if (why := self.changed_since_last_success(sweep)) is not None:
                 self.run_sweep(sweep, why=why)
 
@@ -255,6 +271,85 @@ class Daemon:
             self.unspooled.pop(0)
             log.info("run %s, kept in memory, is in the spool now", report.run_id)
 
+    # --- the registry's plans --------------------------------------------------------------
+
+    def poll_plans(self) -> None:
+        """Pulls the plans (unchanged: a 304), schedules what changed, runs every plan now
+        when an admin asked for it since the last time, and tells the registry how they
+        fare. A registry that cannot be reached changes nothing."""
+        with RegistryClient(self.registry_url, token=self.settings.current_token()) as client:
+            self._plans = pull_plans(client, self.plan_cache, self._plans)
+        if self._plans is None:
+            return
+        plans = self._plans[1]
+        self.apply_plans(plans)
+        asked = plans.sweep_now
+        if asked is not None and (self._swept_now is None or asked > self._swept_now):
+            log.info("an admin asked for a sweep now (%s): every plan runs", asked)
+            for planned in list(self.planned.values()):
+                if planned.sweep is not None:
+                    self.run_sweep(planned.sweep, why="an admin asked to sweep now")
+            self._swept_now = asked
+        self.report_status()
+
+    def apply_plans(self, plans: NodePlans) -> None:
+        """Resolves each plan on this node and (re)schedules the plan sweeps that changed."""
+        before = self.planned
+        self.planned = {
+            plan.name: resolve_plan(plan, sha256_cache=self.sha256_cache) for plan in plans.plans
+        }
+        changed = {
+            name
+            for name in before.keys() | self.planned.keys()
+            if _sweep_of(before.get(name)) != _sweep_of(self.planned.get(name))
+        }
+        for name in sorted(changed):
+            planned = self.planned.get(name)
+            if planned is None:
+                log.info("plan %s no longer runs here", name)
+            elif planned.skipped is not None:
+                log.warning("plan %s v%d skipped: %s", name, planned.plan.version, planned.skipped)
+            else:
+                log.info("plan %s v%d runs at %r", name, planned.plan.version, planned.plan.cron)
+            if self.scheduler is None:
+                continue
+            if self.scheduler.get_job(PLAN_PREFIX + name) is not None:
+                self.scheduler.remove_job(PLAN_PREFIX + name)
+            if planned is not None and planned.sweep is not None:
+                self._schedule_sweep(planned.sweep)
+
+    def report_status(self) -> None:
+        """Tells the registry each plan's version, skip, last and next run (best effort:
+        the next poll tells it again)."""
+        if self._plans is None:
+            return
+        now = datetime.now(UTC)
+        states = []
+        for name, planned in sorted(self.planned.items()):
+            last = self._last_runs.get(PLAN_PREFIX + name)
+            states.append(
+                PlanState(
+                    name=name,
+                    version=planned.plan.version,
+                    next_run_at=_next_fire(planned.sweep, now) if planned.sweep else None,
+                    last_run_at=last[0] if last else None,
+                    last_status=last[1] if last else None,
+                    skipped=planned.skipped,
+                )
+            )
+        fires = [_next_fire(sweep, now) for sweep in self.sweeps()]
+        status = NodeStatus(
+            plans=states,
+            local_sweeps=len(self.config.sweeps),
+            next_run_at=min(fires, default=None),
+            swept_now=self._swept_now,
+        )
+        try:
+            with RegistryClient(self.registry_url, token=self.settings.current_token()) as c:
+                c.report_status(status)
+        except ClientError as exc:
+            log.warning("plan status not reported: %s", exc)
+
     # --- the schedule ---------------------------------------------------------------------
 
     def serve(self) -> None:
@@ -277,7 +372,6 @@ class Daemon:
         change checks."""
         from apscheduler.executors.pool import ThreadPoolExecutor
         from apscheduler.schedulers.blocking import BlockingScheduler
-        from apscheduler.triggers.cron import CronTrigger
 
         # One worker: sweeps, change checks and deliveries never overlap in this process.
         self.scheduler = BlockingScheduler(
@@ -286,10 +380,17 @@ class Daemon:
             timezone=UTC,
         )
         for sweep in self.config.sweeps:
-            trigger = CronTrigger.from_crontab(sweep.cron)
-            trigger.jitter = int(self.settings.jitter_s) or None
+            self._schedule_sweep(sweep)
+        if self._plans is not None:  # the plans cached: a registry down at start changes nothing
+            self.apply_plans(self._plans[1])
+        if self.settings.plans:
             self.scheduler.add_job(
-                self.run_sweep, trigger, args=[sweep], kwargs={"why": "scheduled"}, id=sweep.name
+                self.poll_plans,
+                "interval",
+                seconds=self.settings.plan_poll_s,
+                jitter=max(1, int(self.settings.plan_poll_s / 10)),
+                next_run_time=datetime.now(UTC),  # at start, too
+                id="plans",
             )
         # Jitter: a fleet that lost the registry does not come back in the same second.
         self.scheduler.add_job(
@@ -306,70 +407,36 @@ class Daemon:
             next_run_time=datetime.now(UTC),  # at start, too
         )
 
+    def _schedule_sweep(self, sweep: SweepConfig) -> None:
+        from apscheduler.triggers.cron import CronTrigger
 
-# The table and its engine column, newest first (an older agent's last).
-_SUCCESS_TABLES = (("sweep_successes", "engine"), ("last_success", "llama_cpp_python"))
+        trigger = CronTrigger.from_crontab(sweep.cron, timezone=UTC)
+        trigger.jitter = int(self.settings.jitter_s) or None
+        self.scheduler.add_job(
+            self.run_sweep,
+            trigger,
+            args=[sweep],
+            kwargs={"why": "scheduled"},
+            id=sweep.name,
+            replace_existing=True,
+        )
 
 
-class _SweepState:
-    """The engine and model each sweep last succeeded with (beside the spool), the engine
-    as whatever identity its runner gives (`{"llama-cpp-python": "0.3.36"}`,
-    `{"llama-batched-bench": "7100 0c1e570 CPU"}`), kept as JSON. The table is made by the
-    first success, so a daemon starts on a full disk; a success that cannot be recorded is a
-    warning (the next check sweeps again), not a crash. Rows of older agents' table
-    (`last_success`, whose column held llama-cpp-python's version alone, or that JSON) are
-    read until the sweep succeeds again."""
+def _sweep_of(planned: PlannedSweep | None) -> tuple[object, ...] | None:
+    """What a plan's sweep is, to tell whether it changed: its settings and model, or why
+    it is skipped (a runner made anew is no change)."""
+    if planned is None:
+        return None
+    if planned.sweep is None:
+        return ("skipped", planned.skipped)
+    return ("runs", planned.plan.version, planned.sweep.model_dump_json())
 
-    _TABLE = (
-        "CREATE TABLE IF NOT EXISTS sweep_successes (sweep TEXT PRIMARY KEY,"
-        " engine TEXT NOT NULL, model_sha256 TEXT, at REAL)"
+
+def _next_fire(sweep: SweepConfig, now: datetime) -> datetime:
+    """When the sweep's schedule next fires (before its jitter)."""
+    from apscheduler.triggers.cron import CronTrigger
+
+    fire: datetime = CronTrigger.from_crontab(sweep.cron, timezone=UTC).get_next_fire_time(
+        None, now
     )
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            yield db
-        finally:
-            db.close()
-
-    def record(self, sweep: str, identity: dict[str, str]) -> None:
-        engine = {k: v for k, v in identity.items() if k != "model_sha256"}
-        try:
-            with self._connect() as db:
-                db.execute(self._TABLE)
-                db.execute(
-                    "INSERT OR REPLACE INTO sweep_successes VALUES (?, ?, ?, ?)",
-                    (
-                        sweep,
-                        json.dumps(engine, sort_keys=True),
-                        identity.get("model_sha256"),
-                        datetime.now(UTC).timestamp(),
-                    ),
-                )
-        except sqlite3.OperationalError as exc:
-            log.warning("sweep %s: its success cannot be recorded in %s: %s", sweep, self.path, exc)
-
-    def last(self, sweep: str) -> dict[str, str] | None:
-        if not self.path.exists():
-            return None
-        row = None
-        with self._connect() as db:
-            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
-            for table, column in _SUCCESS_TABLES:
-                if row is None and table in tables:
-                    row = db.execute(
-                        f"SELECT {column}, model_sha256 FROM {table} WHERE sweep = ?", (sweep,)
-                    ).fetchone()
-        if row is None:
-            return None
-        try:
-            engine = json.loads(row[0])
-        except ValueError:
-            engine = None
-        if not isinstance(engine, dict):  # recorded by an older agent: the version alone
-            engine = {BINDING: row[0]}
-        return {**engine, "model_sha256": row[1]}
+    return fire

@@ -76,7 +76,7 @@ class SweepConfig(SweepSpec):
 class _Sweeps(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sweep: list[SweepConfig] = Field(min_length=1)
+    sweep: list[SweepConfig] = Field(default_factory=list)
 
     @field_validator("sweep")
     @classmethod
@@ -84,6 +84,8 @@ class _Sweeps(BaseModel):
         names = [s.name for s in sweeps]
         if len(set(names)) != len(names):
             raise ValueError(f"sweep names must be unique: {names}")
+        if taken := [name for name in names if name.startswith("plan:")]:
+            raise ValueError(f"names beginning with 'plan:' are the registry's plans': {taken}")
         return sweeps
 
 
@@ -97,7 +99,7 @@ class DaemonConfig:
 
 def load_config(path: Path) -> DaemonConfig:
     """Reads agent.toml: `[agent]` settings (under FLEETBENCH_* variables) and `[[sweep]]`
-    tables. Raises ConfigError."""
+    tables (none: the node runs the registry's plans only). Raises ConfigError."""
     try:
         raw = tomllib.loads(path.read_text())
     except OSError as exc:
@@ -119,6 +121,8 @@ def load_config(path: Path) -> DaemonConfig:
         sweeps = _Sweeps.model_validate({"sweep": raw.get("sweep", [])}).sweep
     except ValidationError as exc:
         raise ConfigError(f"{path}: {validation_problems(exc, _key)}") from None
+    if not sweeps and not settings.plans:
+        raise ConfigError(f"{path}: no [[sweep]] table, and the registry's plans are off")
     return DaemonConfig(settings, sweeps)
 
 

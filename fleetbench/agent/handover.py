@@ -48,8 +48,10 @@ def import_through_the_spool(
         run_id = str(report.run_id)
         receipt, state = result.receipts.get(run_id), states.get(run_id)
         if receipt is not None:
+            moved = receipt.stored_as not in (None, report.run_id)
+            stored_as = f", stored as {receipt.stored_as}" if moved else ""
             out.print(
-                f"{receipt.outcome}: run {run_id} ({receipt.points} points) at {url}",
+                f"{receipt.outcome}: run {run_id} ({receipt.points} points{stored_as}) at {url}",
                 soft_wrap=True,
             )
             continue

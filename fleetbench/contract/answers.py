@@ -11,13 +11,26 @@ from pydantic import BaseModel, Field
 
 from fleetbench.contract.bounds import Moment
 
-__all__ = ["PlacementAnswer", "PlacementCandidate", "RejectedConcurrency", "RunReceipt"]
+__all__ = [
+    "FactsSource",
+    "PlacementAnswer",
+    "PlacementCandidate",
+    "RejectedConcurrency",
+    "RunReceipt",
+]
+
+FactsSource = Literal["node", "most nodes", "none"]
 
 
 class RunReceipt(BaseModel):
     """The registry's answer to a stored report (201 created, 200 for a retry)."""
 
-    run_id: UUID
+    run_id: UUID = Field(description="the run id as reported (a node's run ids are its own)")
+    stored_as: UUID | None = Field(
+        default=None,
+        description="the registry's id of the run (/v1/runs/{id}): the reported one unless "
+        "another node's run already had it",
+    )
     outcome: Literal["created", "already stored"]
     points: int
     failures: int
@@ -46,6 +59,12 @@ class PlacementCandidate(BaseModel):
     )
     fit: Literal["fits", "not checked"] = Field(
         default="not checked", description="whether weights + KV cache were checked to fit"
+    )
+    facts_from: FactsSource = Field(
+        default="none",
+        description="whose model facts (file size, architecture) the KV cache and the fit "
+        "were computed from: the node's own report, those most nodes' latest runs report "
+        "(the node reported none), or none known",
     )
 
 

@@ -48,6 +48,11 @@ class RegistrySettings(BaseSettings):
     stale_after_hours: float = Field(
         default=48, gt=0, description="a node with no run for this long shows as stale"
     )
+    missed_after_minutes: float = Field(
+        default=60,
+        gt=0,
+        description="a node whose next planned sweep is this late shows as missed schedule",
+    )
     webhook_url: str | None = Field(
         default=None, description="POSTed a JSON body for each new regression (retried)"
     )

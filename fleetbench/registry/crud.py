@@ -21,6 +21,7 @@ from fleetbench.registry.models import (
     Model,
     Node,
     NodeActivity,
+    NodePlanStatus,
     Regression,
     Run,
 )
@@ -48,6 +49,10 @@ class NodeSummary(NamedTuple):
     engine: str | None  # the latest run's engine build
     hardware: str | None  # the latest run's fingerprint, described
     open_regressions: int  # not acknowledged, and no later step in their series
+    plan_status: dict[str, Any] | None  # what it last said of its plans (NodeStatus)
+    status_reported_at: datetime | None
+    next_run_at: datetime | None
+    sweep_requested_at: datetime | None
 
 
 # --- nodes and tokens ------------------------------------------------------------------
@@ -104,12 +109,17 @@ def _node_summary_statement(one: bool) -> Select[*tuple[Any, ...]]:
             EngineBuild.backend,
             HardwareFingerprint.description,
             open_regressions,
+            NodePlanStatus.status,
+            NodePlanStatus.reported_at,
+            NodePlanStatus.next_run_at,
+            NodePlanStatus.sweep_requested_at,
         )
         .select_from(Node)
         .outerjoin(NodeActivity, NodeActivity.node_id == Node.id)
         .outerjoin(Run, Run.id == NodeActivity.last_run_id)
         .outerjoin(EngineBuild, EngineBuild.id == Run.build_id)
         .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+        .outerjoin(NodePlanStatus, NodePlanStatus.node_id == Node.id)
         .order_by(Node.name)
     )
     return statement.where(Node.name == bindparam("name")) if one else statement
@@ -130,6 +140,10 @@ def _node_summaries(session: Session, name: str | None = None) -> list[NodeSumma
             engine=build_label(_Build(engine, number, commit, backend)) if engine else None,
             hardware=hardware,
             open_regressions=regressions,
+            plan_status=plan_status,
+            status_reported_at=reported_at,
+            next_run_at=next_run_at,
+            sweep_requested_at=requested_at,
         )
         for (
             node_id,
@@ -145,6 +159,10 @@ def _node_summaries(session: Session, name: str | None = None) -> list[NodeSumma
             backend,
             hardware,
             regressions,
+            plan_status,
+            reported_at,
+            next_run_at,
+            requested_at,
         ) in rows
     ]
 

@@ -30,11 +30,13 @@ from fleetbench.registry.models import Model, Node
 from fleetbench.registry.tokens import AuthenticatedNode, Principal
 
 __all__ = [
+    "READ_SCHEME",
     "AdminAuth",
     "AuthenticateFirst",
     "AuthenticatedFirst",
     "FailedLogins",
     "KnownTokens",
+    "NodeAuth",
     "ReadAccess",
     "SessionDep",
     "SettingsDep",
@@ -71,6 +73,16 @@ async def _settings(request: Request) -> RegistrySettings:
 SessionDep = Annotated[Session, Depends(_session)]
 SettingsDep = Annotated[RegistrySettings, Depends(_settings)]
 _Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+# The same bearer token under its own name in the schema, so that the schema can say reads
+# take it only while they are closed (registry.main).
+READ_SCHEME = "ReadBearer"
+_read_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name=READ_SCHEME,
+    description="a reader or admin token; needed only while reads are closed "
+    "(FLEETBENCH_READ_TOKEN_REQUIRED)",
+)
+_ReadCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_read_bearer)]
 
 
 class KnownTokens:
@@ -207,6 +219,10 @@ async def _admin(request: Request, credentials: _Credentials) -> Principal:
     return principal
 
 
+async def _node(request: Request, credentials: _Credentials) -> AuthenticatedNode:
+    return _as_node(await _principal(request, _bearer_token(credentials)))
+
+
 async def _authenticated_first(request: Request, _: _Credentials) -> AuthenticatedNode:
     """The node AuthenticateFirst found (`_` keeps the bearer scheme in the OpenAPI)."""
     node: AuthenticatedNode = request.state.node
@@ -218,7 +234,9 @@ def _may_read(principal: Principal) -> None:
         raise _forbidden(principal, "a reader or admin token (reads are closed)")
 
 
-async def _read_access(request: Request, settings: SettingsDep, credentials: _Credentials) -> None:
+async def _read_access(
+    request: Request, settings: SettingsDep, credentials: _ReadCredentials
+) -> None:
     if not settings.read_token_required:
         return
     _may_read(await _principal(request, _bearer_token(credentials)))
@@ -227,6 +245,8 @@ async def _read_access(request: Request, settings: SettingsDep, credentials: _Cr
 AuthenticatedFirst = Annotated[AuthenticatedNode, Depends(_authenticated_first)]
 """The node a route of AuthenticateFirst found, at no further cost."""
 AdminAuth = Annotated[Principal, Depends(_admin)]
+NodeAuth = Annotated[AuthenticatedNode, Depends(_node)]
+"""A node token's node (a route without a body to spare: AuthenticateFirst's need not)."""
 ReadAccess = Depends(_read_access)
 
 

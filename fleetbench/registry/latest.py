@@ -71,6 +71,7 @@ def _upserts(dialect: str) -> tuple[Any, Any, Any]:
         "started_at",
         "received_at",
         "build_id",
+        "facts_id",
         "memory_bytes",
         "cache_type_k",
         "cache_type_v",
@@ -99,6 +100,7 @@ class LatestCandidate:
     started_at: datetime
     received_at: datetime
     build_id: int
+    facts_id: int | None
     memory_bytes: int | None
     settings: wire.RunSettings
     points: Sequence[wire.Point]
@@ -123,6 +125,7 @@ def record_latest(
             "started_at": c.started_at,
             "received_at": c.received_at,
             "build_id": c.build_id,
+            "facts_id": c.facts_id,
             "memory_bytes": c.memory_bytes,
             "cache_type_k": c.settings.cache_type_k,
             "cache_type_v": c.settings.cache_type_v,

@@ -22,12 +22,12 @@ from fleetbench.registry.admission import Admission, Lane, LaneLimits
 from fleetbench.registry.body_limit import BodySizeLimit
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine, session_factory
-from fleetbench.registry.deps import FailedLogins, KnownTokens, SessionDep
+from fleetbench.registry.deps import READ_SCHEME, FailedLogins, KnownTokens, SessionDep
 from fleetbench.registry.ingest import Ingest, IngestLimits
 from fleetbench.registry.metrics import HttpMetricsMiddleware, install_metrics
 from fleetbench.registry.notify import WebhookNotifier
 from fleetbench.registry.responses import API_RESPONSES
-from fleetbench.registry.routes import history, models, nodes, placement, runs, tokens
+from fleetbench.registry.routes import history, models, nodes, placement, plans, runs, tokens
 from fleetbench.registry.validation_errors import validation_error_handler
 from fleetbench.registry.web import pages as web_pages
 
@@ -126,7 +126,8 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
 
     api = APIRouter(prefix="/v1", responses=API_RESPONSES)
     api.include_router(runs.ingest_router)
-    for module in (runs, nodes, models, placement, history, tokens):
+    api.include_router(plans.agent_router)
+    for module in (runs, nodes, models, placement, history, tokens, plans):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(web_pages.router)  # the dashboard: /, /placement, ...
@@ -148,8 +149,9 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
 
 
 def _document_auth(app: FastAPI, settings: RegistrySettings) -> None:
-    """The schema says what the registry does: a token is optional for reads while they are
-    open (FLEETBENCH_READ_TOKEN_REQUIRED unset), required for writes."""
+    """The schema says what the registry does: a token is optional for reads (the routes
+    of ReadAccess, whose scheme is ReadBearer) while they are open
+    (FLEETBENCH_READ_TOKEN_REQUIRED unset), required for the others."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -158,9 +160,8 @@ def _document_auth(app: FastAPI, settings: RegistrySettings) -> None:
         schema = generate()
         if not settings.read_token_required:
             for operations in schema.get("paths", {}).values():
-                for method, operation in operations.items():
-                    admin = "tokens" in operation.get("tags", [])  # never open
-                    if method in ("get", "head") and operation.get("security") and not admin:
+                for operation in operations.values():
+                    if {READ_SCHEME: []} in operation.get("security", []):
                         operation["security"] = [*operation["security"], {}]
         app.openapi_schema = schema
         return schema

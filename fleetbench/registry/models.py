@@ -41,12 +41,15 @@ __all__ = [
     "LatestPoint",
     "LatestRun",
     "Model",
+    "ModelFacts",
     "Node",
     "NodeActivity",
+    "NodePlanStatus",
     "Regression",
     "Run",
     "RunOrder",
     "RunPoint",
+    "SweepPlan",
     "Token",
     "newer_run",
     "table_of",
@@ -177,6 +180,21 @@ class Model(Base):
     name: Mapped[str] = mapped_column(String(200))
     name_key: Mapped[str] = mapped_column(String(200), index=True)
     sha256: Mapped[str | None] = mapped_column(String(64), index=True)
+
+
+class ModelFacts(Base):
+    """A model's file and architecture facts as one or more nodes reported them; `identity`
+    is a digest of all of them. Nodes that disagree (a file edited under one name, a node
+    that read it wrongly) each keep their own: a run names the facts it came with, and
+    placement checks a node's fit against its own (registry.placement), never against the
+    facts another node reported first."""
+
+    __tablename__ = "model_facts"
+    __table_args__ = (UniqueConstraint("model_id", "identity"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    identity: Mapped[str] = mapped_column(String(64))
     quantization: Mapped[str | None] = mapped_column(String(64))
     n_params: Mapped[int | None] = mapped_column(BigInteger)
     file_size: Mapped[int | None] = mapped_column(BigInteger)
@@ -197,13 +215,18 @@ class Run(Base):
         Index("ix_runs_model_started", "model_id", "started_at"),
         # The fleet overview takes each node's latest run of any model.
         Index("ix_runs_node_started", "node_id", "started_at"),
+        # Run ids are the node's own: another node's run with the same id takes nothing.
+        UniqueConstraint("node_id", "reported_id"),
     )
 
+    # The registry's id: the reported one, unless another node's run already had it.
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    reported_id: Mapped[uuid.UUID]
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     fingerprint_id: Mapped[int | None] = mapped_column(ForeignKey("hardware_fingerprints.id"))
     build_id: Mapped[int] = mapped_column(ForeignKey("engine_builds.id"))
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    facts_id: Mapped[int | None] = mapped_column(ForeignKey("model_facts.id"))
     source: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
@@ -360,6 +383,7 @@ class LatestRun(Base):
     started_at: Mapped[datetime]
     received_at: Mapped[datetime]
     build_id: Mapped[int] = mapped_column(ForeignKey("engine_builds.id"))
+    facts_id: Mapped[int | None] = mapped_column(ForeignKey("model_facts.id"))
     memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     cache_type_k: Mapped[str | None] = mapped_column(String(16))
     cache_type_v: Mapped[str | None] = mapped_column(String(16))
@@ -410,3 +434,34 @@ class NodeActivity(Base):
     # Runs added or pruned, ever: it never comes back to a value, so a process's cached
     # series of the node (registry.series_cache) are valid while it is what they saw.
     changes: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+
+
+class SweepPlan(Base):
+    """One version of a sweep plan (fleetbench.contract.plans): every change an admin makes
+    is a new row, so each is kept; a plan's current version is its highest. `body` is the
+    PlanBody as validated."""
+
+    __tablename__ = "sweep_plans"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int]
+    body: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    created_by: Mapped[str | None] = mapped_column(String(200))
+
+
+class NodePlanStatus(Base):
+    """What a node last said of its plans (contract.plans.NodeStatus, in `status`), and an
+    admin's request that it sweep now, until it says it did."""
+
+    __tablename__ = "node_plan_status"
+
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    reported_at: Mapped[datetime | None]
+    status: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    next_run_at: Mapped[datetime | None]
+    sweep_requested_at: Mapped[datetime | None]

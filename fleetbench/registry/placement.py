@@ -1,5 +1,6 @@
 """Placement, step by step: which node and concurrency meets X tokens/s per user for a
-model and, given each user's context, holds every user's KV cache beside the weights.
+model and, given each user's context, holds every user's KV cache beside the weights,
+by the model's facts as the node itself reported them (registry.model_facts).
 
 The rows come from SQL (registry.placement_rows: each node's choice, chosen and ranked
 there); the decisions are pure functions (registry.questions.placement). What is done here:
@@ -14,15 +15,14 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from fleetbench.contract.answers import PlacementAnswer, RejectedConcurrency
-from fleetbench.contract.wire import ModelInfo
+from fleetbench.contract.answers import FactsSource, PlacementAnswer, RejectedConcurrency
+from fleetbench.registry.model_facts import FleetFacts
 from fleetbench.registry.models import Model
 from fleetbench.registry.placement_rows import (
     FitConfig,
     PlacementRows,
     fit_configs,
     memory_of,
-    model_info,
     placement_rows,
 )
 from fleetbench.registry.questions.placement import (
@@ -63,19 +63,19 @@ def place(
     rejected: list[RejectedConcurrency] = []
     unchecked: list[tuple[str, str, int]] = []
     caps: dict[FitConfig, int] = {}  # the most users that fit, by fit config (checked)
-    infos = {model.id: model_info(model) for model in models}
+    facts = FleetFacts(session, models)
     if context_tokens is None:
         found = rows()
     else:
         for config, nodes, first in fit_configs(session, model_ids=model_ids, since=since):
-            memory = memory_of(config, infos[config.model_id])
+            memory = memory_of(config, facts)
             if (why := why_fit_unchecked(memory)) is not None:
                 unchecked.append((first, why, nodes))
             else:
                 caps[config] = largest_fitting_concurrency(memory, tokens_per_user=context_tokens)
         uncapped = rows()
         found = rows(caps) if caps else uncapped
-        rejected = _rejected(uncapped, caps, infos, context_tokens)
+        rejected = _rejected(uncapped, caps, facts, context_tokens)
     return answer_placement(
         model=models[0].name,
         min_tps_per_user=min_tps_per_user,
@@ -88,14 +88,24 @@ def place(
         context_tokens=context_tokens,
         rejected=rejected,
         unchecked=sorted(unchecked),
-        kv_cache_bytes=_kv_sizes(found, infos, context_tokens),
+        kv_cache_bytes=_kv_sizes(found, facts, context_tokens),
         fit_checked={c.node for c in found.qualifying if found.configs[c.node] in caps},
+        facts_from=_facts_sources(found, facts),
     )
+
+
+def _facts_sources(found: PlacementRows, facts: FleetFacts) -> dict[str, FactsSource]:
+    """Whose model facts each listed node's figures use."""
+    sources = {}
+    for choice in found.qualifying:
+        config = found.configs[choice.node]
+        sources[choice.node] = facts.of(config.model_id, config.facts_id).source
+    return sources
 
 
 def _kv_sizes(
     found: PlacementRows,
-    infos: Mapping[int, ModelInfo],
+    facts: FleetFacts,
     context_tokens: int | None,
 ) -> dict[str, int | None]:
     """The listed nodes' users' KV cache at their concurrency, at `context_tokens` each (or
@@ -107,7 +117,7 @@ def _kv_sizes(
         tokens = context_tokens or choice.pp + choice.tg
         key = (config, choice.b, tokens)
         if key not in sizes:
-            memory = memory_of(config, infos[config.model_id])
+            memory = memory_of(config, facts)
             sizes[key] = memory.kv_bytes(concurrency=choice.b, tokens_per_user=tokens)
         found_sizes[choice.node] = sizes[key]
     return found_sizes
@@ -116,7 +126,7 @@ def _kv_sizes(
 def _rejected(
     uncapped: PlacementRows,
     caps: Mapping[FitConfig, int],
-    infos: Mapping[int, ModelInfo],
+    facts: FleetFacts,
     context_tokens: int,
 ) -> list[RejectedConcurrency]:
     """The concurrencies that met the speed but whose KV cache would not fit."""
@@ -126,7 +136,7 @@ def _rejected(
         cap = caps.get(config)
         if cap is None or choice.b <= cap:
             continue
-        memory = memory_of(config, infos[config.model_id])
+        memory = memory_of(config, facts)
         kv = memory.kv_bytes(concurrency=choice.b, tokens_per_user=context_tokens) or 0
         shortfall = memory.shortfall(concurrency=choice.b, tokens_per_user=context_tokens)
         refused.append(

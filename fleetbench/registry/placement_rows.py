@@ -27,8 +27,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from fleetbench.contract import wire
-from fleetbench.registry.models import EngineBuild, LatestPoint, LatestRun, Model, Node
+from fleetbench.registry.model_facts import FleetFacts
+from fleetbench.registry.models import EngineBuild, LatestPoint, LatestRun, Node
 from fleetbench.registry.questions.placement import NodeChoice, NodeMemory
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "fit_configs",
     "longest_prompt",
     "memory_of",
-    "model_info",
     "placement_rows",
 ]
 
@@ -47,6 +46,7 @@ class FitConfig:
     """What a KV-cache fit depends on besides the users: nodes alike share one answer."""
 
     model_id: int
+    facts_id: int | None  # the model's facts as the node reported them (None: it did not)
     memory_bytes: int | None
     cache_type_k: str | None
     cache_type_v: str | None
@@ -94,6 +94,7 @@ def _heads(shape: _Shape) -> Any:
         LatestRun.run_id,
         LatestRun.started_at,
         LatestRun.build_id,
+        LatestRun.facts_id,
         LatestRun.memory_bytes,
         LatestRun.cache_type_k,
         LatestRun.cache_type_v,
@@ -123,6 +124,7 @@ def _cap_expression(heads: Any, caps: Mapping[FitConfig, int]) -> ColumnElement[
         (
             and_(
                 heads.c.model_id == config.model_id,
+                _same(heads.c.facts_id, config.facts_id),
                 _same(heads.c.memory_bytes, config.memory_bytes),
                 _same(heads.c.cache_type_k, config.cache_type_k),
                 _same(heads.c.cache_type_v, config.cache_type_v),
@@ -166,6 +168,7 @@ def _placement_statement(
             heads.c.run_id,
             heads.c.started_at,
             heads.c.build_id,
+            heads.c.facts_id,
             heads.c.memory_bytes,
             heads.c.cache_type_k,
             heads.c.cache_type_v,
@@ -218,6 +221,7 @@ def _placement_statement(
             chosen.c.s_tg,
             chosen.c.past_knee,
             chosen.c.model_id,
+            chosen.c.facts_id,
             chosen.c.memory_bytes,
             chosen.c.cache_type_k,
             chosen.c.cache_type_v,
@@ -271,6 +275,7 @@ def placement_rows(
         s_tg,
         past_knee,
         model_id,
+        facts_id,
         memory_bytes,
         cache_type_k,
         cache_type_v,
@@ -291,7 +296,9 @@ def placement_rows(
                 past_knee=past_knee,
             )
         )
-        configs[node] = FitConfig(model_id, memory_bytes, cache_type_k, cache_type_v, n_ubatch)
+        configs[node] = FitConfig(
+            model_id, facts_id, memory_bytes, cache_type_k, cache_type_v, n_ubatch
+        )
     count = int(rows[0].qualifying) if rows else 0
     if count:
         return PlacementRows(choices[:count], count, None, None, configs)
@@ -331,6 +338,7 @@ def _fit_config_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
     heads = _heads(shape)
     keys = (
         heads.c.model_id,
+        heads.c.facts_id,
         heads.c.memory_bytes,
         heads.c.cache_type_k,
         heads.c.cache_type_v,
@@ -344,11 +352,11 @@ def _fit_config_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
     )
 
 
-def memory_of(config: FitConfig, model: wire.ModelInfo, *, node: str = "") -> NodeMemory:
+def memory_of(config: FitConfig, facts: FleetFacts, *, node: str = "") -> NodeMemory:
     return NodeMemory(
         node=node,
         memory_bytes=config.memory_bytes,
-        model=model,
+        model=facts.of(config.model_id, config.facts_id).info,
         cache_type_k=config.cache_type_k,
         cache_type_v=config.cache_type_v,
         n_ubatch=config.n_ubatch,
@@ -363,15 +371,6 @@ def fit_configs(
     statement = _fit_config_statement(_shape(model_ids, since, None))
     rows = session.connection().execute(statement, _params(model_ids, since))
     return [
-        (FitConfig(model_id, memory, cache_k, cache_v, ubatch), count, first)
-        for model_id, memory, cache_k, cache_v, ubatch, count, first in rows
+        (FitConfig(model_id, facts_id, memory, cache_k, cache_v, ubatch), count, first)
+        for model_id, facts_id, memory, cache_k, cache_v, ubatch, count, first in rows
     ]
-
-
-def model_info(model: Model) -> wire.ModelInfo:
-    """The model's facts as the wire states them, taken as stored and not validated again:
-    a row stored under older, looser rules must not fail every answer about it."""
-    fields = wire.ModelInfo.model_fields
-    return wire.ModelInfo.model_construct(
-        **{name: getattr(model, name) for name in fields if hasattr(model, name)}
-    )

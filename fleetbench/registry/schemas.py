@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fleetbench.contract import bounds as wire_bounds
 from fleetbench.contract import wire
 from fleetbench.contract.bounds import Text
+from fleetbench.contract.plans import PlanState
 from fleetbench.registry.models import Regression, Run, Token
 from fleetbench.registry.questions.health import Health
 from fleetbench.registry.series import Metric
@@ -64,6 +65,15 @@ class NodePublic(_Public):
     open_regressions: int = Field(
         description="regressions not acknowledged that no later step in their series ended"
     )
+    plans: list[PlanState] = Field(description="its sweep plans, as it last reported them")
+    status_reported_at: datetime | None = Field(description="when it last reported them")
+    next_run_at: datetime | None = Field(description="its next sweep, as it said")
+    missed_schedule: bool = Field(
+        description="next_run_at passed more than FLEETBENCH_MISSED_AFTER_MINUTES ago"
+    )
+    sweep_requested_at: datetime | None = Field(
+        description="an admin asked it to sweep now; it has not said it did yet"
+    )
     health: Health
 
 
@@ -85,6 +95,10 @@ class NodeDetail(NodePublic):
 
 class ModelPublic(wire.ModelInfo):
     model_config = ConfigDict(from_attributes=True, frozen=True)
+    fact_sets: int = Field(
+        description="how many distinct sets of facts nodes reported for it (the one shown: "
+        "what most nodes' latest runs came with)"
+    )
     runs: int
     last_run_at: datetime | None
 
@@ -96,6 +110,7 @@ class ModelsPublic(_Public):
 
 class RunPublic(_Public):
     id: UUID
+    reported_id: UUID = Field(description="the run id its node gave it (unique per node)")
     node: str
     model: str
     model_sha256: str | None
@@ -123,6 +138,7 @@ class RunDetail(RunPublic):
 def _run_fields(run: Run) -> dict[str, Any]:
     return {
         "id": run.id,
+        "reported_id": run.reported_id,
         "node": run.node.name,
         "model": run.model.name,
         "model_sha256": run.model.sha256,

@@ -229,9 +229,9 @@ def test_the_last_success_of_a_binary_sweep_is_remembered_as_it_was(tmp_path: Pa
     """A `binary =` sweep's engine is the binary's build, not llama-cpp-python's version:
     recorded and read back the same, so an unchanged build does not sweep again hourly;
     a row an older agent wrote still reads."""
-    from fleetbench.agent.daemon import _SweepState
+    from fleetbench.agent.sweep_state import SweepState
 
-    state = _SweepState(tmp_path / "sweeps.db")
+    state = SweepState(tmp_path / "sweeps.db")
     binary = {"llama-batched-bench": "7100 0c1e570 CPU", "model_sha256": "ab" * 32}
     state.record("nightly-binary", binary)
     assert state.last("nightly-binary") == binary

@@ -34,6 +34,7 @@ def test_ingest_stores_run_with_points_and_failures(live_registry: LiveRegistry)
         assert response.status_code == 201, response.text
         assert response.json() == {
             "run_id": str(report.run_id),
+            "stored_as": str(report.run_id),
             "outcome": "created",
             "points": 6,
             "failures": 1,

@@ -3,12 +3,14 @@ each kind of caller, with reads open and closed, each cell asserted.
 
 Callers: no token, an unknown one, an expired one, a revoked one, node A's, node B's, a
 reader's, an admin's. Rules (registry.tokens): reads are open unless closed, then take a
-reader or admin token; a node token reports its own node's runs and nothing else; tokens
-and acknowledgements take an admin token; /healthz and the pages are open to all (the pages
+reader or admin token; a node token reports its own node's runs, pulls its own plans and
+says how they fare, and nothing else; tokens, acknowledgements and writing plans take an
+admin token; /healthz and the pages are open to all (the pages
 ask for a token when the data they load needs one)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -18,7 +20,8 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session
 
-from fleetbench.registry import tokens
+from fleetbench.contract.plans import PlanBody
+from fleetbench.registry import plans, tokens
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import session_factory
 from fleetbench.registry.main import create_app
@@ -62,7 +65,18 @@ ASKS = [
     # rotated first: the old token works through its grace, and is revoked next
     Ask("POST", "/v1/tokens/{token_id}/rotate", body=lambda: {"grace_hours": 1}),
     Ask("POST", "/v1/tokens/{token_id}/revoke"),
+    Ask("GET", "/v1/plans"),
+    Ask("GET", "/v1/plans/{name}/versions"),
+    # a new body each time: each allowed call saves a version
+    Ask("PUT", "/v1/plans/{name}", body=lambda: {**PLAN, "nodes": [str(uuid.uuid4())]},
+        done=201),
+    Ask("DELETE", "/v1/plans/{name}"),
+    Ask("POST", "/v1/plans/sweep-now/{name}", done=202),
+    Ask("GET", "/v1/agent/plans"),
+    Ask("PUT", "/v1/agent/status", body=lambda: {"local_sweeps": 1}, done=204),
 ]  # fmt: skip
+
+PLAN = {"model": {"path": "/models/nemo.gguf"}, "cron": "0 3 * * *"}
 
 
 def expected(ask: Ask, caller: str, *, reads_closed: bool) -> int:
@@ -70,7 +84,13 @@ def expected(ask: Ask, caller: str, *, reads_closed: bool) -> int:
         return 200
     if ask.path == "/v1/runs" and ask.method == "POST":
         gate = "node A"
-    elif ask.path.startswith("/v1/tokens") or ask.path.endswith("/acknowledge"):
+    elif ask.path.startswith("/v1/agent/"):
+        gate = "node"
+    elif (
+        ask.path.startswith(("/v1/tokens", "/v1/plans/sweep-now"))
+        or ask.path.endswith("/acknowledge")
+        or (ask.path.startswith("/v1/plans") and ask.method != "GET")
+    ):
         gate = "admin"
     elif not reads_closed:
         return ask.done
@@ -78,7 +98,12 @@ def expected(ask: Ask, caller: str, *, reads_closed: bool) -> int:
         gate = "reader"
     if caller in NOT_AUTHENTICATED:
         return 401
-    allowed = {"node A": {"node A"}, "admin": {"admin"}, "reader": {"reader", "admin"}}[gate]
+    allowed = {
+        "node A": {"node A"},
+        "node": {"node A", "node B"},
+        "admin": {"admin"},
+        "reader": {"reader", "admin"},
+    }[gate]
     return ask.done if caller in allowed else 403
 
 
@@ -94,6 +119,7 @@ def _fleet(registry: LiveRegistry) -> tuple[dict[str, str | None], dict[str, str
         revoked_token, revoked = tokens.create_token(session, scope="node", node_name="node-c")
         tokens.revoke_token(session, token_id=revoked_token.id)
         victim, _ = tokens.create_token(session, scope="reader", name="rotated, then revoked")
+        plans.save_plan(session, "node-a", PlanBody.model_validate(PLAN), by="test")
         session.commit()
     callers: dict[str, str | None] = {
         "none": None,
@@ -168,6 +194,11 @@ def test_the_schema_says_which_operations_need_a_token_with_reads_open() -> None
         for p, ops in schema["paths"].items()
         for m, op in ops.items()
     }
-    assert {} in security[("GET", "/v1/nodes")]  # reads are open: a token is optional
+    assert security[("GET", "/v1/nodes")] == [{"ReadBearer": []}, {}]  # reads open: optional
+    assert security[("GET", "/v1/plans")] == [{"ReadBearer": []}, {}]
     assert security[("GET", "/v1/tokens")] == [{"HTTPBearer": []}]  # admins only, always
+    assert security[("GET", "/v1/agent/plans")] == [{"HTTPBearer": []}]  # node tokens only
     assert security[("POST", "/v1/runs")] == [{"HTTPBearer": []}]
+    closed = create_app(RegistrySettings(database_url="sqlite://", read_token_required=True))
+    [[scheme]] = closed.openapi()["paths"]["/v1/nodes"]["get"]["security"]
+    assert scheme == "ReadBearer"

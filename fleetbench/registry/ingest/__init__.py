@@ -6,7 +6,7 @@ What an ingest costs was measured under load (bench/load.py; README, "Holding a 
 ORM objects of the regression refresh's history read and of the run's own flush took two
 thirds of a core's time per report. Here the history is read as plain rows, the run and its
 points are inserted with executemany, and the rows that never change once written (engine
-builds) or only gain facts (models) are remembered per process, so most ingests look them up
+builds, models and their facts) are remembered per process, so most ingests look them up
 not at all.
 
 Rooms: `answers` (what a report is answered, the bounds), `statements` (built once per

@@ -25,8 +25,10 @@ from fleetbench.registry.ingest.rows import (
     Fingerprints,
     IncomingRun,
     KnownRows,
+    assign_ids,
     build_id_of,
     count_activity,
+    facts_id_of,
     fingerprint_of,
     insert_runs,
     model_id_of,
@@ -35,7 +37,7 @@ from fleetbench.registry.ingest.rows import (
     sha256_of,
     store_fingerprints,
 )
-from fleetbench.registry.ingest.statements import statements_for
+from fleetbench.registry.ingest.statements import Statements, statements_for
 from fleetbench.registry.labels import run_labels
 from fleetbench.registry.latest import LatestCandidate, record_latest
 from fleetbench.registry.regressions import NewRun, check_new_runs
@@ -88,23 +90,29 @@ def ingest_batch(
     sql = statements_for(connection.dialect.name)
     answers: list[Stored | Exception | None] = [None] * len(items)
     runs, copies = _distinct_runs(items, limits, answers)
-    stored = dict(connection.execute(sql.run_digests, {"run_ids": [r.id for r in runs]}).all())
-    for run in runs:
-        if run.id in stored:
-            answers[run.index] = _as_retry(run.id, stored[run.id], run.digest)
+    for run, retry in _stored_already(connection, sql, runs):
+        answers[run.index] = retry
     runs = [run for run in runs if answers[run.index] is None]
     for run in runs:
         run.build_id = build_id_of(connection, sql, run.report.engine, known, learned)
         run.model_id = model_id_of(connection, sql, run.report.model, known, learned)
+        run.facts_id = facts_id_of(connection, sql, run.model_id, run.report.model, known, learned)
     for run, refused in over_series_bound(connection, sql, runs, limits):
         answers[run.index] = refused
     runs = [run for run in runs if answers[run.index] is None]
     fingerprints = store_fingerprints(connection, sql, runs)
+    assign_ids(connection, sql, runs)
     inserted = insert_runs(connection, sql, runs, fingerprints)
-    for run in runs:
-        if run.id not in inserted:  # stored meanwhile by a concurrent request: a retry
-            winner = connection.execute(sql.run_digests, {"run_ids": [run.id]}).first()
-            answers[run.index] = _as_retry(run.id, winner[1] if winner else "", run.digest)
+    # Not inserted: stored meanwhile by a concurrent request (a retry), or its id taken
+    # meanwhile by another node's run (stored under an id of its own, in a second try).
+    for run, retry in _stored_already(connection, sql, [r for r in runs if r.id not in inserted]):
+        answers[run.index] = retry
+    again = [run for run in runs if run.id not in inserted and answers[run.index] is None]
+    assign_ids(connection, sql, again, taken=inserted)
+    inserted |= insert_runs(connection, sql, again, fingerprints)
+    for run in again:
+        if run.id not in inserted:
+            answers[run.index] = RuntimeError(f"run {run.report.run_id} could not be stored")
     runs = [run for run in runs if run.id in inserted]
     node_changes = count_activity(connection, sql, runs)
     regressed = _latest_and_regressions(
@@ -129,11 +137,11 @@ def _distinct_runs(
 ) -> tuple[list[IncomingRun], list[tuple[int, IncomingRun]]]:
     """The batch's runs, each once, and the copies of a run given twice with the same body
     (index, the first), which are answered as the first is. A report over the size bound is
-    answered refused; a run id given twice with different bodies, a conflict."""
+    answered refused; a node's run id given twice with different bodies, a conflict."""
     received = _now()
     runs: list[IncomingRun] = []
     copies: list[tuple[int, IncomingRun]] = []
-    first_of: dict[uuid.UUID, IncomingRun] = {}
+    first_of: dict[tuple[int, uuid.UUID], IncomingRun] = {}
     for index, (report, node_id) in enumerate(items):
         try:
             check_size(report, limits)
@@ -141,21 +149,41 @@ def _distinct_runs(
             answers[index] = refused
             continue
         run = IncomingRun(index, report, node_id, sha256_of(report.model_dump_json()), received)
-        twin = first_of.get(run.id)
+        twin = first_of.get(run.key)
         if twin is None:
-            first_of[run.id] = run
+            first_of[run.key] = run
             runs.append(run)
         elif twin.digest == run.digest:
             copies.append((index, twin))
         else:
-            answers[index] = RunConflict(f"run {run.id} exists with a different report")
+            answers[index] = _conflict(run)
     return runs, copies
 
 
-def _as_retry(run_id: uuid.UUID, stored_digest: str, digest: str) -> Stored | Exception:
-    if stored_digest != digest:
-        return RunConflict(f"run {run_id} exists with a different report")
-    return Stored(run_id, created=False)
+def _stored_already(
+    connection: Connection, sql: Statements, runs: Sequence[IncomingRun]
+) -> list[tuple[IncomingRun, Stored | Exception]]:
+    """The runs their node has stored already, answered: a retry (the same body) is stored,
+    another body under the same run id is a conflict."""
+    if not runs:
+        return []
+    stored = {
+        (node_id, reported_id): (run_id, digest)
+        for node_id, reported_id, run_id, digest in connection.execute(
+            sql.stored_runs, {"keys": [run.key for run in runs]}
+        )
+    }
+    answered: list[tuple[IncomingRun, Stored | Exception]] = []
+    for run in runs:
+        if run.key in stored:
+            run_id, digest = stored[run.key]
+            retry = Stored(run_id, created=False) if digest == run.digest else _conflict(run)
+            answered.append((run, retry))
+    return answered
+
+
+def _conflict(run: IncomingRun) -> RunConflict:
+    return RunConflict(f"run {run.report.run_id} exists with a different report")
 
 
 def _latest_and_regressions(
@@ -186,6 +214,7 @@ def _latest_and_regressions(
                 started_at=run.report.started_at,
                 received_at=run.received_at,
                 build_id=run.build_id,
+                facts_id=run.facts_id,
                 memory_bytes=fingerprint.memory_bytes if fingerprint else None,
                 settings=run.report.settings,
                 points=run.report.points,

@@ -8,20 +8,17 @@ import hashlib
 import json
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, update
+from sqlalchemy import Connection
 
 from fleetbench.contract import wire
 from fleetbench.contract.wire import model_name_key
 from fleetbench.registry.ingest.answers import IngestLimits, ReportRefused
 from fleetbench.registry.ingest.statements import MODEL_FACTS, Statements
-from fleetbench.registry.models import (
-    Model,
-)
 from fleetbench.registry.questions.hardware import summarize_hardware
 from fleetbench.registry.series import (
     OrderKey,
@@ -33,20 +30,20 @@ from fleetbench.registry.series import (
 @dataclass
 class KnownRows:
     """Ids of rows by identity, per database, filled only from committed transactions:
-    engine builds never change once written; models only gain facts (`facts`: those the
-    row is known to hold). Several processes share a database: a model whose facts another
-    process filled is updated once more, harmlessly (the update keeps what is there).
+    engine builds, models and model facts never change once written.
 
     A transaction also leaves here, by node, its changes before and after and the recent
     series of the models it stored runs of, for the series cache (registry.series_cache)."""
 
     builds: dict[str, int] = field(default_factory=dict)
-    models: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
+    models: dict[str, int] = field(default_factory=dict)
+    facts: dict[tuple[int, str], int] = field(default_factory=dict)  # by (model, identity)
     series: dict[int, tuple[int, int, dict[int, RecentSeries]]] = field(default_factory=dict)
 
     def learn(self, other: KnownRows) -> None:
         self.builds.update(other.builds)
         self.models.update(other.models)
+        self.facts.update(other.facts)
 
 
 def sha256_of(text: str) -> str:
@@ -54,25 +51,33 @@ def sha256_of(text: str) -> str:
 
 
 def build_identity(fields: dict[str, Any]) -> str:
-    """An engine build's identity: a digest of all its fields (NULLs included)."""
+    """An engine build's identity, or a model's facts': a digest of all its fields (NULLs
+    included)."""
     return sha256_of(json.dumps(fields, sort_keys=True))
 
 
 @dataclass
 class IncomingRun:
-    """One report of a batch on its way in."""
+    """One report of a batch on its way in; `id` is the one it is stored under (the
+    reported run id unless another node's run holds it: assign_ids)."""
 
     index: int  # in the batch
     report: wire.RunReport
     node_id: int
     digest: str
     received_at: datetime
+    id: uuid.UUID = field(init=False)
     build_id: int = 0
     model_id: int = 0
+    facts_id: int | None = None
+
+    def __post_init__(self) -> None:
+        self.id = self.report.run_id
 
     @property
-    def id(self) -> uuid.UUID:
-        return self.report.run_id
+    def key(self) -> tuple[int, uuid.UUID]:
+        """What identifies the run: its node and the id the node gave it."""
+        return (self.node_id, self.report.run_id)
 
     @property
     def order_key(self) -> OrderKey:
@@ -80,15 +85,15 @@ class IncomingRun:
 
 
 def _get_or_insert(
-    connection: Connection, find: Any, insert_row: Any, identity: str, values: dict[str, Any]
-) -> Row[Any]:
-    """The row `find` selects for this identity, inserted with `values` if there is none
+    connection: Connection, find: Any, insert_row: Any, keys: dict[str, Any], values: dict[str, Any]
+) -> int:
+    """The id of the row `find` selects by `keys`, inserted with `values` if there is none
     (a concurrent insert of the same row is found once committed)."""
-    found = connection.execute(find, {"identity": identity}).first()
+    found = connection.execute(find, keys).first()
     if found is None:
-        connection.execute(insert_row, {"identity": identity, **values})
-        found = connection.execute(find, {"identity": identity}).one()
-    return found
+        connection.execute(insert_row, {**keys, **values})
+        found = connection.execute(find, keys).one()
+    return int(found.id)
 
 
 def build_id_of(
@@ -103,8 +108,9 @@ def build_id_of(
     # What this batch learned first: it is newer than what the process remembers.
     build_id = learned.builds.get(identity) or known.builds.get(identity)
     if build_id is None:
-        row = _get_or_insert(connection, sql.build_by_identity, sql.insert_build, identity, fields)
-        build_id = learned.builds[identity] = int(row.id)
+        keys = {"identity": identity}
+        build_id = _get_or_insert(connection, sql.build_by_identity, sql.insert_build, keys, fields)
+        learned.builds[identity] = build_id
     return build_id
 
 
@@ -117,34 +123,34 @@ def model_id_of(
 ) -> int:
     key = model_name_key(info.name)
     identity = f"sha256:{info.sha256}" if info.sha256 else f"name:{key}"
-    remembered = learned.models.get(identity) or known.models.get(identity)
-    if remembered is None:
-        row = _get_or_insert(
-            connection,
-            sql.model_by_identity,
-            sql.insert_model,
-            identity,
-            {"name": info.name, "name_key": key, "sha256": info.sha256},
-        )
-        model_id = int(row.id)
-        held = frozenset(f for f in MODEL_FACTS if getattr(row, f) is not None)
-    else:
-        model_id, held = remembered
-    # Facts a later report knows and an earlier one did not are filled in, never
-    # overwritten; the row is written (and locked) only when there is something to fill.
-    new = {
-        f: value for f in MODEL_FACTS if f not in held and (value := getattr(info, f)) is not None
-    }
-    if new:
-        connection.execute(
-            update(Model)
-            .where(Model.id == model_id)
-            .values({f: func.coalesce(getattr(Model, f), value) for f, value in new.items()})
-        )
-        held = held | new.keys()
-    if remembered is None or new:
-        learned.models[identity] = (model_id, held)
+    model_id = learned.models.get(identity) or known.models.get(identity)
+    if model_id is None:
+        values = {"name": info.name, "name_key": key, "sha256": info.sha256}
+        keys = {"identity": identity}
+        model_id = _get_or_insert(connection, sql.model_by_identity, sql.insert_model, keys, values)
+        learned.models[identity] = model_id
     return model_id
+
+
+def facts_id_of(
+    connection: Connection,
+    sql: Statements,
+    model_id: int,
+    info: wire.ModelInfo,
+    known: KnownRows,
+    learned: KnownRows,
+) -> int | None:
+    """The row of the model's facts as this report states them (None: it states none)."""
+    facts = {f: getattr(info, f) for f in MODEL_FACTS}
+    if all(value is None for value in facts.values()):
+        return None
+    identity = build_identity(facts)
+    facts_id = learned.facts.get((model_id, identity)) or known.facts.get((model_id, identity))
+    if facts_id is None:
+        keys = {"model_id": model_id, "identity": identity}
+        facts_id = _get_or_insert(connection, sql.facts_by_identity, sql.insert_facts, keys, facts)
+        learned.facts[(model_id, identity)] = facts_id
+    return facts_id
 
 
 def over_series_bound(
@@ -232,6 +238,28 @@ def fingerprint_of(run: IncomingRun, fingerprints: Fingerprints) -> StoredFinger
     return fingerprints.get((run.node_id, hardware.hash)) if hardware is not None else None
 
 
+def assign_ids(
+    connection: Connection,
+    sql: Statements,
+    runs: Sequence[IncomingRun],
+    *,
+    taken: Collection[uuid.UUID] = (),
+) -> None:
+    """Gives each run the id it is stored under: its own, unless another node's run holds
+    it (or a run earlier in the batch, or one of `taken`); then a fresh random one, which
+    no node can claim ahead of it."""
+    if not runs:
+        return
+    held = set(taken)
+    held.update(
+        row[0] for row in connection.execute(sql.taken_ids, {"run_ids": [r.id for r in runs]})
+    )
+    for run in runs:
+        if run.id in held:
+            run.id = uuid.uuid4()
+        held.add(run.id)
+
+
 def insert_runs(
     connection: Connection, sql: Statements, runs: Sequence[IncomingRun], fingerprints: Fingerprints
 ) -> set[uuid.UUID]:
@@ -246,10 +274,12 @@ def insert_runs(
         rows.append(
             {
                 "id": run.id,
+                "reported_id": run.report.run_id,
                 "node_id": run.node_id,
                 "fingerprint_id": fingerprint.id if fingerprint else None,
                 "build_id": run.build_id,
                 "model_id": run.model_id,
+                "facts_id": run.facts_id,
                 "source": report.source,
                 "status": report.status,
                 "error": report.error,

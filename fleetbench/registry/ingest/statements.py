@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, case, func, insert, or_, select
+from sqlalchemy import bindparam, case, func, insert, or_, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from fleetbench.registry.models import (
@@ -15,6 +15,7 @@ from fleetbench.registry.models import (
     HardwareFingerprint,
     LatestPoint,
     Model,
+    ModelFacts,
     NodeActivity,
     Run,
     RunPoint,
@@ -42,7 +43,8 @@ class Statements:
     more than executing them, and bound parameters keep their compiled form cached. Each
     runs once per batch, with one row per report (executemany: one multi-row statement)."""
 
-    run_digests: Any
+    stored_runs: Any
+    taken_ids: Any
     insert_runs: Any
     insert_points: Any
     insert_failures: Any
@@ -50,6 +52,8 @@ class Statements:
     insert_build: Any
     model_by_identity: Any
     insert_model: Any
+    facts_by_identity: Any
+    insert_facts: Any
     latest_counts: Any
     fingerprints: Any
     activity: Any
@@ -63,6 +67,7 @@ def statements_for(dialect: str) -> Statements:
         (func.greatest, func.least) if dialect == "postgresql" else (func.max, func.min)
     )
     runs, builds, models = table_of(Run), table_of(EngineBuild), table_of(Model)
+    facts = table_of(ModelFacts)
     fingerprints, latest_points = table_of(HardwareFingerprint), table_of(LatestPoint)
     upsert = insert_for(fingerprints)
     new = upsert.excluded
@@ -81,20 +86,24 @@ def statements_for(dialect: str) -> Statements:
         ),
     )
     return Statements(
-        run_digests=select(runs.c.id, runs.c.report_sha256).where(
-            runs.c.id.in_(bindparam("run_ids", expanding=True))
-        ),
-        # ON CONFLICT DO NOTHING: RETURNING yields no row for a conflict; PostgreSQL waits
-        # for a concurrent insert of the same key to commit or roll back first.
+        stored_runs=select(
+            runs.c.node_id, runs.c.reported_id, runs.c.id, runs.c.report_sha256
+        ).where(tuple_(runs.c.node_id, runs.c.reported_id).in_(bindparam("keys", expanding=True))),
+        taken_ids=select(runs.c.id).where(runs.c.id.in_(bindparam("run_ids", expanding=True))),
+        # ON CONFLICT DO NOTHING (the id, or the node's own run id): RETURNING yields no row
+        # for a conflict; PostgreSQL waits for a concurrent insert of the same key to commit
+        # or roll back first.
         insert_runs=insert_for(runs).on_conflict_do_nothing().returning(runs.c.id),
         insert_points=insert(table_of(RunPoint)),
         insert_failures=insert(table_of(FailedPoint)),
         build_by_identity=select(builds.c.id).where(builds.c.identity == bindparam("identity")),
         insert_build=insert_for(builds).on_conflict_do_nothing(),
-        model_by_identity=select(models.c.id, *(models.c[f] for f in MODEL_FACTS)).where(
-            models.c.identity == bindparam("identity")
-        ),
+        model_by_identity=select(models.c.id).where(models.c.identity == bindparam("identity")),
         insert_model=insert_for(models).on_conflict_do_nothing(),
+        facts_by_identity=select(facts.c.id).where(
+            facts.c.model_id == bindparam("model_id"), facts.c.identity == bindparam("identity")
+        ),
+        insert_facts=insert_for(facts).on_conflict_do_nothing(),
         latest_counts=select(latest_points.c.node_id, latest_points.c.model_id, func.count())
         .where(latest_points.c.node_id.in_(bindparam("node_ids", expanding=True)))
         .group_by(latest_points.c.node_id, latest_points.c.model_id),

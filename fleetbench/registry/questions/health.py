@@ -5,9 +5,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-__all__ = ["Health", "node_health"]
+__all__ = ["Health", "missed_schedule", "node_health"]
 
-Health = Literal["no runs", "failing", "regressed", "stale", "ok"]
+Health = Literal["no runs", "failing", "regressed", "missed schedule", "stale", "ok"]
+
+
+def missed_schedule(next_run_at: datetime | None, *, now: datetime, grace: timedelta) -> bool:
+    """The node said it would sweep by `next_run_at`, and has not said more for `grace`
+    after it (jitter and busy postponements fit within it)."""
+    return next_run_at is not None and now - next_run_at > grace
 
 
 def node_health(
@@ -15,17 +21,20 @@ def node_health(
     last_run_at: datetime | None,
     last_status: str | None,
     open_regressions: int,
+    missed: bool,
     now: datetime,
     stale_after: timedelta,
 ) -> Health:
     """The most pressing of: never ran, its latest run failed, a regression nobody has
-    acknowledged, no run for `stale_after`; else ok."""
+    acknowledged, a planned sweep missed, no run for `stale_after`; else ok."""
     if last_run_at is None:
         return "no runs"
     if last_status == "failed":
         return "failing"
     if open_regressions:
         return "regressed"
+    if missed:
+        return "missed schedule"
     if now - last_run_at > stale_after:
         return "stale"
     return "ok"

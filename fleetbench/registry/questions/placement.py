@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from fleetbench.contract.answers import PlacementAnswer, RejectedConcurrency
+from fleetbench.contract.answers import FactsSource, PlacementAnswer, RejectedConcurrency
 from fleetbench.contract.kv_cache import CACHE_TYPE_BYTES, fits, kv_cache_bytes
 from fleetbench.contract.wire import ModelInfo
 
@@ -153,13 +153,15 @@ def answer_placement(
     unchecked: Sequence[tuple[str, str, int]] = (),
     kv_cache_bytes: Mapping[str, int | None] | None = None,
     fit_checked: Collection[str] = (),
+    facts_from: Mapping[str, FactsSource] | None = None,
 ) -> PlacementAnswer:
     """The answer for the nodes that qualify (`qualifying`: best total throughput first, the
     first of `qualifying_count`). When none does, the reason names the `fastest` point per
     user, or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt`.
     `unchecked`: (a node, why its fit is not checked, how many nodes alike).
     `kv_cache_bytes`: each listed node's users' KV cache at its concurrency;
-    `fit_checked`: the nodes whose fit was checked."""
+    `fit_checked`: the nodes whose fit was checked; `facts_from`: whose model facts each
+    listed node's figures used."""
     if qualifying:
         reason = (
             f"{qualifying_count} node(s) meet {min_tps_per_user:g} tokens/s per user on {model}"
@@ -205,7 +207,12 @@ def answer_placement(
             "context_tokens": context_tokens,
             "count": qualifying_count,
             "candidates": [
-                _candidate(c, (kv_cache_bytes or {}).get(c.node), c.node in fit_checked)
+                _candidate(
+                    c,
+                    (kv_cache_bytes or {}).get(c.node),
+                    c.node in fit_checked,
+                    (facts_from or {}).get(c.node, "none"),
+                )
                 for c in qualifying
             ],
             "rejected": rejected,
@@ -214,7 +221,9 @@ def answer_placement(
     )
 
 
-def _candidate(choice: NodeChoice, kv_bytes: int | None, fit_checked: bool) -> dict[str, object]:
+def _candidate(
+    choice: NodeChoice, kv_bytes: int | None, fit_checked: bool, facts_from: FactsSource
+) -> dict[str, object]:
     return {
         "node": choice.node,
         "concurrency": choice.b,
@@ -229,4 +238,5 @@ def _candidate(choice: NodeChoice, kv_bytes: int | None, fit_checked: bool) -> d
         "past_knee": choice.past_knee,
         "kv_cache_gib": kv_bytes / GIB if kv_bytes is not None else None,
         "fit": "fits" if fit_checked else "not checked",
+        "facts_from": facts_from,
     }

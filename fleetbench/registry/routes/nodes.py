@@ -8,7 +8,7 @@ from fleetbench.registry import crud
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.deps import ReadAccess, SessionDep, SettingsDep
 from fleetbench.registry.params import NodePath
-from fleetbench.registry.questions.health import node_health
+from fleetbench.registry.questions.health import missed_schedule, node_health
 from fleetbench.registry.responses import NOT_FOUND
 from fleetbench.registry.schemas import NodeDetail, NodePublic, NodesPublic
 
@@ -16,6 +16,11 @@ router = APIRouter(prefix="/nodes", tags=["nodes"], dependencies=[ReadAccess])
 
 
 def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, object]:
+    now = datetime.now(UTC)
+    missed = missed_schedule(
+        summary.next_run_at, now=now, grace=timedelta(minutes=settings.missed_after_minutes)
+    )
+    status = summary.plan_status or {}
     return {
         "name": summary.name,
         "labels": summary.labels,
@@ -26,11 +31,17 @@ def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, 
         "engine": summary.engine,
         "last_status": summary.last_status,
         "open_regressions": summary.open_regressions,
+        "plans": status.get("plans", []),
+        "status_reported_at": summary.status_reported_at,
+        "next_run_at": summary.next_run_at,
+        "missed_schedule": missed,
+        "sweep_requested_at": summary.sweep_requested_at,
         "health": node_health(
             last_run_at=summary.last_run_at,
             last_status=summary.last_status,
             open_regressions=summary.open_regressions,
-            now=datetime.now(UTC),
+            missed=missed,
+            now=now,
             stale_after=timedelta(hours=settings.stale_after_hours),
         ),
     }
@@ -38,7 +49,9 @@ def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, 
 
 @router.get("", response_model=NodesPublic)
 def read_nodes(session: SessionDep, settings: SettingsDep) -> Response:
-    """Every node: its hardware and engine build, when it last ran, its health."""
+    """Every node: its hardware and engine build, when it last ran, its plans (the version
+    it runs of each, skips and why), when it runs next, whether it missed its schedule,
+    its health."""
     nodes = [NodePublic.model_validate(_public(s, settings)) for s in crud.list_nodes(session)]
     # Serialized here: FastAPI would validate and dump the list a second time.
     page = NodesPublic(data=nodes, count=len(nodes))

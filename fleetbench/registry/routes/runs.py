@@ -27,7 +27,7 @@ ingest_router = APIRouter(prefix="/runs", tags=["runs"], route_class=Authenticat
     responses={
         200: {"model": RunReceipt, "description": "already stored (a retry)"},
         403: {"description": "the token belongs to another node"},
-        409: {"description": "this run id was stored with a different report"},
+        409: {"description": "this node's run id was stored with a different report"},
         **BAD_BODY,
         **TOO_LARGE,
     },
@@ -39,8 +39,10 @@ async def ingest_run(
     response: Response,
     metrics: MetricsDep,
 ) -> RunReceipt:
-    """Store one sweep run; retrying with the same run id and body is always safe. The
-    rules the schema cannot state are in RunReport's description."""
+    """Store one sweep run; retrying with the same run id and body is always safe. Run ids
+    are the node's own: another node's run with the same id is stored beside it, under an
+    id of its own (`stored_as`). The rules the schema cannot state are in RunReport's
+    description."""
     begun = time.perf_counter()
     if report.node != node.name:
         raise HTTPException(
@@ -59,7 +61,8 @@ async def ingest_run(
     if not stored.created:
         response.status_code = status.HTTP_200_OK
     return RunReceipt(
-        run_id=stored.run_id,
+        run_id=report.run_id,
+        stored_as=stored.run_id,
         outcome="created" if stored.created else "already stored",
         points=len(report.points),
         failures=len(report.failures),

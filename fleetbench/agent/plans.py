@@ -1,0 +1,161 @@
+"""The registry's sweep plans on a node (fleetbench.contract.plans): pulled with the ETag of
+the last answer, kept on disk so a registry outage changes nothing (a daemon started while
+the registry is down runs the plans it last had), and turned into the daemon's sweeps, or
+into skips with the reason (model missing, sha256 mismatch, not enough memory, an engine or
+schedule this node cannot run).
+
+The daemon runs a plan's sweep exactly as a `[[sweep]]` table's: the same lock, jitter,
+busy guard and spool (agent.daemon).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from pydantic import ValidationError
+
+from fleetbench.agent.client import RegistryClient
+from fleetbench.agent.daemon_config import SweepConfig
+from fleetbench.agent.errors import ClientError
+from fleetbench.agent.gguf_model import sha256_of
+from fleetbench.agent.probes.nvidia import nvml_session
+from fleetbench.contract.plans import NodePlans, PlanModel, PlanVersion
+
+__all__ = ["PLAN_PREFIX", "PlanCache", "PlannedSweep", "pull_plans", "resolve_plan"]
+
+log = logging.getLogger("fleetbench.daemon")
+GIB = 2**30
+PLAN_PREFIX = "plan:"  # a plan's sweep is named so, beside the [[sweep]] tables' names
+
+
+@dataclass(frozen=True)
+class PlannedSweep:
+    """A plan as this node takes it: the sweep to run, or why it is skipped."""
+
+    plan: PlanVersion
+    sweep: SweepConfig | None
+    skipped: str | None
+
+
+class PlanCache:
+    """The last plans pulled and their ETag, in one JSON file written atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> tuple[str | None, NodePlans] | None:
+        try:
+            raw = json.loads(self.path.read_text())
+            return raw.get("etag"), NodePlans.model_validate(raw["plans"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
+            log.warning(
+                "the cached plans in %s cannot be read (%s): pulling afresh", self.path, exc
+            )
+            return None
+
+    def save(self, etag: str | None, plans: NodePlans) -> None:
+        body = json.dumps({"etag": etag, "plans": plans.model_dump(mode="json")})
+        temporary = self.path.with_suffix(".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(body)
+            os.replace(temporary, self.path)
+        except OSError as exc:  # a full disk: the plans still run, from memory
+            log.warning("the plans cannot be cached in %s: %s", self.path, exc)
+
+
+def pull_plans(
+    client: RegistryClient, cache: PlanCache, known: tuple[str | None, NodePlans] | None
+) -> tuple[str | None, NodePlans] | None:
+    """The plans now: pulled if they changed since `known` (then cached), else `known`.
+    None only when there are none known and the registry cannot say."""
+    etag = known[0] if known is not None else None
+    try:
+        tag, plans = client.plans(etag)
+    except ClientError as exc:
+        log.warning("plans not pulled (%s): keeping the %s", exc, "last" if known else "none")
+        return known
+    if plans is None:  # 304: unchanged
+        return known
+    cache.save(tag, plans)
+    return tag, plans
+
+
+def _node_memory_bytes() -> int:
+    """What a model may occupy here: RAM and every NVIDIA GPU's memory together (llama.cpp
+    splits layers across them)."""
+    total = int(psutil.virtual_memory().total)
+    try:
+        with nvml_session() as (nvml, _):
+            if nvml is not None:
+                for index in range(nvml.nvmlDeviceGetCount()):
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                    total += int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except Exception:  # NVML failing leaves RAM: the sweep's own fit check says more
+        pass
+    return total
+
+
+def _find_model(model: PlanModel, sha256_cache: Path) -> tuple[Path | None, str | None]:
+    """(the model file, None), or (None, why it is not here)."""
+
+    def digest(path: Path) -> str:
+        return sha256_of(path, cache=sha256_cache)
+
+    if model.path is not None:
+        path = Path(model.path)
+        if not path.is_file():
+            return None, f"model missing: {path} is not a file on this node"
+        if model.sha256 is not None and (found := digest(path)) != model.sha256:
+            return None, f"sha256 mismatch: {path} is {found}, the plan names {model.sha256}"
+        return path, None
+    for directory in map(Path, model.search_dirs):
+        for candidate in sorted(directory.glob("*.gguf")) if directory.is_dir() else []:
+            try:
+                if digest(candidate) == model.sha256:
+                    return candidate, None
+            except OSError:
+                continue
+    searched = ", ".join(model.search_dirs)
+    return None, f"model missing: no .gguf file in {searched} has sha256 {model.sha256}"
+
+
+def resolve_plan(
+    plan: PlanVersion, *, sha256_cache: Path, memory_bytes: int | None = None
+) -> PlannedSweep:
+    """The sweep this node runs for the plan, or why it cannot."""
+    path, missing = _find_model(plan.model, sha256_cache)
+    if path is None:
+        return PlannedSweep(plan, None, missing)
+    memory = memory_bytes if memory_bytes is not None else _node_memory_bytes()
+    size = path.stat().st_size
+    if size > memory:
+        return PlannedSweep(
+            plan,
+            None,
+            f"not enough memory: the model file is {size / GIB:.1f} GiB, this node has "
+            f"{memory / GIB:.1f} GiB (RAM and GPU memory together)",
+        )
+    try:
+        sweep = SweepConfig.model_validate(
+            {
+                **plan.settings.model_dump(),
+                "name": PLAN_PREFIX + plan.name,
+                "model": path,
+                "model_name": plan.model.name,
+                "cron": plan.cron,
+                "engine": plan.engine,
+                "binary": plan.binary,
+            }
+        )
+    except ValidationError as exc:
+        problems = "; ".join(str(e["msg"]) for e in exc.errors())
+        return PlannedSweep(plan, None, f"cannot run here: {problems}")
+    return PlannedSweep(plan, sweep, None)

@@ -1,0 +1,159 @@
+"""Sweep plans: what a registry's admins tell the fleet to sweep, in one place, and what
+each node says back about running them. Part of the contract (fleetbench.contract): the
+registry validates a plan by the same rules the agents run it by.
+
+A plan picks nodes (by name, or by a label selector), a model (by its sha256, with a path or
+directories to search on the node), the sweep's settings and a schedule. Every change is a
+new version; the registry keeps them all. A node pulls the plans that pick it (`NodePlans`,
+conditional on its ETag), keeps the last it got on disk, and reports what it runs, skips and
+when it runs next (`NodeStatus`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fleetbench.contract.bounds import Int32, Moment, Name, Sha256, Text
+from fleetbench.contract.sweep_spec import SweepSpec
+
+__all__ = [
+    "NodePlans",
+    "NodeStatus",
+    "PlanBody",
+    "PlanModel",
+    "PlanState",
+    "PlanVersion",
+    "PlanVersions",
+    "plan_selects",
+]
+
+Path = Annotated[Text, Field(min_length=1, max_length=1000)]
+LabelText = Annotated[Text, Field(min_length=1, max_length=200)]
+Reason = Annotated[Text, Field(max_length=2000)]
+# Five crontab fields of the characters crontab takes; the agent's scheduler checks the
+# rest (ranges, names) when it loads the plan, and skips a plan it cannot schedule, saying so.
+_CRON = re.compile(r"^\s*[0-9A-Za-z*/,\-?]+(\s+[0-9A-Za-z*/,\-?]+){4}\s*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PlanModel(_Strict):
+    """The model a plan sweeps, and where a node finds it: `path` (checked against `sha256`
+    when both are given), or the first `.gguf` file in `search_dirs` whose sha256 matches."""
+
+    sha256: Sha256 | None = None
+    path: Path | None = None
+    search_dirs: list[Path] = Field(default_factory=list, max_length=16)
+    name: Name | None = Field(default=None, description="display name [default: the file's]")
+
+    @model_validator(mode="after")
+    def _findable(self) -> PlanModel:
+        if self.path is None and not self.search_dirs:
+            raise ValueError("give the model's path, or search_dirs to find it in by sha256")
+        if self.search_dirs and self.sha256 is None:
+            raise ValueError("search_dirs find the model by its sha256: give sha256 too")
+        return self
+
+
+class PlanBody(_Strict):
+    """A plan as an admin writes it. `nodes` and `labels` select the nodes: a node named in
+    `nodes`, or whose labels hold every `labels` pair; both empty: every node."""
+
+    nodes: list[Name] = Field(default_factory=list, max_length=10_000)
+    labels: dict[LabelText, LabelText] = Field(default_factory=dict, max_length=32)
+    model: PlanModel
+    cron: str = Field(max_length=200, description="crontab expression (UTC), e.g. '0 3 * * *'")
+    kind: Literal["offline"] = Field(
+        default="offline", description="offline: the llama-batched-bench sweep of the engine"
+    )
+    engine: Annotated[Text, Field(max_length=100)] | None = Field(
+        default=None, description="a runner's name [default: llama-cpp-python, or the binary's]"
+    )
+    binary: Path | None = Field(
+        default=None, description="the node's llama-batched-bench, instead of in-process"
+    )
+    settings: SweepSpec = Field(
+        default_factory=lambda: SweepSpec(repeats=3),
+        description="the sweep's grid and settings, by their names or llama.cpp's",
+    )
+    enabled: bool = True
+
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _scheduled_repeats(cls, settings: object) -> object:
+        # A schedule has time for the precision: 3 repeats, as a [[sweep]] table's default.
+        if isinstance(settings, dict) and "repeats" not in settings:
+            return {**settings, "repeats": 3}
+        return settings
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, cron: str) -> str:
+        if not _CRON.match(cron):
+            raise ValueError(f"{cron!r} is not a crontab expression of five fields")
+        return cron.strip()
+
+
+class PlanVersion(PlanBody):
+    """One version of a plan, as stored."""
+
+    name: Name
+    version: Int32
+    created_at: Moment
+    created_by: Annotated[Text, Field(max_length=200)] | None = None
+
+
+class PlanVersions(_Strict):
+    data: list[PlanVersion]
+    count: int
+
+
+def plan_selects(plan: PlanBody, node: str, labels: dict[str, object]) -> bool:
+    """Whether the plan picks this node (see PlanBody)."""
+    if not plan.nodes and not plan.labels:
+        return True
+    if node in plan.nodes:
+        return True
+    return bool(plan.labels) and all(labels.get(k) == v for k, v in plan.labels.items())
+
+
+class NodePlans(_Strict):
+    """What a node pulls: the enabled plans that pick it (their current versions) and, when
+    an admin asked it to sweep now, when they asked."""
+
+    node: str
+    plans: list[PlanVersion]
+    sweep_now: Moment | None = Field(
+        default=None, description="an admin asked for every plan to run at the next poll"
+    )
+
+
+class PlanState(_Strict):
+    """How one plan fares on a node."""
+
+    name: Name
+    version: Int32
+    next_run_at: Moment | None = None
+    last_run_at: Moment | None = None
+    last_status: Literal["ok", "partial", "failed", "postponed"] | None = None
+    skipped: Reason | None = Field(
+        default=None,
+        description="why the node does not run it (model missing, sha256 "
+        "mismatch, not enough memory, ...); None: it runs it",
+    )
+
+
+class NodeStatus(_Strict):
+    """What a node reports about its plans after each poll and each sweep."""
+
+    plans: list[PlanState] = Field(default_factory=list, max_length=1000)
+    local_sweeps: Int32 = Field(default=0, description="[[sweep]] tables of its own agent.toml")
+    next_run_at: Moment | None = Field(default=None, description="its next sweep of any kind")
+    swept_now: Moment | None = Field(
+        default=None, description="the sweep-now request (NodePlans.sweep_now) it has run"
+    )
