@@ -18,7 +18,21 @@ if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
     echo "(llama-cpp-python compiles llama.cpp the first time: about 8 minutes on 2 cores;" >&2
     echo " pip keeps the built wheel, so later installs take seconds)" >&2
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
+    _find_links=()
+    if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && [ -z "${CMAKE_ARGS:-}" ]; then
+        # llama.cpp's AMX path crashes in decode on some of these CPUs
+        # (ggml-org/llama.cpp#20824): build without it, keeping AVX-512 and VNNI, once, into
+        # a folder of our own (pip's wheel cache does not know build flags).
+        export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON"
+        _wheels="${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels-no-amx"
+        if ! ls "$_wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+            echo "this CPU has AMX: building llama-cpp-python without it (once)" >&2
+            "$VENV/bin/python" -m pip wheel --quiet --no-cache-dir --no-deps \
+                "llama-cpp-python>=0.3.16" -w "$_wheels"
+        fi
+        _find_links=(--find-links "$_wheels")
+    fi
+    "$VENV/bin/python" -m pip install --quiet "${_find_links[@]}" -e "$ROOT[dev]"
     echo "$_want" > "$_stamp"
 fi
 export PATH="$VENV/bin:$PATH"

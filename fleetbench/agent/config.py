@@ -83,6 +83,11 @@ class AgentSettings(BaseSettings):
     plan_poll_s: float = Field(
         default=300, gt=0, description="how often the plans are pulled (and at start)"
     )
+    plan_binaries: list[Path] = Field(
+        default_factory=list,
+        description="the llama-batched-bench binaries a plan may run here (none: a plan "
+        "that names one is skipped): the registry never chooses what a node executes",
+    )
 
     @model_validator(mode="after")
     def _one_token(self) -> AgentSettings:

@@ -296,7 +296,12 @@ class Daemon:
         """Resolves each plan on this node and (re)schedules the plan sweeps that changed."""
         before = self.planned
         self.planned = {
-            plan.name: resolve_plan(plan, sha256_cache=self.sha256_cache) for plan in plans.plans
+            plan.name: resolve_plan(
+                plan,
+                sha256_cache=self.sha256_cache,
+                allowed_binaries=self.settings.plan_binaries,
+            )
+            for plan in plans.plans
         }
         changed = {
             name

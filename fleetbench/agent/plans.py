@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def pull_plans(
     etag = known[0] if known is not None else None
     try:
         tag, plans = client.plans(etag)
-    except ClientError as exc:
+    except (ClientError, ValueError) as exc:  # unreachable, refused, or not NodePlans
         log.warning("plans not pulled (%s): keeping the %s", exc, "last" if known else "none")
         return known
     if plans is None:  # 304: unchanged
@@ -128,9 +129,21 @@ def _find_model(model: PlanModel, sha256_cache: Path) -> tuple[Path | None, str 
 
 
 def resolve_plan(
-    plan: PlanVersion, *, sha256_cache: Path, memory_bytes: int | None = None
+    plan: PlanVersion,
+    *,
+    sha256_cache: Path,
+    allowed_binaries: Collection[Path] = (),
+    memory_bytes: int | None = None,
 ) -> PlannedSweep:
-    """The sweep this node runs for the plan, or why it cannot."""
+    """The sweep this node runs for the plan, or why it cannot. A plan's `binary` runs only
+    if this node allows it (`plan_binaries`): whoever writes plans must not choose what
+    every node executes."""
+    if plan.binary is not None and Path(plan.binary) not in allowed_binaries:
+        return PlannedSweep(
+            plan,
+            None,
+            f"binary {plan.binary} is not one this node allows plans to run (agent.plan_binaries)",
+        )
     path, missing = _find_model(plan.model, sha256_cache)
     if path is None:
         return PlannedSweep(plan, None, missing)

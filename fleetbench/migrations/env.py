@@ -5,7 +5,7 @@ engine handed over by registry.db, or the one the registry's settings name (for 
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine
@@ -22,17 +22,37 @@ def _engine() -> Engine:
     return create_db_engine(RegistrySettings().sqlalchemy_url)
 
 
+def _sqlite_foreign_keys(connection: Connection, on: bool) -> None:
+    # On the driver's connection, outside any transaction: SQLite ignores the pragma in one.
+    driver = connection.connection.dbapi_connection
+    assert driver is not None
+    driver.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+
+
 def run_migrations_online() -> None:
     with _engine().connect() as connection:
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:
+            # Batch mode copies a table and drops the old one; enforced, that drop would
+            # cascade to the rows referencing it. Checked below before the commit instead.
+            _sqlite_foreign_keys(connection, on=False)
         context.configure(
             connection=connection,
             target_metadata=target_metadata,
             compare_type=True,
             # SQLite cannot ALTER most things: batch mode copies the table instead.
-            render_as_batch=connection.dialect.name == "sqlite",
+            render_as_batch=sqlite,
         )
-        with context.begin_transaction():
-            context.run_migrations()
+        try:
+            with context.begin_transaction():
+                context.run_migrations()
+                if sqlite and (
+                    broken := connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+                ):
+                    raise RuntimeError(f"the migration broke references: {broken[:10]}")
+        finally:
+            if sqlite:
+                _sqlite_foreign_keys(connection, on=True)
 
 
 if context.is_offline_mode():

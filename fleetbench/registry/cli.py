@@ -1,5 +1,5 @@
-"""`fleetbench-registry`: migrate the database, manage tokens, serve the API, prune
-old runs."""
+"""`fleetbench-registry`: migrate the database, manage tokens and sweep plans, serve the
+API, prune old runs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+import tomllib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
@@ -19,7 +20,8 @@ from rich.text import Text
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
-from fleetbench.registry import latest, retention, tokens
+from fleetbench.contract.plans import PlanBody
+from fleetbench.registry import crud, latest, plans, retention, tokens
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import (
     SchemaOutOfDate,
@@ -36,6 +38,8 @@ from fleetbench.registry.schemas import TokenPublic, TokenRequest, token_public
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 token_app = typer.Typer(help="Tokens: node, reader and admin.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
+plan_app = typer.Typer(help="Sweep plans: what the fleet sweeps, versioned.", no_args_is_help=True)
+app.add_typer(plan_app, name="plan")
 
 # Messages go to stderr: `token create` prints only the token on stdout. No markup: what
 # they quote (a token's name, a database error) prints as written.
@@ -311,6 +315,91 @@ def prune(
         f"{verb} {pruned.runs} runs ({pruned.points} points) started before "
         f"{cutoff:%Y-%m-%d %H:%M} UTC"
     )
+
+
+@plan_app.command("apply")
+def plan_apply(
+    name: Annotated[str, typer.Argument(help="the plan's name")],
+    file: Annotated[Path, typer.Argument(help="the plan: a TOML or JSON file", exists=True)],
+) -> None:
+    """Save the plan in FILE as NAME's next version (nothing, if it is the current one)."""
+    try:
+        text = file.read_text()
+        body = PlanBody.model_validate(
+            json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
+        )
+    except ValidationError as exc:  # every problem, by its key in the file
+        problems = exc.errors(include_url=False)
+        _error(f"{file}: " + "; ".join(f"{_dotted(p['loc'])}: {p['msg']}" for p in problems))
+        raise typer.Exit(2) from None
+    except (OSError, ValueError) as exc:  # unreadable, or not TOML or JSON
+        _error(f"{file}: {exc}")
+        raise typer.Exit(2) from None
+    with session_factory(_open(RegistrySettings()))() as session, write_transaction(session):
+        try:
+            saved = plans.save_plan(session, name, body, by="fleetbench-registry plan apply")
+        except plans.PlanChanged as exc:
+            _error(str(exc))
+            raise typer.Exit(1) from exc
+        session.commit()
+    said = "saved as" if saved.new_version else "unchanged at"
+    typer.echo(f"plan {name!r} {said} version {saved.plan.version}")
+
+
+def _dotted(location: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in location) or "plan"
+
+
+@plan_app.command("list")
+def plan_list(
+    name: Annotated[str | None, typer.Argument(help="one plan: every version of it")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print them as JSON")] = False,
+) -> None:
+    """Every plan's current version, or (NAME) every version of one plan, newest first."""
+    with session_factory(_open(RegistrySettings()))() as session:
+        found = plans.plan_history(session, name) if name else plans.current_plans(session)
+    if name and not found:
+        _error(f"no plan {name!r}")
+        raise typer.Exit(1)
+    rows = [plan.model_dump(mode="json") for plan in found]
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    columns = ("name", "version", "enabled", "nodes", "labels", "model", "cron", "created_by")
+    table = Table(*(column.replace("_", " ") for column in columns))
+    for row in rows:
+        table.add_row(
+            *(
+                json.dumps(row[c]) if isinstance(row[c], dict | list) else str(row[c])
+                for c in columns
+            )
+        )
+    Console(markup=False).print(table)
+
+
+@plan_app.command("retire")
+def plan_retire(name: Annotated[str, typer.Argument(help="the plan's name")]) -> None:
+    """Stop every node running the plan (a version of it that is off; all stay on record)."""
+    with session_factory(_open(RegistrySettings()))() as session, write_transaction(session):
+        saved = plans.retire_plan(session, name, by="fleetbench-registry plan retire")
+        if saved is None:
+            _error(f"no plan {name!r}")
+            raise typer.Exit(1)
+        session.commit()
+    typer.echo(f"plan {name!r} retired at version {saved.plan.version}")
+
+
+@plan_app.command("sweep-now")
+def plan_sweep_now(node: Annotated[str, typer.Argument(help="the node's name")]) -> None:
+    """Ask a node to run every plan of its now: it does at its next poll."""
+    with session_factory(_open(RegistrySettings()))() as session, write_transaction(session):
+        found = crud.find_node(session, node)
+        if found is None:
+            _error(f"node {node!r} not found")
+            raise typer.Exit(1)
+        plans.request_sweep(session, found.id)
+        session.commit()
+    typer.echo(f"node {node!r} sweeps at its next poll")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from tests.factories import ARTICLE_MODEL, JSON, LiveRegistry, make_report, runn
 
 CALLERS = ("none", "unknown", "expired", "revoked", "node A", "node B", "reader", "admin")
 NOT_AUTHENTICATED = {"none", "unknown", "expired", "revoked"}
-PAGES = ["/", "/placement", "/regressions", "/series", "/curves", "/nodes/node-a"]
+PAGES = ["/", "/placement", "/regressions", "/series", "/curves", "/plans", "/nodes/node-a"]
 
 
 @dataclass(frozen=True)

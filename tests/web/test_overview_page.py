@@ -40,7 +40,7 @@ def test_overview_lists_every_node_with_its_health(dashboard: Dashboard, fleet: 
     assert by_node["old-02"][4] == "60 d ago"
     assert by_node["idle-01"][4] == "never"
     assert [by_node[n][5] for n in ("m4pro", "gpu-07", "old-02", "idle-01")] == ["1", "1", "1", "0"]
-    assert by_node["gpu-07"][7] == "rack=b3"
+    assert by_node["gpu-07"][9] == "rack=b3"
     assert page.text_content("#subtitle") == "4 nodes"
 
     # The health summary filters the table.

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ("/", "index.html"),
         ("/placement", "placement.html"),
         ("/regressions", "regressions.html"),
+        ("/plans", "plans.html"),
         ("/series?node=a&model=b&pp=1&tg=1&b=1", "series.html"),
         ("/curves?node=a&model=b", "curves.html"),
         ("/nodes/gpu-07", "curves.html"),

@@ -79,6 +79,12 @@ def regressions_page() -> FileResponse:
     return _page("regressions.html")
 
 
+@router.get("/plans")
+def plans_page() -> FileResponse:
+    """The sweep plans, and which nodes run or skip each."""
+    return _page("plans.html")
+
+
 @router.get("/series")
 def series_page() -> FileResponse:
     """One series' timeline with build changes marked."""

@@ -14,7 +14,7 @@ import {
   timeElement,
 } from "./common.js";
 
-const HEALTH_ORDER = ["regressed", "failing", "stale", "no runs", "ok"];
+const HEALTH_ORDER = ["regressed", "failing", "missed schedule", "stale", "no runs", "ok"];
 
 const table = document.getElementById("nodes");
 const tbody = table.querySelector("tbody");
@@ -64,7 +64,27 @@ function renderRow(node) {
           ? h("a", { href: regressionsUrl({ node: node.name }) }, String(regressions))
           : "0",
     ),
+    h("td", {}, planChips(node.plans)),
+    h(
+      "td",
+      {},
+      node.next_run_at ? timeElement(node.next_run_at) : dash(),
+      node.missed_schedule ? [" ", badge("missed", "failing")] : null,
+      node.sweep_requested_at ? [" ", badge("sweep asked", "partial")] : null,
+    ),
     h("td", {}, labelChips(node.labels)),
+  );
+}
+
+/** Each plan the node reported: its name and version, marked when the node skips it. */
+function planChips(plans) {
+  if (!plans || plans.length === 0) return dash();
+  return plans.map((plan) =>
+    h(
+      "span",
+      { class: plan.skipped ? "chip skipped" : "chip", title: plan.skipped ?? "" },
+      `${plan.name} v${plan.version}${plan.skipped ? " skipped" : ""}`,
+    ),
   );
 }
 
@@ -175,6 +195,7 @@ async function main() {
       node.hardware,
       node.engine,
       healthOf(node),
+      ...(node.plans ?? []).map((plan) => plan.name),
       ...Object.entries(node.labels ?? {}).map(([k, v]) => `${k}=${v}`),
     ]
       .filter(Boolean)

@@ -1,0 +1,100 @@
+// The sweep plans (GET /v1/plans) and, from GET /v1/nodes, which nodes run or skip each.
+import {
+  api,
+  badge,
+  curvesUrl,
+  dash,
+  done,
+  h,
+  labelChips,
+  message,
+  replace,
+  showError,
+  timeElement,
+} from "./common.js";
+
+const table = document.getElementById("plans");
+const statusBox = document.getElementById("status");
+
+function selector(plan) {
+  const named = plan.nodes.map((node) => h("span", { class: "chip" }, node));
+  const labelled = labelChips(plan.labels);
+  if (named.length === 0 && labelled.length === 0) return "every node";
+  return [...named, ...labelled];
+}
+
+function model(plan) {
+  const where = plan.model.path ?? `search ${plan.model.search_dirs.join(", ")}`;
+  const sha = plan.model.sha256 ? ` · sha256 ${plan.model.sha256.slice(0, 12)}…` : "";
+  return `${plan.model.name ?? where}${plan.model.name ? ` (${where})` : ""}${sha}`;
+}
+
+function grid(s) {
+  return `PP ${s.npp.join(",")} · TG ${s.ntg.join(",")} · B ${s.npl.join(",")} · ${s.repeats} repeats`;
+}
+
+function nodeLinks(entries) {
+  if (entries.length === 0) return dash();
+  return entries.map(({ node, state }) =>
+    h(
+      "span",
+      { class: state.skipped ? "chip skipped" : "chip", title: state.skipped ?? "" },
+      h("a", { href: curvesUrl(node) }, node),
+      ` v${state.version}`,
+    ),
+  );
+}
+
+function planRow(plan, states) {
+  const running = states.filter((s) => !s.state.skipped);
+  const skipped = states.filter((s) => s.state.skipped);
+  return h(
+    "tr",
+    { dataset: { plan: plan.name } },
+    h("td", {}, plan.name, plan.enabled ? null : [" ", badge("retired", "stale")]),
+    h("td", { class: "num" }, String(plan.version)),
+    h("td", {}, selector(plan)),
+    h("td", {}, model(plan)),
+    h("td", {}, h("code", {}, plan.cron), " UTC"),
+    h("td", {}, grid(plan.settings)),
+    h("td", {}, nodeLinks(running)),
+    h("td", {}, nodeLinks(skipped)),
+    h("td", {}, timeElement(plan.created_at), plan.created_by ? ` by ${plan.created_by}` : null),
+  );
+}
+
+async function main() {
+  let plans;
+  let nodes;
+  try {
+    [plans, nodes] = await Promise.all([api("/v1/plans"), api("/v1/nodes")]);
+  } catch (error) {
+    showError(statusBox, error);
+    done("error");
+    return;
+  }
+  if (plans.data.length === 0) {
+    message(
+      statusBox,
+      "empty",
+      "No plans yet. Save one with `fleetbench-registry plan apply NAME plan.toml`.",
+    );
+    done("empty");
+    return;
+  }
+  const byPlan = new Map();
+  for (const node of nodes.data) {
+    for (const state of node.plans ?? []) {
+      if (!byPlan.has(state.name)) byPlan.set(state.name, []);
+      byPlan.get(state.name).push({ node: node.name, state });
+    }
+  }
+  replace(
+    table.querySelector("tbody"),
+    plans.data.map((plan) => planRow(plan, byPlan.get(plan.name) ?? [])),
+  );
+  table.hidden = false;
+  done();
+}
+
+main();
