@@ -11,6 +11,13 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "creating virtual environment in $VENV" >&2
     python3 -m venv "$VENV"
 fi
+if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && [ -z "${CMAKE_ARGS:-}" ]; then
+    # llama.cpp's AMX path crashes in decode on some of these CPUs (ggml-org/llama.cpp#20824):
+    # llama.cpp is built without it, keeping AVX-512 and VNNI (llama-cpp-python here, and
+    # llama-batched-bench in build-batched-bench.sh).
+    export FLEETBENCH_NO_AMX=1
+    export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON"
+fi
 _stamp="$VENV/.fleetbench-installed"
 _want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-64)"
 if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
@@ -19,11 +26,8 @@ if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
     echo " pip keeps the built wheel, so later installs take seconds)" >&2
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     _find_links=()
-    if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && [ -z "${CMAKE_ARGS:-}" ]; then
-        # llama.cpp's AMX path crashes in decode on some of these CPUs
-        # (ggml-org/llama.cpp#20824): build without it, keeping AVX-512 and VNNI, once, into
-        # a folder of our own (pip's wheel cache does not know build flags).
-        export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON"
+    if [ -n "${FLEETBENCH_NO_AMX:-}" ]; then
+        # pip's wheel cache does not know build flags: a wheel of our own, built once
         _wheels="${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels-no-amx"
         if ! ls "$_wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
             echo "this CPU has AMX: building llama-cpp-python without it (once)" >&2

@@ -18,7 +18,8 @@ python -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$V
 rm -rf "$HOME_DIR/src" && mkdir -p "$HOME_DIR/src"
 tar xzf "$HOME_DIR/llama_cpp_python-$VERSION.tar.gz" -C "$HOME_DIR/src" --strip-components=1
 cd "$HOME_DIR/src/vendor/llama.cpp"
+# shellcheck disable=SC2086 # CMAKE_ARGS holds several flags (bootstrap.sh sets it on AMX CPUs)
 cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >&2
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF ${CMAKE_ARGS:-} >&2
 cmake --build build --target llama-batched-bench -j "$(nproc)" >&2
 echo "$BINARY"

@@ -39,6 +39,9 @@ from fleetbench.contract.wire import RunReport
 __all__ = ["ConfigError", "Daemon", "DaemonConfig", "SweepConfig", "load_config", "sweep_lock"]
 
 log = logging.getLogger("fleetbench.daemon")
+# Scheduler job ids: a sweep's, and its postponed retry's (the daemon's own jobs, "flush"
+# and "plans", cannot meet a sweep's name).
+_SWEEP_JOB, _RETRY_JOB = "sweep:", "retry:"
 
 
 @contextmanager
@@ -131,9 +134,12 @@ class Daemon:
                 self._postpone(sweep, f"postponed {sweep.name} ({why}): another sweep is running")
                 return "postponed: another sweep is running"
             log.info("sweep %s starts (%s)", sweep.name, why)
+            planned = sweep.name.startswith(PLAN_PREFIX)
+            if planned:  # its next run moves on now: a long sweep is no missed schedule
+                self.report_status()
             status = self._sweep(sweep)
         self.flush()
-        if sweep.name.startswith(PLAN_PREFIX):
+        if planned:
             self.report_status()
         return status
 
@@ -175,7 +181,7 @@ class Daemon:
                 run_date=datetime.now(UTC) + timedelta(seconds=self.settings.busy_retry_s),
                 args=[sweep],
                 kwargs={"why": "postponed"},
-                id=f"retry:{sweep.name}",
+                id=_RETRY_JOB + sweep.name,
                 replace_existing=True,
             )
 
@@ -318,17 +324,25 @@ class Daemon:
                 log.info("plan %s v%d runs at %r", name, planned.plan.version, planned.plan.cron)
             if self.scheduler is None:
                 continue
-            if self.scheduler.get_job(PLAN_PREFIX + name) is not None:
-                self.scheduler.remove_job(PLAN_PREFIX + name)
+            for job in (_SWEEP_JOB, _RETRY_JOB):  # a postponed run of the old one too
+                if self.scheduler.get_job(job + PLAN_PREFIX + name) is not None:
+                    self.scheduler.remove_job(job + PLAN_PREFIX + name)
             if planned is not None and planned.sweep is not None:
                 self._schedule_sweep(planned.sweep)
 
     def report_status(self) -> None:
-        """Tells the registry each plan's version, skip, last and next run (best effort:
-        the next poll tells it again)."""
+        """Tells the registry each plan's version, skip, last and next run. Best effort,
+        never raising: the next poll tells it again."""
         if self._plans is None:
             return
-        now = datetime.now(UTC)
+        try:
+            status = self._status(datetime.now(UTC))
+            with RegistryClient(self.registry_url, token=self.settings.current_token()) as c:
+                c.report_status(status)
+        except Exception as exc:  # a status is never worth stopping a sweep or a poll
+            log.warning("plan status not reported: %s", exc)
+
+    def _status(self, now: datetime) -> NodeStatus:
         states = []
         for name, planned in sorted(self.planned.items()):
             last = self._last_runs.get(PLAN_PREFIX + name)
@@ -342,18 +356,13 @@ class Daemon:
                     skipped=planned.skipped,
                 )
             )
-        fires = [_next_fire(sweep, now) for sweep in self.sweeps()]
-        status = NodeStatus(
+        fires = [fire for sweep in self.sweeps() if (fire := _next_fire(sweep, now))]
+        return NodeStatus(
             plans=states,
             local_sweeps=len(self.config.sweeps),
             next_run_at=min(fires, default=None),
             swept_now=self._swept_now,
         )
-        try:
-            with RegistryClient(self.registry_url, token=self.settings.current_token()) as c:
-                c.report_status(status)
-        except ClientError as exc:
-            log.warning("plan status not reported: %s", exc)
 
     # --- the schedule ---------------------------------------------------------------------
 
@@ -422,7 +431,7 @@ class Daemon:
             trigger,
             args=[sweep],
             kwargs={"why": "scheduled"},
-            id=sweep.name,
+            id=_SWEEP_JOB + sweep.name,
             replace_existing=True,
         )
 
@@ -437,11 +446,11 @@ def _sweep_of(planned: PlannedSweep | None) -> tuple[object, ...] | None:
     return ("runs", planned.plan.version, planned.sweep.model_dump_json())
 
 
-def _next_fire(sweep: SweepConfig, now: datetime) -> datetime:
-    """When the sweep's schedule next fires (before its jitter)."""
+def _next_fire(sweep: SweepConfig, now: datetime) -> datetime | None:
+    """When the sweep's schedule next fires (before its jitter); None: never (30 February)."""
     from apscheduler.triggers.cron import CronTrigger
 
-    fire: datetime = CronTrigger.from_crontab(sweep.cron, timezone=UTC).get_next_fire_time(
+    fire: datetime | None = CronTrigger.from_crontab(sweep.cron, timezone=UTC).get_next_fire_time(
         None, now
     )
     return fire

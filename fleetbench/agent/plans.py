@@ -25,7 +25,10 @@ from fleetbench.agent.daemon_config import SweepConfig
 from fleetbench.agent.errors import ClientError
 from fleetbench.agent.gguf_model import sha256_of
 from fleetbench.agent.probes.nvidia import nvml_session
-from fleetbench.contract.plans import NodePlans, PlanModel, PlanVersion
+from fleetbench.agent.runners.batched_bench_binary import BINARY
+from fleetbench.agent.runners.engines import UnknownEngine, engine_name
+from fleetbench.contract.bounds import storable_text
+from fleetbench.contract.plans import REASON_LENGTH, NodePlans, PlanModel, PlanVersion
 
 __all__ = ["PLAN_PREFIX", "PlanCache", "PlannedSweep", "pull_plans", "resolve_plan"]
 
@@ -135,26 +138,41 @@ def resolve_plan(
     allowed_binaries: Collection[Path] = (),
     memory_bytes: int | None = None,
 ) -> PlannedSweep:
-    """The sweep this node runs for the plan, or why it cannot. A plan's `binary` runs only
-    if this node allows it (`plan_binaries`): whoever writes plans must not choose what
-    every node executes."""
-    if plan.binary is not None and Path(plan.binary) not in allowed_binaries:
-        return PlannedSweep(
-            plan,
-            None,
-            f"binary {plan.binary} is not one this node allows plans to run (agent.plan_binaries)",
+    """The sweep this node runs for the plan, or why it cannot (never raises). A plan
+    runs llama-batched-bench only from a path this node allows (`plan_binaries`), never one
+    found on PATH: whoever writes plans must not choose what every node executes."""
+    try:
+        sweep, skipped = _sweep_for(plan, sha256_cache, allowed_binaries, memory_bytes)
+    except OSError as exc:  # a file unreadable, or gone between two looks
+        sweep, skipped = None, f"model unreadable: {exc}"
+    return PlannedSweep(plan, sweep, storable_text(skipped, REASON_LENGTH) if skipped else None)
+
+
+def _sweep_for(
+    plan: PlanVersion,
+    sha256_cache: Path,
+    allowed_binaries: Collection[Path],
+    memory_bytes: int | None,
+) -> tuple[SweepConfig | None, str | None]:
+    binary = Path(plan.binary) if plan.binary else None
+    try:
+        engine = engine_name(plan.engine, binary)
+    except UnknownEngine as exc:
+        return None, f"cannot run here: {exc}"
+    if engine == BINARY and (binary is None or binary not in allowed_binaries):
+        return None, (
+            f"binary {plan.binary or BINARY + ' (on PATH)'} is not one this node allows plans "
+            "to run (agent.plan_binaries)"
         )
     path, missing = _find_model(plan.model, sha256_cache)
     if path is None:
-        return PlannedSweep(plan, None, missing)
+        return None, missing
     memory = memory_bytes if memory_bytes is not None else _node_memory_bytes()
     size = path.stat().st_size
     if size > memory:
-        return PlannedSweep(
-            plan,
-            None,
+        return None, (
             f"not enough memory: the model file is {size / GIB:.1f} GiB, this node has "
-            f"{memory / GIB:.1f} GiB (RAM and GPU memory together)",
+            f"{memory / GIB:.1f} GiB (RAM and GPU memory together)"
         )
     try:
         sweep = SweepConfig.model_validate(
@@ -169,6 +187,5 @@ def resolve_plan(
             }
         )
     except ValidationError as exc:
-        problems = "; ".join(str(e["msg"]) for e in exc.errors())
-        return PlannedSweep(plan, None, f"cannot run here: {problems}")
-    return PlannedSweep(plan, sweep, None)
+        return None, "cannot run here: " + "; ".join(str(e["msg"]) for e in exc.errors())
+    return sweep, None

@@ -20,6 +20,7 @@ from fleetbench.contract.bounds import Int32, Moment, Name, Sha256, Text
 from fleetbench.contract.sweep_spec import SweepSpec
 
 __all__ = [
+    "REASON_LENGTH",
     "NodePlans",
     "NodeStatus",
     "PlanBody",
@@ -32,7 +33,8 @@ __all__ = [
 
 Path = Annotated[Text, Field(min_length=1, max_length=1000)]
 LabelText = Annotated[Text, Field(min_length=1, max_length=200)]
-Reason = Annotated[Text, Field(max_length=2000)]
+REASON_LENGTH = 500
+Reason = Annotated[Text, Field(max_length=REASON_LENGTH)]
 # Five crontab fields of the characters crontab takes; the agent's scheduler checks the
 # rest (ranges, names) when it loads the plan, and skips a plan it cannot schedule, saying so.
 _CRON = re.compile(r"^\s*[0-9A-Za-z*/,\-?]+(\s+[0-9A-Za-z*/,\-?]+){4}\s*$")
@@ -151,7 +153,7 @@ class PlanState(_Strict):
 class NodeStatus(_Strict):
     """What a node reports about its plans after each poll and each sweep."""
 
-    plans: list[PlanState] = Field(default_factory=list, max_length=1000)
+    plans: list[PlanState] = Field(default_factory=list, max_length=256)
     local_sweeps: Int32 = Field(default=0, description="[[sweep]] tables of its own agent.toml")
     next_run_at: Moment | None = Field(default=None, description="its next sweep of any kind")
     swept_now: Moment | None = Field(

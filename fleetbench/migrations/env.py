@@ -45,11 +45,12 @@ def run_migrations_online() -> None:
         )
         try:
             with context.begin_transaction():
+                before = context.get_context().get_current_revision()
                 context.run_migrations()
-                if sqlite and (
-                    broken := connection.exec_driver_sql("PRAGMA foreign_key_check").all()
-                ):
-                    raise RuntimeError(f"the migration broke references: {broken[:10]}")
+                if sqlite and context.get_context().get_current_revision() != before:
+                    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+                    if broken:
+                        raise RuntimeError(f"the migration broke references: {broken[:10]}")
         finally:
             if sqlite:
                 _sqlite_foreign_keys(connection, on=True)

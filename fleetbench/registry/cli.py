@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
+from fleetbench.contract.bounds import Name
 from fleetbench.contract.plans import PlanBody
 from fleetbench.registry import crud, latest, plans, retention, tokens
 from fleetbench.registry.config import RegistrySettings
@@ -324,6 +325,10 @@ def plan_apply(
 ) -> None:
     """Save the plan in FILE as NAME's next version (nothing, if it is the current one)."""
     try:
+        name = TypeAdapter(Name).validate_python(name)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.errors()[0]["msg"], param_hint="NAME") from None
+    try:
         text = file.read_text()
         body = PlanBody.model_validate(
             json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
@@ -335,9 +340,19 @@ def plan_apply(
     except (OSError, ValueError) as exc:  # unreadable, or not TOML or JSON
         _error(f"{file}: {exc}")
         raise typer.Exit(2) from None
-    with session_factory(_open(RegistrySettings()))() as session, write_transaction(session):
+    settings = RegistrySettings()
+    with session_factory(_open(settings))() as session, write_transaction(session):
         try:
-            saved = plans.save_plan(session, name, body, by="fleetbench-registry plan apply")
+            saved = plans.save_plan(
+                session,
+                name,
+                body,
+                by="fleetbench-registry plan apply",
+                max_points=settings.max_points_per_report,
+            )
+        except plans.PlanRefused as exc:
+            _error(f"{file}: {exc}")
+            raise typer.Exit(2) from exc
         except plans.PlanChanged as exc:
             _error(str(exc))
             raise typer.Exit(1) from exc

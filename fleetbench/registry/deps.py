@@ -36,7 +36,6 @@ __all__ = [
     "AuthenticatedFirst",
     "FailedLogins",
     "KnownTokens",
-    "NodeAuth",
     "ReadAccess",
     "SessionDep",
     "SettingsDep",
@@ -219,10 +218,6 @@ async def _admin(request: Request, credentials: _Credentials) -> Principal:
     return principal
 
 
-async def _node(request: Request, credentials: _Credentials) -> AuthenticatedNode:
-    return _as_node(await _principal(request, _bearer_token(credentials)))
-
-
 async def _authenticated_first(request: Request, _: _Credentials) -> AuthenticatedNode:
     """The node AuthenticateFirst found (`_` keeps the bearer scheme in the OpenAPI)."""
     node: AuthenticatedNode = request.state.node
@@ -245,8 +240,6 @@ async def _read_access(
 AuthenticatedFirst = Annotated[AuthenticatedNode, Depends(_authenticated_first)]
 """The node a route of AuthenticateFirst found, at no further cost."""
 AdminAuth = Annotated[Principal, Depends(_admin)]
-NodeAuth = Annotated[AuthenticatedNode, Depends(_node)]
-"""A node token's node (a route without a body to spare: AuthenticateFirst's need not)."""
 ReadAccess = Depends(_read_access)
 
 

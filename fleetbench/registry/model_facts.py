@@ -33,6 +33,7 @@ class FleetFacts:
     nodes' latest runs came with (ties: the first stored). One query."""
 
     def __init__(self, session: Session, models: Sequence[Model]) -> None:
+        self._session = session
         self._models = {model.id: model for model in models}
         self._sets: dict[int, wire.ModelInfo] = {}
         self._most: dict[int, int] = {}
@@ -53,9 +54,12 @@ class FleetFacts:
 
     def of(self, model_id: int, facts_id: int | None) -> FitFacts:
         """The facts for a node whose latest run of the model came with `facts_id`."""
-        if facts_id is not None:
-            return FitFacts(self._sets[facts_id], "node")
-        return self.most_reported(model_id)
+        if facts_id is None:
+            return self.most_reported(model_id)
+        if facts_id not in self._sets:  # stored since this object read them
+            found = self._session.get(ModelFacts, facts_id)
+            self._sets[facts_id] = model_info(self._models[model_id], found)
+        return FitFacts(self._sets[facts_id], "node")
 
     def most_reported(self, model_id: int) -> FitFacts:
         most = self._most.get(model_id)

@@ -11,10 +11,15 @@ the highest, and the unique (name, version) key lets one of them win; the other 
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import func, select
+from pydantic import ValidationError
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -23,6 +28,7 @@ from fleetbench.registry.models import Node, NodePlanStatus, SweepPlan
 
 __all__ = [
     "PlanChanged",
+    "PlanRefused",
     "SavedPlan",
     "current_plans",
     "node_plans",
@@ -35,9 +41,15 @@ __all__ = [
     "save_plan",
 ]
 
+log = logging.getLogger("fleetbench.registry")
+
 
 class PlanChanged(Exception):
     """Another writer saved a version of the plan at the same moment."""
+
+
+class PlanRefused(ValueError):
+    """A plan this registry could not take the runs of."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +63,8 @@ def _now() -> datetime:
 
 
 def plan_version(row: SweepPlan) -> PlanVersion:
-    """A stored version as the contract states it (not validated again: a version saved
-    under older rules must stay readable)."""
+    """A stored version as the contract states it. Raises ValidationError for one saved
+    under rules that no longer hold (_readable leaves it out, saying so)."""
     body = PlanBody.model_validate(row.body)
     return PlanVersion.model_construct(
         **dict(body),
@@ -61,6 +73,18 @@ def plan_version(row: SweepPlan) -> PlanVersion:
         created_at=row.created_at,
         created_by=row.created_by,
     )
+
+
+def _readable(rows: Sequence[SweepPlan]) -> list[PlanVersion]:
+    """The versions today's rules read; one they refuse is logged and left out, so that
+    it never fails every node's poll."""
+    versions = []
+    for row in rows:
+        try:
+            versions.append(plan_version(row))
+        except ValidationError as exc:
+            log.error("plan %r version %d is left out: %s", row.name, row.version, exc)
+    return versions
 
 
 def _head(session: Session, name: str) -> SweepPlan | None:
@@ -81,7 +105,7 @@ def current_plans(session: Session, *, enabled_only: bool = False) -> list[PlanV
         .join(newest, (newest.c.name == SweepPlan.name) & (newest.c.version == SweepPlan.version))
         .order_by(SweepPlan.name)
     ).all()
-    plans = [plan_version(row) for row in rows]
+    plans = _readable(rows)
     return [plan for plan in plans if plan.enabled] if enabled_only else plans
 
 
@@ -90,23 +114,33 @@ def plan_history(session: Session, name: str) -> list[PlanVersion]:
     rows = session.scalars(
         select(SweepPlan).where(SweepPlan.name == name).order_by(SweepPlan.version.desc())
     ).all()
-    return [plan_version(row) for row in rows]
+    return _readable(rows)
 
 
-def save_plan(session: Session, name: str, body: PlanBody, *, by: str | None) -> SavedPlan:
+def save_plan(
+    session: Session, name: str, body: PlanBody, *, by: str | None, max_points: int
+) -> SavedPlan:
     """Saves `body` as the plan's next version, unless it is the current one already (then
-    nothing is written: applying one file twice is harmless). Raises PlanChanged."""
+    nothing is written: applying one file twice is harmless). Raises PlanRefused for a
+    grid of more than `max_points` points (the registry would refuse every run of it), or
+    PlanChanged."""
+    points = len(body.settings.grid())
+    if points > max_points:
+        raise PlanRefused(
+            f"the plan's grid has {points} points (npp x ntg x npl); this registry takes at "
+            f"most {max_points} in one run (FLEETBENCH_MAX_POINTS_PER_REPORT)"
+        )
     head = _head(session, name)
     stored = body.model_dump(mode="json")
     if head is not None and head.body == stored:
         return SavedPlan(plan_version(head), new_version=False)
-    row = SweepPlan(
-        name=name,
-        version=head.version + 1 if head is not None else 1,
-        body=stored,
-        created_at=_now(),
-        created_by=by,
-    )
+    return _insert(session, name, head.version + 1 if head is not None else 1, stored, by)
+
+
+def _insert(
+    session: Session, name: str, version: int, body: dict[str, Any], by: str | None
+) -> SavedPlan:
+    row = SweepPlan(name=name, version=version, body=body, created_at=_now(), created_by=by)
     session.add(row)
     try:
         session.flush()
@@ -123,16 +157,10 @@ def retire_plan(session: Session, name: str, *, by: str | None) -> SavedPlan | N
     head = _head(session, name)
     if head is None:
         return None
-    body = PlanBody.model_validate(head.body).model_copy(update={"enabled": False})
-    return save_plan(session, name, body, by=by)
-
-
-def _status_row(session: Session, node_id: int) -> NodePlanStatus:
-    row = session.get(NodePlanStatus, node_id)
-    if row is None:
-        row = NodePlanStatus(node_id=node_id)
-        session.add(row)
-    return row
+    retired = {**head.body, "enabled": False}  # as stored: rules changed since stay off
+    if head.body == retired:
+        return SavedPlan(plan_version(head), new_version=False)
+    return _insert(session, name, head.version + 1, retired, by)
 
 
 def node_plans(session: Session, node: Node) -> NodePlans:
@@ -153,19 +181,39 @@ def plan_etag(plans: NodePlans) -> str:
     return '"' + hashlib.sha256(plans.model_dump_json().encode()).hexdigest()[:32] + '"'
 
 
+def _upsert_status(session: Session, node_id: int, values: dict[str, Any]) -> None:
+    """One statement, so that a node's first status and an admin's sweep-now arriving
+    together (in two processes) both land."""
+    dialect = session.get_bind().dialect.name
+    insert_for: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert_for(NodePlanStatus).values(node_id=node_id, **values)
+    session.execute(
+        statement.on_conflict_do_update(index_elements=[NodePlanStatus.node_id], set_=values)
+    )
+
+
 def request_sweep(session: Session, node_id: int) -> datetime:
     """Asks the node to run every plan of its at its next poll."""
-    row = _status_row(session, node_id)
-    row.sweep_requested_at = _now()
-    return row.sweep_requested_at
+    now = _now()
+    _upsert_status(session, node_id, {"sweep_requested_at": now})
+    return now
 
 
 def record_status(session: Session, node_id: int, status: NodeStatus) -> None:
-    """Keeps what the node says; a sweep-now request it has run is cleared."""
-    row = _status_row(session, node_id)
-    row.reported_at = _now()
-    row.status = status.model_dump(mode="json")
-    row.next_run_at = status.next_run_at
-    requested = row.sweep_requested_at
-    if requested is not None and status.swept_now is not None and status.swept_now >= requested:
-        row.sweep_requested_at = None
+    """Keeps what the node says; a sweep-now request it has run is cleared, one made since
+    is kept."""
+    values = {
+        "reported_at": _now(),
+        "status": status.model_dump(mode="json"),
+        "next_run_at": status.next_run_at,
+    }
+    _upsert_status(session, node_id, values)
+    if status.swept_now is not None:
+        session.execute(
+            update(NodePlanStatus)
+            .where(
+                NodePlanStatus.node_id == node_id,
+                NodePlanStatus.sweep_requested_at <= status.swept_now,
+            )
+            .values(sweep_requested_at=None)
+        )

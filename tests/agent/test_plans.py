@@ -65,8 +65,14 @@ def test_nodes_pull_the_plans_their_labels_pick_and_each_change_at_the_next_poll
     for daemon in (east, west):
         daemon.poll_plans()
     assert list(east.planned) == ["pool-a"] and list(west.planned) == ["pool-b"]
-    assert east.scheduler.get_job("plan:pool-a") is not None
-    assert west.scheduler.get_job("plan:pool-a") is None
+    # polled again unchanged: a bodiless 304, for the tag as sent and as a proxy weakens it
+    etag = east.plan_cache.load()[0]  # type: ignore[index]
+    with live_registry.client(east.settings.current_token()) as client:
+        for tag in (etag, f"W/{etag}"):
+            again = client.get("/v1/agent/plans", headers={"If-None-Match": tag})
+            assert (again.status_code, again.content) == (304, b"")
+    assert east.scheduler.get_job("sweep:plan:pool-a") is not None
+    assert west.scheduler.get_job("sweep:plan:pool-a") is None
     nodes = _nodes(live_registry)
     [east_plan] = nodes["east"]["plans"]
     assert (east_plan["name"], east_plan["version"], east_plan["skipped"]) == ("pool-a", 1, None)
@@ -83,7 +89,7 @@ def test_nodes_pull_the_plans_their_labels_pick_and_each_change_at_the_next_poll
     for daemon in (east, west):
         daemon.poll_plans()
         assert daemon.planned["both"].plan.version == 2
-        trigger = str(daemon.scheduler.get_job("plan:both").trigger)
+        trigger = str(daemon.scheduler.get_job("sweep:plan:both").trigger)
         assert "hour='4', minute='30'" in trigger
     assert {p["name"]: p["version"] for p in _nodes(live_registry)["west"]["plans"]} == {
         "both": 2,
@@ -98,7 +104,7 @@ def test_nodes_pull_the_plans_their_labels_pick_and_each_change_at_the_next_poll
     with live_registry.client(admin) as client:
         assert client.delete("/v1/plans/both").json()["enabled"] is False
     east.poll_plans()
-    assert "both" not in east.planned and east.scheduler.get_job("plan:both") is None
+    assert "both" not in east.planned and east.scheduler.get_job("sweep:plan:both") is None
 
 
 def test_an_admins_sweep_now_runs_the_plan_once_and_delivers_the_run(
@@ -149,8 +155,8 @@ def test_a_node_without_the_model_reports_why_it_skips(
     assert skipped["searched"] is None
     assert node.planned["searched"].sweep.model == tiny_llama  # type: ignore[union-attr]
     assert skipped["not-found"].startswith(f"model missing: no .gguf file in {tmp_path}")
-    assert [j.id for j in node.scheduler.get_jobs() if j.id.startswith("plan:")] == [
-        "plan:searched"
+    assert [j.id for j in node.scheduler.get_jobs() if j.id.startswith("sweep:plan:")] == [
+        "sweep:plan:searched"
     ]
 
 
@@ -186,10 +192,10 @@ def test_a_node_started_while_the_registry_is_down_runs_its_cached_plans(
         token=token,
     )
     restarted.schedule()
-    assert restarted.scheduler.get_job("plan:nightly") is not None  # before any poll
+    assert restarted.scheduler.get_job("sweep:plan:nightly") is not None  # before any poll
     restarted.poll_plans()  # unreachable: nothing changes
     assert list(restarted.planned) == ["nightly"]
-    assert restarted.scheduler.get_job("plan:nightly") is not None
+    assert restarted.scheduler.get_job("sweep:plan:nightly") is not None
 
 
 def test_bad_plans_are_refused_with_the_field_named(live_registry: LiveRegistry) -> None:
@@ -199,10 +205,17 @@ def test_bad_plans_are_refused_with_the_field_named(live_registry: LiveRegistry)
         "bad cron": {"model": {"path": "/m.gguf"}, "cron": "every night"},
         "bad setting": {"model": {"path": "/m.gguf"}, "settings": {"npl": [0]}},
         "unknown setting": {"model": {"path": "/m.gguf"}, "settings": {"gpu": "yes"}},
+        # 2 x 20 x 32 = 1,280 points a run: more than this registry takes in one
+        "too large a grid": {
+            "model": {"path": "/m.gguf"},
+            "settings": {"npp": [128, 512], "ntg": list(range(1, 21)), "npl": list(range(1, 33))},
+        },
     }
     for name, body in refused.items():
         answer = _save(live_registry, admin, name.replace(" ", "-"), **body)
         assert answer.status_code == 422, (name, answer.text)
+        if name == "too large a grid":
+            assert "has 1280 points" in answer.json()["detail"]
     with live_registry.client(live_registry.token("node-x")) as client:
         assert (
             client.put(
@@ -331,22 +344,51 @@ def test_the_registry_cli_applies_lists_and_retires_plans(
 
 
 def test_a_plan_runs_only_the_binaries_the_node_allows(tiny_llama: Path, tmp_path: Path) -> None:
-    plan = PlanVersion.model_validate(
-        {
-            "name": "binary",
-            "version": 1,
-            "created_at": "2026-12-01T00:00:00Z",
-            "model": {"path": str(tiny_llama)},
-            "cron": "0 3 * * *",
-            "binary": "/tmp/anything",
-        }
-    )
+    def plan(**fields: object) -> PlanVersion:
+        return PlanVersion.model_validate(
+            {
+                "name": "binary",
+                "version": 1,
+                "created_at": "2026-12-01T00:00:00Z",
+                "model": {"path": str(tiny_llama)},
+                "cron": "0 3 * * *",
+                **fields,
+            }
+        )
+
     cache = tmp_path / "sha256.json"
-    refused = resolve_plan(plan, sha256_cache=cache)
+    named = plan(binary="/opt/llama/llama-batched-bench")
+    refused = resolve_plan(named, sha256_cache=cache)
     assert refused.sweep is None
     assert refused.skipped == (
-        "binary /tmp/anything is not one this node allows plans to run (agent.plan_binaries)"
+        "binary /opt/llama/llama-batched-bench is not one this node allows plans to run "
+        "(agent.plan_binaries)"
     )
-    allowed = resolve_plan(plan, sha256_cache=cache, allowed_binaries=[Path("/tmp/anything")])
-    assert allowed.skipped is not None and "/tmp/anything" in allowed.skipped  # not a binary
-    assert "not one this node allows" not in allowed.skipped
+    on_path = resolve_plan(plan(engine="llama-batched-bench"), sha256_cache=cache)
+    assert (on_path.skipped or "").startswith("binary llama-batched-bench (on PATH) is not one")
+    allowed = [Path("/opt/llama/llama-batched-bench")]
+    taken = resolve_plan(named, sha256_cache=cache, allowed_binaries=allowed)
+    assert taken.skipped is None
+    assert taken.sweep is not None and taken.sweep.binary == allowed[0]
+
+
+def test_an_unreadable_model_is_a_skip_not_a_crash(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Root reads every file here, so the refusal another user would get is stood in for.
+    def refuse(path: Path, **_: object) -> str:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("fleetbench.agent.plans.sha256_of", refuse)
+    plan = PlanVersion.model_validate(
+        {
+            "name": "locked",
+            "version": 1,
+            "created_at": "2026-12-01T00:00:00Z",
+            "model": {"path": str(tiny_llama), "sha256": "0" * 64},
+            "cron": "0 3 * * *",
+        }
+    )
+    planned = resolve_plan(plan, sha256_cache=tmp_path / "sha256.json")
+    assert planned.sweep is None
+    assert planned.skipped == f"model unreadable: [Errno 13] Permission denied: '{tiny_llama}'"

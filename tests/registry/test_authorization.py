@@ -119,7 +119,9 @@ def _fleet(registry: LiveRegistry) -> tuple[dict[str, str | None], dict[str, str
         revoked_token, revoked = tokens.create_token(session, scope="node", node_name="node-c")
         tokens.revoke_token(session, token_id=revoked_token.id)
         victim, _ = tokens.create_token(session, scope="reader", name="rotated, then revoked")
-        plans.save_plan(session, "node-a", PlanBody.model_validate(PLAN), by="test")
+        plans.save_plan(
+            session, "node-a", PlanBody.model_validate(PLAN), by="test", max_points=1024
+        )
         session.commit()
     callers: dict[str, str | None] = {
         "none": None,

@@ -38,7 +38,7 @@ def test_user_text_shows_as_text_everywhere(dashboard: Dashboard, fleet: Fleet) 
 
     page = dashboard.open("/")
     assert dashboard.table("#nodes")[0][:4] == [NODE, "regressed", "—", engine]
-    assert dashboard.table("#nodes")[0][7] == f"note={LABEL}"
+    assert dashboard.table("#nodes")[0][9] == f"note={LABEL}"
     assert_inert(dashboard)
     page.fill("#filter", "<img")
     assert len(dashboard.table("#nodes")) == 1

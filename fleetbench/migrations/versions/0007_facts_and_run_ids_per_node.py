@@ -1,4 +1,4 @@
-"""model facts kept per reporting node; run ids scoped per node
+"""model facts kept per set reported (each run names its own); run ids scoped per node
 
 Each model's facts (file size, architecture) move from `models` to `model_facts`, one row
 per distinct set reported, and every run and latest run names the set it came with: so far

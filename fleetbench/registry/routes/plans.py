@@ -5,20 +5,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Path, Request, Response, status
+from fastapi import APIRouter, Header, HTTPException, Path, Response, status
 
-from fleetbench.contract.bounds import NAME_LENGTH, WITHOUT_NUL
+from fleetbench.contract.bounds import NAME_LENGTH, WITHOUT_NUL, Name
 from fleetbench.contract.plans import NodePlans, NodeStatus, PlanBody, PlanVersion, PlanVersions
 from fleetbench.registry import plans
 from fleetbench.registry.db import write_transaction
-from fleetbench.registry.deps import AdminAuth, NodeAuth, ReadAccess, SessionDep, node_or_404
+from fleetbench.registry.deps import (
+    AdminAuth,
+    AuthenticatedFirst,
+    AuthenticateFirst,
+    ReadAccess,
+    SessionDep,
+    SettingsDep,
+    node_or_404,
+)
+from fleetbench.registry.models import Node
 from fleetbench.registry.params import NodePath
 from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
 
 router = APIRouter(prefix="/plans", tags=["plans"])
-agent_router = APIRouter(prefix="/agent", tags=["agent"])
+# The token is checked before a body is read: a node's status costs a bad token nothing.
+agent_router = APIRouter(prefix="/agent", tags=["agent"], route_class=AuthenticateFirst)
 
-PlanName = Annotated[str, Path(min_length=1, max_length=NAME_LENGTH, pattern=WITHOUT_NUL)]
+PlanName = Annotated[Name, Path(min_length=1, max_length=NAME_LENGTH, pattern=WITHOUT_NUL)]
 CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"description": "the plan was changed at the same moment: save again"}
 }
@@ -50,19 +60,29 @@ def read_plan_versions(name: PlanName, session: SessionDep) -> PlanVersions:
     response_model=PlanVersion,
     responses={
         201: {"model": PlanVersion, "description": "a new version was saved"},
+        422: {"description": "not a plan, or one whose runs this registry would refuse"},
         **CONFLICT,
         **BAD_BODY,
         **TOO_LARGE,
     },
 )
 def save_plan(
-    name: PlanName, body: PlanBody, session: SessionDep, admin: AdminAuth, response: Response
+    name: PlanName,
+    body: PlanBody,
+    session: SessionDep,
+    settings: SettingsDep,
+    admin: AdminAuth,
+    response: Response,
 ) -> PlanVersion:
     """Saves the plan as its next version (201), or answers 200 with the current one when
     the body is that already. Agents pick it up at their next poll."""
     with write_transaction(session):
         try:
-            saved = plans.save_plan(session, name, body, by=admin.name)
+            saved = plans.save_plan(
+                session, name, body, by=admin.name, max_points=settings.max_points_per_report
+            )
+        except plans.PlanRefused as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
         except plans.PlanChanged as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
         session.commit()
@@ -103,19 +123,26 @@ def sweep_now(name: NodePath, session: SessionDep, _: AdminAuth) -> NodePlans:
 @agent_router.get(
     "/plans",
     response_model=NodePlans,
-    responses={304: {"description": "unchanged since the ETag given in If-None-Match"}},
+    responses={
+        304: {"description": "unchanged since the ETag given in If-None-Match"},
+        **NOT_FOUND,
+    },
 )
 def pull_plans(
     session: SessionDep,
-    node: NodeAuth,
-    if_none_match: Annotated[str | None, Header(max_length=200)] = None,
+    node: AuthenticatedFirst,
+    if_none_match: Annotated[str | None, Header(max_length=2000)] = None,
 ) -> Response:
-    """The plans that pick this token's node, with a strong ETag: polled with If-None-Match,
-    an unchanged answer is a bodiless 304."""
-    answer = plans.node_plans(session, node_or_404(session, node.name))
+    """The plans that pick this token's node, with an ETag: polled with If-None-Match, an
+    unchanged answer is a bodiless 304 (a proxy's weak form of the tag matches too)."""
+    found = session.get(Node, node.id)
+    if found is None:  # deleted since its token was checked
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {node.name!r} not found")
+    answer = plans.node_plans(session, found)
     etag = plans.plan_etag(answer)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
-    if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
+    given = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
+    if etag in given:
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
     return Response(answer.model_dump_json(), media_type="application/json", headers=headers)
 
@@ -123,7 +150,7 @@ def pull_plans(
 @agent_router.put(
     "/status", status_code=status.HTTP_204_NO_CONTENT, responses={**BAD_BODY, **TOO_LARGE}
 )
-def report_status(body: NodeStatus, request: Request, session: SessionDep, node: NodeAuth) -> None:
+def report_status(body: NodeStatus, session: SessionDep, node: AuthenticatedFirst) -> None:
     """What this token's node says of its plans: versions run, skips and why, next run."""
     with write_transaction(session):
         plans.record_status(session, node.id, body)
