@@ -2,7 +2,7 @@
 
 Fidelity: the in-process runner (fleetbench/agent/runners/llama_cpp_python.py)
 against `llama-batched-bench` built from the same vendored llama.cpp
-(scripts/build-batched-bench.sh), same model, same settings, interleaved A B A B so that
+(scripts/build-llama-tool.sh), same model, same settings, interleaved A B A B so that
 the machine's drift hits both alike. For each B: the median over pairs of S_PP(A)/S_PP(B)
 and S_TG(A)/S_TG(B), with the spread of those pair ratios (P25-P75). Target: 0.97-1.03.
 Both measure B=1 first, right after their 16-token warm-up: it is cold for both alike, so
@@ -12,7 +12,7 @@ Overhead: a whole `fleetbench-agent sweep` process against a whole `llama-batche
 process on the same points (start, model load, sweep, exit), interleaved; the median of the
 per-pair wall-time ratios. Target: <= 1.15.
 
-    .venv/bin/python bench/sweep_fidelity.py --binary "$(scripts/build-batched-bench.sh)"
+    .venv/bin/python bench/sweep_fidelity.py --binary "$(scripts/build-llama-tool.sh)"
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ fi
 if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && [ -z "${CMAKE_ARGS:-}" ]; then
     # llama.cpp's AMX path crashes in decode on some of these CPUs (ggml-org/llama.cpp#20824):
     # llama.cpp is built without it, keeping AVX-512 and VNNI (llama-cpp-python here, and
-    # llama-batched-bench in build-batched-bench.sh).
+    # llama.cpp's tools in build-llama-tool.sh).
     export FLEETBENCH_NO_AMX=1
     export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON"
 fi

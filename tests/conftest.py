@@ -42,15 +42,23 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(assemble(tmp_path_factory.mktemp("models") / "gemma-3-270m-Q4_K_M.gguf"))
 
 
-@pytest.fixture(scope="session")
-def batched_bench() -> Path:
-    """llama-batched-bench of the llama.cpp that llama-cpp-python vendors, built once per
-    machine by scripts/build-batched-bench.sh (minutes the first time, then cached)."""
-
-    script = Path(__file__).parent.parent / "scripts" / "build-batched-bench.sh"
-    done = subprocess.run([str(script)], capture_output=True, text=True, timeout=3000)
+def _llama_tool(name: str) -> Path:
+    """A tool of the llama.cpp that llama-cpp-python vendors, built once per machine by
+    scripts/build-llama-tool.sh (minutes the first time, then cached)."""
+    script = Path(__file__).parent.parent / "scripts" / "build-llama-tool.sh"
+    done = subprocess.run([str(script), name], capture_output=True, text=True, timeout=3000)
     assert done.returncode == 0, done.stderr[-3000:]
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def batched_bench() -> Path:
+    return _llama_tool("llama-batched-bench")
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Path:
+    return _llama_tool("llama-server")
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ from fleetbench.agent.display import (
     fail,
     out,
     placement_table,
+    serving_table,
     spool_table,
 )
 from fleetbench.agent.errors import (
@@ -43,6 +44,8 @@ from fleetbench.agent.handover import (
 from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
+from fleetbench.agent.serving.load import Limits
+from fleetbench.agent.serving.sweep import ServeSpec, serve_sweep
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
 
@@ -133,17 +136,15 @@ def import_output(
         raise typer.Exit(1)
 
 
-def _ints(text: str, option: str) -> tuple[int, ...]:
+def _ints(text: str, option: str, *, least: int = 0) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError as exc:
         raise typer.BadParameter(
             f"{text!r} is not a comma list of integers", param_hint=option
         ) from exc
-    if not values or any(v < 0 for v in values) or (option == "--npl" and 0 in values):
-        raise typer.BadParameter(
-            f"{text!r}: give non-negative integers (B >= 1)", param_hint=option
-        )
+    if not values or any(v < least for v in values):
+        raise typer.BadParameter(f"{text!r}: give integers >= {least}", param_hint=option)
     return values
 
 
@@ -193,7 +194,7 @@ def sweep(
             {
                 "npp": _ints(npp, "--npp"),
                 "ntg": _ints(ntg, "--ntg"),
-                "npl": _ints(npl, "--npl"),
+                "npl": _ints(npl, "--npl", least=1),
                 "ctx_size": ctx_size,
                 "batch_size": batch_size,
                 "ubatch_size": ubatch_size,
@@ -407,6 +408,49 @@ def placement(
         out.print_json(answer.model_dump_json())
     else:
         out.print(placement_table(answer))
+
+
+@app.command("serve-sweep")
+def serve_sweep_command(
+    url: Annotated[str, typer.Option(help="the server, e.g. http://127.0.0.1:8080")],
+    model: Annotated[str, typer.Option(help="the model's name (OpenAI servers are asked for it)")],
+    concurrency: Annotated[str, typer.Option(help="requests in flight C, comma list")] = "1,2,4,8",
+    prompt_tokens: Annotated[int, typer.Option(min=1, max=1_000_000)] = 512,
+    gen_tokens: Annotated[int, typer.Option(min=1, max=1_000_000)] = 128,
+    requests: Annotated[
+        int | None, typer.Option(min=1, max=1_000_000, help="per concurrency [default: 4 C, >= 8]")
+    ] = None,
+    first_token_timeout: Annotated[float, typer.Option(min=0.1, help="seconds")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON")] = False,
+) -> None:
+    """Measure the server a team runs: at each concurrency, exactly C streaming completions
+    in flight, every token timestamped (TTFT, inter-token latency, per-user speed)."""
+    levels = _ints(concurrency, "--concurrency", least=1)
+    spec = ServeSpec(
+        url=url.rstrip("/"),
+        model=model,
+        concurrency=levels,
+        prompt_tokens=prompt_tokens,
+        gen_tokens=gen_tokens,
+        requests=requests,
+        limits=Limits(first_token_s=first_token_timeout),
+    )
+    with Progress(console=err, transient=True, disable=as_json) as progress:
+        task = progress.add_task(f"{url}: concurrency", total=len(levels))
+        outcome = serve_sweep(spec, on_point=lambda _: progress.advance(task))
+    for warning in outcome.warnings:
+        err.print(f"warning: {warning}", soft_wrap=True)
+    if as_json:
+        out.print_json(json.dumps(dataclasses.asdict(outcome)))
+    else:
+        server = outcome.server
+        said = f"{server.kind} {server.build or ''}".strip()
+        title = f"{model} on {said} at {url}: prompt {prompt_tokens}, output {gen_tokens} tokens"
+        out.print(serving_table(outcome.points, title=title))
+    for level, why in outcome.failures:
+        err.print(error_line(f"concurrency {level}: {why}"), soft_wrap=True)
+    if outcome.failures:
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from fleetbench.agent.serving.stats import ServingPoint
 from fleetbench.agent.spool import SpooledRun
 from fleetbench.contract.answers import PlacementAnswer
 from fleetbench.contract.wire import Point
@@ -80,6 +81,29 @@ def curve_table(points: Sequence[Point], *, title: str) -> Table:
             _fmt(per_user),
             _fmt(ms_per_token, 0),
             _fmt(p.s_pp),
+        )
+    return table
+
+
+def serving_table(points: Sequence[ServingPoint], *, title: str) -> Table:
+    """Per concurrency: requests, total and per-user output t/s, TTFT, ITL, errors."""
+    table = Table(title=title, title_justify="left")
+    headers = ("C", "completed", "total t/s", "per user p10/p50/p90", "TTFT ms p50/p90/p99")
+    for header in (*headers, "ITL ms p50/p99", "errors"):
+        table.add_column(header, justify="right")
+
+    def spread(values: dict[str, float | None], digits: int) -> str:
+        return " / ".join(_fmt(v, digits) for v in values.values())
+
+    for p in points:
+        table.add_row(
+            str(p.concurrency),
+            f"{p.completed}/{p.requests}",
+            _fmt(p.total_tps),
+            spread(p.per_user_tps, 1),
+            spread(p.ttft_ms, 0),
+            f"{_fmt(p.itl_ms['p50'], 1)} / {_fmt(p.itl_ms['p99'], 1)}",
+            ", ".join(f"{n} {kind}" for kind, n in p.errors.items()) or "-",
         )
     return table
 

@@ -1,5 +1,5 @@
 """The external runner: the real llama-batched-bench, built from the llama.cpp that
-llama-cpp-python vendors (scripts/build-batched-bench.sh), on Gemma 3 270M."""
+llama-cpp-python vendors (scripts/build-llama-tool.sh), on Gemma 3 270M."""
 
 from __future__ import annotations
 

@@ -1,0 +1,72 @@
+"""Which server answers, read from the server itself: llama-server's /props (build, model
+path, context) and /slots (how many, the context of each, which are busy); vLLM's /version;
+Ollama's /api/version; otherwise an OpenAI-compatible server of unknown make."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+__all__ = ["ServerInfo", "busy_slots", "identify"]
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    kind: str  # llama-server, vllm, ollama, openai-compatible
+    build: str | None = None
+    model_path: str | None = None
+    n_ctx: int | None = None
+    slots: int | None = None
+    ctx_per_slot: int | None = None
+
+
+def _json(client: httpx.Client, path: str) -> Any:
+    """The JSON at `path`, or None for any answer that is not; no answer at all raises
+    httpx.TransportError (the server is not there)."""
+    response = client.get(path)
+    if response.status_code != 200:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def identify(client: httpx.Client) -> ServerInfo:
+    """What the server says of itself. Raises httpx.TransportError when it does not answer."""
+    props = _json(client, "/props")
+    if isinstance(props, dict) and "build_info" in props:
+        settings = props.get("default_generation_settings") or {}
+        slots = _json(client, "/slots")
+        per_slot = (
+            [s.get("n_ctx") for s in slots if isinstance(s, dict)]
+            if isinstance(slots, list)
+            else []
+        )
+        return ServerInfo(
+            kind="llama-server",
+            build=str(props["build_info"]),
+            model_path=props.get("model_path"),
+            n_ctx=settings.get("n_ctx"),
+            slots=props.get("total_slots"),
+            ctx_per_slot=min(
+                (n for n in per_slot if isinstance(n, int)), default=settings.get("n_ctx")
+            ),
+        )
+    version = _json(client, "/version")
+    if isinstance(version, dict) and "version" in version:
+        return ServerInfo(kind="vllm", build=str(version["version"]))
+    ollama = _json(client, "/api/version")
+    if isinstance(ollama, dict) and "version" in ollama:
+        return ServerInfo(kind="ollama", build=str(ollama["version"]))
+    return ServerInfo(kind="openai-compatible")
+
+
+def busy_slots(client: httpx.Client) -> int | None:
+    """How many of llama-server's slots are processing a request now (None: not known)."""
+    slots = _json(client, "/slots")
+    if not isinstance(slots, list):
+        return None
+    return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))

@@ -1,0 +1,96 @@
+"""A serving point from the records of its requests: pure functions, no clock, no I/O."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["RequestRecord", "ServingPoint", "percentile", "serving_point"]
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it: when it was sent, when each token arrived (seconds
+    on one monotonic clock), how many tokens the server says it generated, and what went
+    wrong, if anything (None: it completed with the tokens asked for)."""
+
+    sent: float
+    token_times: list[float] = field(default_factory=list)
+    tokens_reported: int | None = None
+    error: str | None = None
+    done: float | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_reported if self.tokens_reported is not None else len(self.token_times)
+
+
+@dataclass(frozen=True)
+class ServingPoint:
+    concurrency: int
+    requests: int
+    completed: int
+    output_tokens: int
+    seconds: float
+    total_tps: float | None  # output tokens of every request over the level's wall time
+    per_user_tps: dict[str, float | None]  # p10, p50, p90 across completed requests
+    ttft_ms: dict[str, float | None]  # p50, p90, p99
+    itl_ms: dict[str, float | None]
+    e2e_ms: dict[str, float | None]
+    errors: dict[str, int]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear between the closest ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _spread(
+    values: Sequence[float], qs: Sequence[int], scale: float = 1.0
+) -> dict[str, float | None]:
+    return {
+        f"p{q}": (value * scale if (value := percentile(values, q)) is not None else None)
+        for q in qs
+    }
+
+
+def serving_point(
+    concurrency: int, records: Sequence[RequestRecord], *, started: float, ended: float
+) -> ServingPoint:
+    """The point of one concurrency. Per-user decode speed is a request's tokens after the
+    first over the time from its first to its last token; TTFT is from sending to the first
+    token; inter-token latency is every gap between a request's tokens."""
+    completed = [r for r in records if r.error is None and r.token_times]
+    speeds: list[float] = []
+    ttfts: list[float] = []
+    gaps: list[float] = []
+    e2es: list[float] = []
+    for record in completed:
+        first, last = record.token_times[0], record.token_times[-1]
+        ttfts.append(first - record.sent)
+        e2es.append((record.done or last) - record.sent)
+        if len(record.token_times) > 1 and last > first:
+            speeds.append((len(record.token_times) - 1) / (last - first))
+        gaps.extend(b - a for a, b in zip(record.token_times, record.token_times[1:], strict=False))
+    seconds = ended - started
+    output = sum(r.tokens for r in records)
+    return ServingPoint(
+        concurrency=concurrency,
+        requests=len(records),
+        completed=len(completed),
+        output_tokens=output,
+        seconds=seconds,
+        total_tps=output / seconds if seconds > 0 else None,
+        per_user_tps=_spread(speeds, (10, 50, 90)),
+        ttft_ms=_spread(ttfts, (50, 90, 99), 1000),
+        itl_ms=_spread(gaps, (50, 90, 99), 1000),
+        e2e_ms=_spread(e2es, (50, 90, 99), 1000),
+        errors=dict(Counter(r.error for r in records if r.error is not None)),
+    )

@@ -1,0 +1,177 @@
+"""Serving sweeps against a real llama-server (built from the llama.cpp llama-cpp-python
+vendors) on Gemma 3 270M, and against small servers on loopback that fail as real ones do:
+503s, a stream cut off mid-way, a first token that never comes, a server that is gone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleetbench.agent.serving.load import Limits
+from fleetbench.agent.serving.stats import RequestRecord, percentile, serving_point
+from fleetbench.agent.serving.sweep import ServeSpec, serve_sweep
+from tests.factories import agent, free_port
+
+SLOTS = 2
+
+
+@pytest.fixture(scope="module")
+def gemma_server(
+    llama_server: Path, gemma: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """llama-server with 2 slots of 512 tokens on Gemma 3 270M, on a loopback port."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("llama-server") / "server.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [str(llama_server), "-m", str(gemma), "--host", "127.0.0.1", "--port", str(port),
+             "-np", str(SLOTS), "-c", str(512 * SLOTS), "-t", "2", "--no-webui"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    yield url
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def test_a_serving_sweep_of_a_real_llama_server(gemma_server: str) -> None:
+    spec = ServeSpec(
+        url=gemma_server,
+        model="gemma-3-270m",
+        concurrency=(1, 2, 4),
+        prompt_tokens=64,
+        gen_tokens=24,
+        requests=8,
+    )
+    outcome = serve_sweep(spec)
+    assert outcome.server.kind == "llama-server"
+    assert (outcome.server.slots, outcome.server.ctx_per_slot) == (SLOTS, 512)
+    assert outcome.prompt_exact and outcome.failures == []
+    assert [p.concurrency for p in outcome.points] == [1, 2, 4]
+    for point in outcome.points:
+        assert (point.requests, point.completed, point.errors) == (8, 8, {})
+        assert point.output_tokens == 8 * 24  # every request got exactly the tokens asked for
+    one, two, four = outcome.points
+    # per-user speed falls as users share the server; total throughput grows up to the slots
+    assert one.per_user_tps["p50"] > two.per_user_tps["p50"]  # type: ignore[operator]
+    assert two.total_tps > one.total_tps  # type: ignore[operator]
+    # past the slots requests queue: the waiting shows in the time to first token
+    assert four.ttft_ms["p90"] > 2 * two.ttft_ms["p90"]  # type: ignore[operator]
+    assert any("exceeds the server's 2 slots" in w for w in outcome.warnings)
+
+
+def test_the_cli_prints_the_serving_table(gemma_server: str) -> None:
+    done = agent(
+        "serve-sweep", "--url", gemma_server, "--model", "gemma-3-270m", "--concurrency", "1,2",
+        "--prompt-tokens", "32", "--gen-tokens", "8", "--requests", "4", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout)
+    assert outcome["server"]["kind"] == "llama-server"
+    assert [p["output_tokens"] for p in outcome["points"]] == [32, 32]
+
+
+class _Faulty(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that fails as the `mode` of its server says."""
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    def do_POST(self) -> None:
+        mode = self.server.mode  # type: ignore[attr-defined]
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if mode == "busy":
+            self.send_response(503)
+            self.send_header("Retry-After", "1")
+            self.end_headers()
+            return
+        if mode == "silent":
+            time.sleep(5)  # longer than the client waits for a first token
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for _ in range(3):  # then the connection drops: no end of stream
+            self.wfile.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+            self.wfile.flush()
+        self.close_connection = True
+
+
+@pytest.fixture
+def faulty() -> Iterator[tuple[str, ThreadingHTTPServer]]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Faulty)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "error"),
+    [("busy", "http 503"), ("cut", "stream cut off"), ("silent", "timeout")],
+)
+def test_a_failing_server_is_recorded_not_waited_for(
+    faulty: tuple[str, ThreadingHTTPServer], mode: str, error: str
+) -> None:
+    url, server = faulty
+    server.mode = mode  # type: ignore[attr-defined]
+    begun = time.monotonic()
+    outcome = serve_sweep(
+        ServeSpec(url=url, model="m", concurrency=(1, 2), prompt_tokens=8, gen_tokens=8,
+                  requests=2, limits=Limits(first_token_s=1, request_s=3))
+    )  # fmt: skip
+    assert time.monotonic() - begun < 30
+    assert outcome.server.kind == "openai-compatible" and not outcome.prompt_exact
+    assert outcome.points == []
+    assert [level for level, _ in outcome.failures] == [1, 2]
+    assert all(why == f"every request failed: 2 {error}" for _, why in outcome.failures)
+
+
+def test_a_server_that_is_gone_fails_every_level_and_the_agent_carries_on() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    done = agent("serve-sweep", "--url", url, "--model", "m", "--concurrency", "1,2,4")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "concurrency 1: the server at" in done.stderr
+    assert "concurrency 4:" in done.stderr
+
+
+def test_a_point_from_request_records() -> None:
+    # two users, 5 tokens each, 10 ms apart; the second waited 100 ms for its first token
+    records = [
+        RequestRecord(sent=0.0, token_times=[0.05 + i * 0.01 for i in range(5)], done=0.1),
+        RequestRecord(sent=0.0, token_times=[0.10 + i * 0.01 for i in range(5)], done=0.15),
+        RequestRecord(sent=0.0, error="http 429"),
+    ]
+    point = serving_point(2, records, started=0.0, ended=0.2)
+    assert (point.requests, point.completed, point.output_tokens) == (3, 2, 10)
+    assert point.total_tps == pytest.approx(50.0)
+    assert point.per_user_tps["p50"] == pytest.approx(100.0)  # 4 tokens after the first in 40 ms
+    assert point.ttft_ms["p50"] == pytest.approx(75.0)
+    assert point.itl_ms["p99"] == pytest.approx(10.0)
+    assert point.errors == {"http 429": 1}
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([], 90) is None
