@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
+import httpx
 import typer
 from pydantic import ValidationError
 from rich.progress import Progress
@@ -420,12 +421,21 @@ def serve_sweep_command(
     requests: Annotated[
         int | None, typer.Option(min=1, max=1_000_000, help="per concurrency [default: 4 C, >= 8]")
     ] = None,
-    first_token_timeout: Annotated[float, typer.Option(min=0.1, help="seconds")] = 60.0,
+    first_token_timeout: Annotated[
+        float, typer.Option(min=0.1, help="seconds to the first token, and between two")
+    ] = 60.0,
+    request_timeout: Annotated[float, typer.Option(min=1, help="seconds for a request")] = 600.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON")] = False,
 ) -> None:
     """Measure the server a team runs: at each concurrency, exactly C streaming completions
     in flight, every token timestamped (TTFT, inter-token latency, per-user speed)."""
     levels = _ints(concurrency, "--concurrency", least=1)
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise typer.BadParameter(f"{url!r}: {exc}", param_hint="--url") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise typer.BadParameter(f"{url!r} is not an http(s) URL", param_hint="--url")
     spec = ServeSpec(
         url=url.rstrip("/"),
         model=model,
@@ -433,7 +443,7 @@ def serve_sweep_command(
         prompt_tokens=prompt_tokens,
         gen_tokens=gen_tokens,
         requests=requests,
-        limits=Limits(first_token_s=first_token_timeout),
+        limits=Limits(first_token_s=first_token_timeout, request_s=request_timeout),
     )
     with Progress(console=err, transient=True, disable=as_json) as progress:
         task = progress.add_task(f"{url}: concurrency", total=len(levels))

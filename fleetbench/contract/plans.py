@@ -20,6 +20,7 @@ from fleetbench.contract.bounds import Int32, Moment, Name, Sha256, Text
 from fleetbench.contract.sweep_spec import SweepSpec
 
 __all__ = [
+    "MAX_PLANS_PER_NODE",
     "REASON_LENGTH",
     "NodePlans",
     "NodeStatus",
@@ -34,6 +35,7 @@ __all__ = [
 Path = Annotated[Text, Field(min_length=1, max_length=1000)]
 LabelText = Annotated[Text, Field(min_length=1, max_length=200)]
 REASON_LENGTH = 500
+MAX_PLANS_PER_NODE = 1000  # what one node pulls and reports, at most
 Reason = Annotated[Text, Field(max_length=REASON_LENGTH)]
 # Five crontab fields of the characters crontab takes; the agent's scheduler checks the
 # rest (ranges, names) when it loads the plan, and skips a plan it cannot schedule, saying so.
@@ -129,7 +131,7 @@ class NodePlans(_Strict):
     an admin asked it to sweep now, when they asked."""
 
     node: str
-    plans: list[PlanVersion]
+    plans: list[PlanVersion] = Field(max_length=MAX_PLANS_PER_NODE)
     sweep_now: Moment | None = Field(
         default=None, description="an admin asked for every plan to run at the next poll"
     )
@@ -153,7 +155,7 @@ class PlanState(_Strict):
 class NodeStatus(_Strict):
     """What a node reports about its plans after each poll and each sweep."""
 
-    plans: list[PlanState] = Field(default_factory=list, max_length=256)
+    plans: list[PlanState] = Field(default_factory=list, max_length=MAX_PLANS_PER_NODE)
     local_sweeps: Int32 = Field(default=0, description="[[sweep]] tables of its own agent.toml")
     next_run_at: Moment | None = Field(default=None, description="its next sweep of any kind")
     swept_now: Moment | None = Field(

@@ -29,6 +29,10 @@ def _sqlite_foreign_keys(connection: Connection, on: bool) -> None:
     driver.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
 
 
+def _broken_references(connection: Connection) -> list[tuple[object, ...]]:
+    return [tuple(row) for row in connection.exec_driver_sql("PRAGMA foreign_key_check")]
+
+
 def run_migrations_online() -> None:
     with _engine().connect() as connection:
         sqlite = connection.dialect.name == "sqlite"
@@ -45,12 +49,15 @@ def run_migrations_online() -> None:
         )
         try:
             with context.begin_transaction():
-                before = context.get_context().get_current_revision()
+                # Checked only when there is something to migrate, and only for what the
+                # migrations broke (not what was broken before).
+                check = sqlite and context.get_context().get_current_revision() != (
+                    context.get_head_revision()
+                )
+                before = set(_broken_references(connection)) if check else set()
                 context.run_migrations()
-                if sqlite and context.get_context().get_current_revision() != before:
-                    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
-                    if broken:
-                        raise RuntimeError(f"the migration broke references: {broken[:10]}")
+                if check and (broken := set(_broken_references(connection)) - before):
+                    raise RuntimeError(f"the migration broke references: {sorted(broken)[:10]}")
         finally:
             if sqlite:
                 _sqlite_foreign_keys(connection, on=True)

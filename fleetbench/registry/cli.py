@@ -396,7 +396,11 @@ def plan_list(
 def plan_retire(name: Annotated[str, typer.Argument(help="the plan's name")]) -> None:
     """Stop every node running the plan (a version of it that is off; all stay on record)."""
     with session_factory(_open(RegistrySettings()))() as session, write_transaction(session):
-        saved = plans.retire_plan(session, name, by="fleetbench-registry plan retire")
+        try:
+            saved = plans.retire_plan(session, name, by="fleetbench-registry plan retire")
+        except (plans.PlanRefused, plans.PlanChanged) as exc:
+            _error(str(exc))
+            raise typer.Exit(1) from exc
         if saved is None:
             _error(f"no plan {name!r}")
             raise typer.Exit(1)

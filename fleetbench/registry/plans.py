@@ -23,7 +23,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from fleetbench.contract.plans import NodePlans, NodeStatus, PlanBody, PlanVersion, plan_selects
+from fleetbench.contract.plans import (
+    MAX_PLANS_PER_NODE,
+    NodePlans,
+    NodeStatus,
+    PlanBody,
+    PlanVersion,
+    plan_selects,
+)
 from fleetbench.registry.models import Node, NodePlanStatus, SweepPlan
 
 __all__ = [
@@ -153,14 +160,21 @@ def _insert(
 
 
 def retire_plan(session: Session, name: str, *, by: str | None) -> SavedPlan | None:
-    """Saves a version of the plan that no node runs (None: no such plan)."""
+    """Saves a version of the plan that no node runs (None: no such plan; a plan retired
+    already stays as it is). Raises PlanRefused or PlanChanged."""
     head = _head(session, name)
     if head is None:
         return None
-    retired = {**head.body, "enabled": False}  # as stored: rules changed since stay off
-    if head.body == retired:
-        return SavedPlan(plan_version(head), new_version=False)
-    return _insert(session, name, head.version + 1, retired, by)
+    try:
+        current = plan_version(head)
+    except ValidationError as exc:  # no node runs it (_readable): there is nothing to stop
+        raise PlanRefused(
+            f"version {head.version} of plan {name!r} does not meet this registry's rules, "
+            "so no node runs it; save a new version to change it"
+        ) from exc
+    if not current.enabled:
+        return SavedPlan(current, new_version=False)
+    return _insert(session, name, head.version + 1, {**head.body, "enabled": False}, by)
 
 
 def node_plans(session: Session, node: Node) -> NodePlans:
@@ -170,6 +184,14 @@ def node_plans(session: Session, node: Node) -> NodePlans:
         for plan in current_plans(session, enabled_only=True)
         if plan_selects(plan, node.name, node.labels)
     ]
+    if len(plans) > MAX_PLANS_PER_NODE:
+        log.error(
+            "node %r is picked by %d plans: it gets the first %d",
+            node.name,
+            len(plans),
+            MAX_PLANS_PER_NODE,
+        )
+        plans = plans[:MAX_PLANS_PER_NODE]
     status = session.get(NodePlanStatus, node.id)
     requested = status.sweep_requested_at if status is not None else None
     return NodePlans(node=node.name, plans=plans, sweep_now=requested)

@@ -100,7 +100,18 @@ class _Faulty(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         mode = self.server.mode  # type: ignore[attr-defined]
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if mode == "pairs":  # a correct stream: two tokens an event, 10 ms apart, counted
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for count in range(2, body["max_tokens"] + 1, 2):
+                time.sleep(0.01)
+                event = {"choices": [{"text": "ab"}], "usage": {"completion_tokens": count}}
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
         if mode == "busy":
             self.send_response(503)
             self.send_header("Retry-After", "1")
@@ -147,7 +158,29 @@ def test_a_failing_server_is_recorded_not_waited_for(
     assert outcome.server.kind == "openai-compatible" and not outcome.prompt_exact
     assert outcome.points == []
     assert [level for level, _ in outcome.failures] == [1, 2]
-    assert all(why == f"every request failed: 2 {error}" for _, why in outcome.failures)
+    first, then = (why for _, why in outcome.failures)
+    assert first == f"every request failed: 2 {error}"
+    if mode == "silent":  # a server that never answers is gone: the rest are not tried
+        assert then == f"not measured: the server at {url} stopped answering"
+    else:
+        assert then == first
+
+
+def test_events_of_several_tokens_are_counted_by_the_servers_running_count(
+    faulty: tuple[str, ThreadingHTTPServer],
+) -> None:
+    url, server = faulty
+    server.mode = "pairs"  # type: ignore[attr-defined]
+    outcome = serve_sweep(
+        ServeSpec(url=url, model="m", concurrency=(2,), prompt_tokens=8, gen_tokens=20,
+                  requests=3)
+    )  # fmt: skip
+    [point] = outcome.points
+    assert (point.requests, point.completed) == (4, 4)  # rounded up to whole rounds of C
+    assert point.output_tokens == 4 * 20 and point.errors == {}
+    # 2 tokens each 10 ms: 200 tokens/s per user, 5 ms between tokens (spread in an event)
+    assert point.per_user_tps["p50"] == pytest.approx(200, rel=0.25)
+    assert point.itl_ms["p50"] == pytest.approx(5, rel=0.25)
 
 
 def test_a_server_that_is_gone_fails_every_level_and_the_agent_carries_on() -> None:
@@ -155,23 +188,29 @@ def test_a_server_that_is_gone_fails_every_level_and_the_agent_carries_on() -> N
     done = agent("serve-sweep", "--url", url, "--model", "m", "--concurrency", "1,2,4")
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
-    assert "concurrency 1: the server at" in done.stderr
+    assert f"concurrency 1: the server at {url} did not answer" in done.stderr
     assert "concurrency 4:" in done.stderr
+    bad = agent("serve-sweep", "--url", "http://[::1", "--model", "m")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--url" in bad.stderr
 
 
 def test_a_point_from_request_records() -> None:
-    # two users, 5 tokens each, 10 ms apart; the second waited 100 ms for its first token
-    records = [
-        RequestRecord(sent=0.0, token_times=[0.05 + i * 0.01 for i in range(5)], done=0.1),
-        RequestRecord(sent=0.0, token_times=[0.10 + i * 0.01 for i in range(5)], done=0.15),
-        RequestRecord(sent=0.0, error="http 429"),
-    ]
-    point = serving_point(2, records, started=0.0, ended=0.2)
+    # a fast user: 5 tokens 10 ms apart, first after 50 ms; a slow one: 5 tokens 40 ms apart,
+    # the first 3 in one event after 100 ms (a stream that held them back)
+    fast = RequestRecord(sent=0.0, token_times=[0.05 + i * 0.01 for i in range(5)], done=0.1)
+    slow = RequestRecord(sent=0.0, token_times=[0.1, 0.1, 0.1, 0.14, 0.18], done=0.2)
+    point = serving_point(
+        2, [fast, slow, RequestRecord(sent=0.0, error="http 429")], started=0.0, ended=0.2
+    )
     assert (point.requests, point.completed, point.output_tokens) == (3, 2, 10)
     assert point.total_tps == pytest.approx(50.0)
-    assert point.per_user_tps["p50"] == pytest.approx(100.0)  # 4 tokens after the first in 40 ms
+    # per user: fast 4 tokens in 40 ms = 100/s; slow 2 tokens after its first event in 80 ms
+    assert point.per_user_tps["p10"] == pytest.approx(25 + 0.1 * 75)
+    assert point.per_user_tps["p90"] == pytest.approx(25 + 0.9 * 75)
     assert point.ttft_ms["p50"] == pytest.approx(75.0)
-    assert point.itl_ms["p99"] == pytest.approx(10.0)
+    assert point.e2e_ms["p90"] == pytest.approx(100 + 0.9 * 100)
+    assert point.itl_ms["p50"] == pytest.approx(10.0)
+    assert point.itl_ms["p99"] == pytest.approx(40.0)
     assert point.errors == {"http 429": 1}
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([], 90) is None

@@ -14,12 +14,15 @@ __all__ = ["LLAMA_SERVER", "OPENAI", "Dialect", "Event", "dialect_for"]
 
 @dataclass(frozen=True)
 class Event:
-    """One streamed event: tokens it carries, whether it ends the stream, and the output
-    length the server reports (at the end, when it does)."""
+    """One streamed event: whether it carries output, the tokens generated so far when the
+    server says (a running count: an event may carry several tokens, or none that show,
+    such as a UTF-8 character's first bytes), whether it ends the stream, and the server's
+    error, if it reports one in the stream."""
 
-    tokens: int
-    done: bool
-    reported: int | None = None
+    text: bool
+    count: int | None = None
+    done: bool = False
+    error: str | None = None
 
 
 class Dialect(Protocol):
@@ -48,12 +51,15 @@ class _LlamaServer:
         }
 
     def read(self, data: str) -> Event:
-        event = json.loads(data)
-        if event.get("stop"):
-            predicted = event.get("tokens_predicted")
-            # the last event may carry the last token's text as well
-            return Event(1 if event.get("content") else 0, True, predicted)
-        return Event(1, False)
+        event = _object(data)
+        if "error" in event:
+            return Event(False, done=True, error=str(event["error"]))
+        count = event.get("tokens_predicted")
+        return Event(
+            bool(event.get("content")),
+            count if isinstance(count, int) else None,
+            done=bool(event.get("stop")),
+        )
 
 
 class _OpenAI:
@@ -68,20 +74,30 @@ class _OpenAI:
             "min_tokens": gen_tokens,
             "ignore_eos": True,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            # the running count in every chunk where the server gives it (vLLM)
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "temperature": 0,
         }
 
     def read(self, data: str) -> Event:
         if data.strip() == "[DONE]":
-            return Event(0, True)
-        event = json.loads(data)
+            return Event(False, done=True)
+        event = _object(data)
+        if "error" in event:
+            return Event(False, done=True, error=str(event["error"]))
         usage = event.get("usage") or {}
+        count = usage.get("completion_tokens") if isinstance(usage, dict) else None
         choices = event.get("choices") or []
-        text = choices[0].get("text") if choices else None
-        if not choices and usage:
-            return Event(0, False, usage.get("completion_tokens"))
-        return Event(1 if text else 0, False, usage.get("completion_tokens"))
+        text = isinstance(choices, list) and bool(choices) and bool(choices[0].get("text"))
+        return Event(text, count if isinstance(count, int) else None)
+
+
+def _object(data: str) -> dict[str, Any]:
+    """The event's JSON object; ValueError for anything else."""
+    event = json.loads(data)
+    if not isinstance(event, dict):
+        raise ValueError(f"an event that is not a JSON object: {data[:100]!r}")
+    return event
 
 
 LLAMA_SERVER: Dialect = _LlamaServer()

@@ -23,7 +23,17 @@ Prompt = list[int] | str
 class Limits:
     connect_s: float = 5.0
     first_token_s: float = 60.0  # also the longest wait between two events of a stream
-    request_s: float = 300.0
+    request_s: float = 600.0
+
+
+def _arrived(record: RequestRecord, new: int, now: float) -> None:
+    """`new` tokens came in one event at `now`: the first event's all at once (that is the
+    first token's time), a later event's spread evenly since the token before."""
+    if not record.token_times:
+        record.token_times.extend([now] * new)
+        return
+    last = record.token_times[-1]
+    record.token_times.extend(last + (now - last) * i / new for i in range(1, new + 1))
 
 
 async def _request(
@@ -35,44 +45,73 @@ async def _request(
     model: str,
     limits: Limits,
 ) -> RequestRecord:
+    """One request, never raising: what went wrong is the record's error. A kept-alive
+    connection the server closed meanwhile is replaced once, as any client does."""
+    for attempt in (1, 2):
+        try:
+            return await _attempt(client, dialect, prompt, gen_tokens, model, limits)
+        except _StaleConnection:
+            if attempt == 2:
+                break
+    return RequestRecord(sent=time.perf_counter(), error="stream cut off")
+
+
+class _StaleConnection(Exception):
+    """The server closed a kept-alive connection before answering on it."""
+
+
+async def _attempt(
+    client: httpx.AsyncClient,
+    dialect: Dialect,
+    prompt: Prompt,
+    gen_tokens: int,
+    model: str,
+    limits: Limits,
+) -> RequestRecord:
     record = RequestRecord(sent=time.perf_counter())
     body = dialect.body(prompt, gen_tokens, model)
+    finished = answered = False
     try:
         async with asyncio.timeout(limits.request_s):
             async with client.stream("POST", dialect.path, json=body) as response:
+                answered = True
                 if response.status_code != 200:
                     await response.aread()
                     record.error = f"http {response.status_code}"
                     return record
-                finished = False
+                # Read to the end of the stream, past its last event: a connection left
+                # mid-response is closed, and the next request would pay a new one.
                 async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
+                    if finished or not line.startswith("data:"):
                         continue
                     event = dialect.read(line[5:].strip())
                     now = time.perf_counter()
-                    record.token_times.extend([now] * event.tokens)
-                    if event.reported is not None:
-                        record.tokens_reported = event.reported
+                    if event.error is not None:
+                        record.error = f"server error: {event.error}"[:200]
+                        return record
+                    seen = len(record.token_times)
+                    new = max(0, event.count - seen) if event.count is not None else int(event.text)
+                    if new:
+                        _arrived(record, new, now)
                     if event.done:
-                        finished = True
-                        break
-                record.done = time.perf_counter()
+                        finished, record.done = True, now
     except httpx.ConnectError:
         record.error = "refused"
-        return record
     except (httpx.TimeoutException, TimeoutError):
-        record.error = "timeout"
-        return record
-    except (httpx.RemoteProtocolError, httpx.ReadError):
-        record.error = "stream cut off"
-        return record
-    except ValueError:  # an event that is not JSON
+        record.error = None if finished else "timeout"
+    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        if not answered and not isinstance(exc, httpx.ReadError):
+            raise _StaleConnection from exc
+        record.error = None if finished else "stream cut off"  # after the end: no matter
+    except httpx.HTTPError as exc:
+        record.error = None if finished else f"transport error: {type(exc).__name__}"
+    except Exception:  # an event not as the protocol says: one request's, not the sweep's
         record.error = "unreadable stream"
-        return record
-    if not finished:
-        record.error = "stream cut off"
-    elif record.tokens < gen_tokens:
-        record.error = "short output"
+    if record.error is None:
+        if not finished:
+            record.error = "stream cut off"
+        elif record.tokens < gen_tokens:
+            record.error = "short output"
     return record
 
 
@@ -88,11 +127,17 @@ async def run_level(
     limits: Limits,
 ) -> tuple[list[RequestRecord], float, float]:
     """One concurrency: `concurrency` warm-up requests (not counted), then `requests`
-    requests with exactly `concurrency` in flight. Returns the records and the wall-clock
-    start and end of the counted part."""
+    (rounded up to a multiple of `concurrency`, so that each of the C users sends as many
+    and C are in flight until the last round) with exactly `concurrency` in flight. Returns
+    the records and the wall-clock start and end of the counted part."""
+    rounds = -(-requests // concurrency)
     timeout = httpx.Timeout(limits.first_token_s, connect=limits.connect_s)
     pool = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=pool) as client:
+    # trust_env off: a proxy from the environment would sit between the client and the
+    # server on loopback too, and could hold the stream back.
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=timeout, limits=pool, trust_env=False
+    ) as client:
 
         async def one() -> RequestRecord:
             return await _request(
@@ -101,14 +146,11 @@ async def run_level(
 
         await asyncio.gather(*(one() for _ in range(concurrency)))  # warm-up
         records: list[RequestRecord] = []
-        left = requests
 
         async def user() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
+            for _ in range(rounds):
                 records.append(await one())
 
         started = time.perf_counter()
-        await asyncio.gather(*(user() for _ in range(min(concurrency, requests))))
+        await asyncio.gather(*(user() for _ in range(concurrency)))
         return records, started, time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -13,18 +14,18 @@ __all__ = ["RequestRecord", "ServingPoint", "percentile", "serving_point"]
 @dataclass
 class RequestRecord:
     """One request as the client saw it: when it was sent, when each token arrived (seconds
-    on one monotonic clock), how many tokens the server says it generated, and what went
-    wrong, if anything (None: it completed with the tokens asked for)."""
+    on one monotonic clock; the tokens of one event share its time, or are spread since the
+    one before: load._arrived), when the stream ended, and what went wrong, if anything
+    (None: it completed with the tokens asked for)."""
 
     sent: float
     token_times: list[float] = field(default_factory=list)
-    tokens_reported: int | None = None
     error: str | None = None
     done: float | None = None
 
     @property
     def tokens(self) -> int:
-        return self.tokens_reported if self.tokens_reported is not None else len(self.token_times)
+        return len(self.token_times)
 
 
 @dataclass(frozen=True)
@@ -65,20 +66,22 @@ def serving_point(
     concurrency: int, records: Sequence[RequestRecord], *, started: float, ended: float
 ) -> ServingPoint:
     """The point of one concurrency. Per-user decode speed is a request's tokens after the
-    first over the time from its first to its last token; TTFT is from sending to the first
-    token; inter-token latency is every gap between a request's tokens."""
+    first event over the time from its first to its last token; TTFT is from sending to the
+    first token; inter-token latency is every gap between a request's tokens. Latencies are
+    those of the completed requests: the failed ones are counted in `errors`."""
     completed = [r for r in records if r.error is None and r.token_times]
     speeds: list[float] = []
     ttfts: list[float] = []
     gaps: list[float] = []
     e2es: list[float] = []
     for record in completed:
-        first, last = record.token_times[0], record.token_times[-1]
+        times = record.token_times
+        first, last = times[0], times[-1]
         ttfts.append(first - record.sent)
         e2es.append((record.done or last) - record.sent)
-        if len(record.token_times) > 1 and last > first:
-            speeds.append((len(record.token_times) - 1) / (last - first))
-        gaps.extend(b - a for a, b in zip(record.token_times, record.token_times[1:], strict=False))
+        if last > first:
+            speeds.append((len(times) - times.count(first)) / (last - first))
+        gaps.extend(b - a for a, b in itertools.pairwise(times))
     seconds = ended - started
     output = sum(r.tokens for r in records)
     return ServingPoint(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -57,32 +58,41 @@ def _prompts(
     """A maker of distinct prompts of `prompt_tokens` tokens: token ids drawn from a
     tokenized text where the server has llama-server's /tokenize (exact), else words."""
     rng = random.Random(spec.seed)
-    text = " ".join(rng.choice(_WORDS) for _ in range(spec.prompt_tokens * 2))
     if server.kind == "llama-server":
+        text = " ".join(rng.choice(_WORDS) for _ in range(200))  # a pool to draw ids from
         answer = client.post("/tokenize", json={"content": text})
-        pool = answer.json().get("tokens") if answer.status_code == 200 else None
-        if pool:
+        try:
+            pool = answer.json().get("tokens") if answer.status_code == 200 else None
+        except (ValueError, AttributeError):
+            pool = None
+        if isinstance(pool, list) and pool and all(isinstance(t, int) for t in pool):
             return lambda: rng.choices(pool, k=spec.prompt_tokens), True
     return lambda: " ".join(rng.choice(_WORDS) for _ in range(spec.prompt_tokens)), False
 
 
-def _busy(url: str) -> str | None:
-    """Why the server is not to be measured now: it is serving requests of others."""
-    try:
-        with httpx.Client(base_url=url, timeout=5) as client:
-            busy = busy_slots(client)
-    except httpx.TransportError:
-        return None  # the level finds out, and says so
-    if not busy:
-        return None
-    return f"not measured: the server is serving {busy} request(s) of others"
+def _busy(url: str, *, patience_s: float = 5.0) -> str | None:
+    """Why the server is not to be measured now: it is serving requests of others. Asked a
+    few times over `patience_s`: the server may still be finishing requests this sweep gave
+    up on."""
+    deadline = time.monotonic() + patience_s
+    with httpx.Client(base_url=url, timeout=5, trust_env=False) as client:
+        while True:
+            try:
+                busy = busy_slots(client)
+            except httpx.TransportError:
+                return None  # the level finds out, and says so
+            if not busy:
+                return None
+            if time.monotonic() > deadline:
+                return f"not measured: the server is serving {busy} request(s) of others"
+            time.sleep(0.5)
 
 
 def serve_sweep(
     spec: ServeSpec, *, on_point: Callable[[ServingPoint], None] | None = None
 ) -> ServingOutcome:
     """Measures the server at `spec.url` at each concurrency (see the module)."""
-    with httpx.Client(base_url=spec.url, timeout=spec.limits.connect_s) as client:
+    with httpx.Client(base_url=spec.url, timeout=spec.limits.connect_s, trust_env=False) as client:
         try:
             server = identify(client)
             next_prompt, exact = _prompts(client, spec, server)
@@ -132,7 +142,7 @@ def serve_sweep(
             continue
         why = ", ".join(f"{count} {kind}" for kind, count in point.errors.items())
         outcome.failures.append((concurrency, f"every request failed: {why}"))
-        if "refused" in point.errors:  # the server is gone: the levels left fail too
+        if set(point.errors) <= {"refused", "timeout"}:  # gone, or hung: the rest fail too
             gone = f"not measured: the server at {spec.url} stopped answering"
             outcome.failures.extend((c, gone) for c in spec.concurrency[index + 1 :])
             break

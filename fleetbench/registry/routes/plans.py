@@ -90,12 +90,22 @@ def save_plan(
     return saved.plan
 
 
-@router.delete("/{name}", response_model=PlanVersion, responses={**NOT_FOUND, **CONFLICT})
+@router.delete(
+    "/{name}",
+    response_model=PlanVersion,
+    responses={
+        **NOT_FOUND,
+        **CONFLICT,
+        422: {"description": "its current version does not meet this registry's rules"},
+    },
+)
 def retire_plan(name: PlanName, session: SessionDep, admin: AdminAuth) -> PlanVersion:
     """Retires the plan: a version no node runs (every version stays on record)."""
     with write_transaction(session):
         try:
             saved = plans.retire_plan(session, name, by=admin.name)
+        except plans.PlanRefused as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
         except plans.PlanChanged as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
         if saved is None:
@@ -142,7 +152,7 @@ def pull_plans(
     etag = plans.plan_etag(answer)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     given = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
-    if etag in given:
+    if etag in given or "*" in given:
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
     return Response(answer.model_dump_json(), media_type="application/json", headers=headers)
 
