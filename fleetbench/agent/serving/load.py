@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 from fleetbench.agent.serving.dialects import Dialect
 from fleetbench.agent.serving.stats import RequestRecord
@@ -37,7 +37,7 @@ def _arrived(record: RequestRecord, new: int, now: float) -> None:
 
 
 async def _request(
-    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
     dialect: Dialect,
     prompt: Prompt,
     *,
@@ -46,14 +46,18 @@ async def _request(
     limits: Limits,
 ) -> RequestRecord:
     """One request, never raising: what went wrong is the record's error. A kept-alive
-    connection the server closed meanwhile is replaced once, as any client does."""
-    for attempt in (1, 2):
+    connection the server closed as the request went out is given up and the request sent
+    again, as any client does (llama-server closes idle ones within milliseconds at times),
+    a few times at most: then the server is closing every connection it is sent."""
+    for _ in range(_STALE_RETRIES):
         try:
-            return await _attempt(client, dialect, prompt, gen_tokens, model, limits)
+            return await _attempt(session, dialect, prompt, gen_tokens, model, limits)
         except _StaleConnection:
-            if attempt == 2:
-                break
-    return RequestRecord(sent=time.perf_counter(), error="stream cut off")
+            continue
+    return RequestRecord(sent=time.perf_counter(), error="disconnected")
+
+
+_STALE_RETRIES = 4
 
 
 class _StaleConnection(Exception):
@@ -61,7 +65,7 @@ class _StaleConnection(Exception):
 
 
 async def _attempt(
-    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
     dialect: Dialect,
     prompt: Prompt,
     gen_tokens: int,
@@ -73,15 +77,16 @@ async def _attempt(
     finished = answered = False
     try:
         async with asyncio.timeout(limits.request_s):
-            async with client.stream("POST", dialect.path, json=body) as response:
+            async with session.post(dialect.path, json=body) as response:
                 answered = True
-                if response.status_code != 200:
-                    await response.aread()
-                    record.error = f"http {response.status_code}"
+                if response.status != 200:
+                    await response.read()
+                    record.error = f"http {response.status}"
                     return record
                 # Read to the end of the stream, past its last event: a connection left
                 # mid-response is closed, and the next request would pay a new one.
-                async for line in response.aiter_lines():
+                async for raw in response.content:
+                    line = raw.decode()
                     if finished or not line.startswith("data:"):
                         continue
                     event = dialect.read(line[5:].strip())
@@ -95,15 +100,17 @@ async def _attempt(
                         _arrived(record, new, now)
                     if event.done:
                         finished, record.done = True, now
-    except httpx.ConnectError:
+    except aiohttp.ClientConnectorError:
         record.error = "refused"
-    except (httpx.TimeoutException, TimeoutError):
+    except TimeoutError:  # the request's bound, or a read's (aiohttp's timeouts are these)
         record.error = None if finished else "timeout"
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        if not answered and not isinstance(exc, httpx.ReadError):
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        if not answered:  # the kept-alive connection was closed as the request went out
             raise _StaleConnection from exc
         record.error = None if finished else "stream cut off"  # after the end: no matter
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientPayloadError:
+        record.error = None if finished else "stream cut off"
+    except aiohttp.ClientError as exc:
         record.error = None if finished else f"transport error: {type(exc).__name__}"
     except Exception:  # an event not as the protocol says: one request's, not the sweep's
         record.error = "unreadable stream"
@@ -131,17 +138,18 @@ async def run_level(
     and C are in flight until the last round) with exactly `concurrency` in flight. Returns
     the records and the wall-clock start and end of the counted part."""
     rounds = -(-requests // concurrency)
-    timeout = httpx.Timeout(limits.first_token_s, connect=limits.connect_s)
-    pool = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    # trust_env off: a proxy from the environment would sit between the client and the
-    # server on loopback too, and could hold the stream back.
-    async with httpx.AsyncClient(
-        base_url=base_url, timeout=timeout, limits=pool, trust_env=False
-    ) as client:
+    timeout = aiohttp.ClientTimeout(connect=limits.connect_s, sock_read=limits.first_token_s)
+    pool = aiohttp.TCPConnector(limit=concurrency)
+    # aiohttp, not httpx: at 256 streams httpx's per-event cost on one core delayed the
+    # tokens it timestamps (bench/serving_ceiling.py). trust_env is off by default: no
+    # proxy from the environment sits between the client and a server on loopback.
+    async with aiohttp.ClientSession(
+        base_url=base_url, timeout=timeout, connector=pool, auto_decompress=False
+    ) as session:
 
         async def one() -> RequestRecord:
             return await _request(
-                client, dialect, next_prompt(), gen_tokens=gen_tokens, model=model, limits=limits
+                session, dialect, next_prompt(), gen_tokens=gen_tokens, model=model, limits=limits
             )
 
         await asyncio.gather(*(one() for _ in range(concurrency)))  # warm-up
