@@ -46,6 +46,7 @@ from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
 from fleetbench.agent.serving.load import Limits
+from fleetbench.agent.serving.report import serving_report
 from fleetbench.agent.serving.sweep import ServeSpec, serve_sweep
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
@@ -425,6 +426,13 @@ def serve_sweep_command(
         float, typer.Option(min=0.1, help="seconds to the first token, and between two")
     ] = 60.0,
     request_timeout: Annotated[float, typer.Option(min=1, help="seconds for a request")] = 600.0,
+    node: Annotated[
+        str | None, typer.Option(help="this node's name [default: FLEETBENCH_NODE]")
+    ] = None,
+    report: Annotated[
+        bool, typer.Option("--report", help="spool the run and deliver it to the registry")
+    ] = False,
+    registry: RegistryOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON")] = False,
 ) -> None:
     """Measure the server a team runs: at each concurrency, exactly C streaming completions
@@ -445,6 +453,8 @@ def serve_sweep_command(
         requests=requests,
         limits=Limits(first_token_s=first_token_timeout, request_s=request_timeout),
     )
+    settings = _settings()
+    started_at = datetime.now(UTC)
     with Progress(console=err, transient=True, disable=as_json) as progress:
         task = progress.add_task(f"{url}: concurrency", total=len(levels))
         outcome = serve_sweep(spec, on_point=lambda _: progress.advance(task))
@@ -459,6 +469,20 @@ def serve_sweep_command(
         out.print(serving_table(outcome.points, title=title))
     for level, why in outcome.failures:
         err.print(error_line(f"concurrency {level}: {why}"), soft_wrap=True)
+    if report:
+        run = serving_report(
+            outcome,
+            spec,
+            node=node or settings.node,
+            started_at=started_at,
+            finished_at=datetime.now(UTC),
+            hardware=take_fingerprint(),
+        )
+        spooled = spool_run(run, settings)
+        if isinstance(spooled, SpoolUnwritable):
+            deliver_unspooled(run, spooled, settings, registry)
+        else:
+            deliver(run, spooled, settings, registry)
     if outcome.failures:
         raise typer.Exit(1)
 

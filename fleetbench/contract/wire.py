@@ -4,7 +4,10 @@ Defined once, here, in the contract neither side owns: the agent builds a `RunRe
 registry validates the same class on `POST /v1/runs`.
 
 Versioning: `schema_version` is a literal. A change that old registries could misread
-gets a new version; the registry answers 422 for a version it does not know.
+gets a new version; the registry answers 422 for a version it does not know. Version 2
+added serving runs (`kind: serving`, the server's identity and one `ServingPoint` per
+concurrency). Offline runs are still sent as version 1, which every registry takes, so
+agents may be upgraded before the registry.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ __all__ = [
     "ERROR_LENGTH",
     "REASON_LENGTH",
     "SCHEMA_VERSION",
+    "SERVING_SCHEMA_VERSION",
     "EngineBuild",
     "FailedPoint",
     "HardwareData",
@@ -51,10 +55,13 @@ __all__ = [
     "RunReport",
     "RunSettings",
     "RunStatus",
+    "ServerIdentity",
+    "ServingPoint",
     "model_name_key",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # offline runs
+SERVING_SCHEMA_VERSION = 2
 
 # S_TG and B·TG/T_TG may differ by rounding, never by more than this share.
 S_TG_TOLERANCE = 0.01
@@ -300,6 +307,47 @@ class HardwareFingerprint(_Strict):
         return data
 
 
+class ServerIdentity(_Strict):
+    """The server a serving run measured, as it said itself (llama-server's /props and
+    /slots, vLLM's /version, Ollama's /api/version), and the requests it was sent."""
+
+    kind: Literal["llama-server", "vllm", "ollama", "openai-compatible"]
+    build: ShortText | None = None
+    model_path: Annotated[Text, Field(max_length=1000)] | None = None
+    n_ctx: Int32 | None = None
+    slots: Int32 | None = None
+    ctx_per_slot: Int32 | None = None
+    prompt_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)]
+    gen_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)]
+    prompt_exact: bool = Field(description="prompts counted by the server's tokenizer")
+
+
+class ServingPoint(_Strict):
+    """One concurrency of a serving run: C requests in flight, every token timestamped by
+    the client. Speeds in tokens/s, latencies in ms; percentiles across the completed
+    requests (None: none completed)."""
+
+    concurrency: Annotated[int, Field(ge=1, le=INT32_MAX)]
+    requests: Int32
+    completed: Int32
+    output_tokens: Count
+    seconds: Figure
+    total_tps: Figure | None = None
+    per_user_tps_p10: Figure | None = None
+    per_user_tps_p50: Figure | None = None
+    per_user_tps_p90: Figure | None = None
+    ttft_ms_p50: Figure | None = None
+    ttft_ms_p90: Figure | None = None
+    ttft_ms_p99: Figure | None = None
+    itl_ms_p50: Figure | None = None
+    itl_ms_p90: Figure | None = None
+    itl_ms_p99: Figure | None = None
+    e2e_ms_p50: Figure | None = None
+    e2e_ms_p90: Figure | None = None
+    e2e_ms_p99: Figure | None = None
+    errors: dict[ShortText, Int32] = Field(default_factory=dict, max_length=32)
+
+
 class RunReport(_Strict):
     """One sweep run of one model on one node, with every measured and failed point.
 
@@ -311,7 +359,7 @@ class RunReport(_Strict):
     points per node lower than the schema does (FLEETBENCH_MAX_POINTS_PER_REPORT,
     FLEETBENCH_MAX_SERIES_PER_NODE): over them it answers 422 saying which."""
 
-    schema_version: Literal[1]
+    schema_version: Literal[1, 2]
     run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
     node: Name
     started_at: UTCDateTime
@@ -325,6 +373,13 @@ class RunReport(_Strict):
     hardware: HardwareFingerprint | None = None
     points: list[Point] = Field(default_factory=list, max_length=100_000)
     failures: list[FailedPoint] = Field(default_factory=list, max_length=100_000)
+    kind: Literal["offline", "serving"] = Field(
+        default="offline",
+        description="offline: the engine's batched-bench table (`points`); serving: a "
+        "server's, one `serving_points` entry per concurrency (schema version 2)",
+    )
+    server: ServerIdentity | None = None
+    serving_points: list[ServingPoint] = Field(default_factory=list, max_length=10_000)
 
     @field_validator("points")
     @classmethod
@@ -338,12 +393,27 @@ class RunReport(_Strict):
         return points
 
     @model_validator(mode="after")
+    def _kind_matches_contents(self) -> RunReport:
+        if self.kind == "serving":
+            if self.schema_version < 2:
+                raise ValueError("serving runs came with schema version 2")
+            if self.server is None or self.points:
+                raise ValueError("a serving run has its server and serving_points, no points")
+            levels = [p.concurrency for p in self.serving_points]
+            if len(set(levels)) != len(levels):
+                raise ValueError(f"a concurrency is given twice: {levels}")
+        elif self.server is not None or self.serving_points:
+            raise ValueError("server and serving_points belong to serving runs")
+        return self
+
+    @model_validator(mode="after")
     def _status_matches_contents(self) -> RunReport:
+        measured = self.points or self.serving_points
         if self.status == "ok" and self.failures:
             raise ValueError("status 'ok' with failed points: use 'partial'")
         if self.status == "partial" and not self.failures:
             raise ValueError("status 'partial' without failed points: use 'ok'")
-        if self.status != "failed" and not self.points:
+        if self.status != "failed" and not measured:
             raise ValueError(f"status {self.status!r} with no points: use 'failed'")
         if self.status == "failed" and not self.error:
             raise ValueError("status 'failed' needs an error")

@@ -264,5 +264,6 @@ def get_run(session: Session, run_id: uuid.UUID) -> Run | None:
             selectinload(Run.fingerprint),
             selectinload(Run.points),
             selectinload(Run.failures),
+            selectinload(Run.serving_points),
         )
     ).one_or_none()

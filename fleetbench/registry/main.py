@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from fleetbench.contract.wire import SCHEMA_VERSION
+from fleetbench.contract.wire import SCHEMA_VERSION, SERVING_SCHEMA_VERSION
 from fleetbench.registry.admission import Admission, Lane, LaneLimits
 from fleetbench.registry.body_limit import BodySizeLimit
 from fleetbench.registry.config import RegistrySettings
@@ -40,7 +40,8 @@ The fleet's batching curves (llama-batched-bench points) and the question they a
 **which node and concurrency meets X tokens/s per user for model Y?**
 
 Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema version
-{SCHEMA_VERSION}) using a token from `fleetbench-registry token create --node NAME`.
+{SCHEMA_VERSION} for offline runs, {SERVING_SCHEMA_VERSION} for serving runs) using a token
+from `fleetbench-registry token create --node NAME`.
 
 A busy registry answers 503 with a `Retry-After` header rather than queueing without bound;
 so does one whose database is unreachable. Retrying later is always safe.

@@ -49,6 +49,7 @@ __all__ = [
     "Run",
     "RunOrder",
     "RunPoint",
+    "ServingPointRow",
     "SweepPlan",
     "Token",
     "newer_run",
@@ -228,6 +229,9 @@ class Run(Base):
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
     facts_id: Mapped[int | None] = mapped_column(ForeignKey("model_facts.id"))
     source: Mapped[str] = mapped_column(String(32))
+    # offline: the engine's table (run_points); serving: a server's (serving_points)
+    kind: Mapped[str] = mapped_column(String(16), default="offline", server_default="offline")
+    server: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(index=True)
@@ -258,6 +262,9 @@ class Run(Base):
     )
     failures: Mapped[list[FailedPoint]] = relationship(
         order_by="FailedPoint.id", cascade="all, delete-orphan", passive_deletes=True
+    )
+    serving_points: Mapped[list[ServingPointRow]] = relationship(
+        order_by="ServingPointRow.concurrency", cascade="all, delete-orphan", passive_deletes=True
     )
 
 
@@ -301,6 +308,34 @@ class RunPoint(Base):
     repeats: Mapped[int]
     s_pp_stdev: Mapped[float | None]
     s_tg_stdev: Mapped[float | None]
+
+
+class ServingPointRow(Base):
+    """One concurrency of a serving run (contract.wire.ServingPoint, its fields as columns)."""
+
+    __tablename__ = "serving_points"
+
+    id: Mapped[int] = mapped_column(_BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    concurrency: Mapped[int]
+    requests: Mapped[int]
+    completed: Mapped[int]
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    seconds: Mapped[float]
+    total_tps: Mapped[float | None]
+    per_user_tps_p10: Mapped[float | None]
+    per_user_tps_p50: Mapped[float | None]
+    per_user_tps_p90: Mapped[float | None]
+    ttft_ms_p50: Mapped[float | None]
+    ttft_ms_p90: Mapped[float | None]
+    ttft_ms_p99: Mapped[float | None]
+    itl_ms_p50: Mapped[float | None]
+    itl_ms_p90: Mapped[float | None]
+    itl_ms_p99: Mapped[float | None]
+    e2e_ms_p50: Mapped[float | None]
+    e2e_ms_p90: Mapped[float | None]
+    e2e_ms_p99: Mapped[float | None]
+    errors: Mapped[dict[str, Any]]
 
 
 class FailedPoint(Base):

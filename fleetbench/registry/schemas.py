@@ -117,6 +117,7 @@ class RunPublic(_Public):
     status: wire.RunStatus
     error: str | None
     source: str
+    kind: Literal["offline", "serving"]
     started_at: datetime
     finished_at: datetime | None
     received_at: datetime
@@ -133,6 +134,8 @@ class RunDetail(RunPublic):
     hardware: FingerprintPublic | None
     points: list[wire.Point]
     failures: list[wire.FailedPoint]
+    server: wire.ServerIdentity | None = Field(description="a serving run's server")
+    serving_points: list[wire.ServingPoint]
 
 
 def _run_fields(run: Run) -> dict[str, Any]:
@@ -145,6 +148,7 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "status": run.status,
         "error": run.error,
         "source": run.source,
+        "kind": run.kind,
         "started_at": run.started_at,
         "finished_at": run.finished_at,
         "received_at": run.received_at,
@@ -165,6 +169,11 @@ def run_detail(run: Run) -> RunDetail:
             "points": [wire.Point.model_validate(p, from_attributes=True) for p in run.points],
             "failures": [
                 wire.FailedPoint.model_validate(f, from_attributes=True) for f in run.failures
+            ],
+            "server": run.server,
+            "serving_points": [
+                wire.ServingPoint.model_validate(p, from_attributes=True)
+                for p in run.serving_points
             ],
         }
     )

@@ -8,6 +8,7 @@ import json
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from fleetbench.agent.serving.load import Limits
 from fleetbench.agent.serving.stats import RequestRecord, percentile, serving_point
 from fleetbench.agent.serving.sweep import ServeSpec, serve_sweep
-from tests.factories import agent, free_port
+from tests.factories import LiveRegistry, agent, free_port, make_report, post_report
 
 SLOTS = 2
 
@@ -214,3 +215,62 @@ def test_a_point_from_request_records() -> None:
     assert point.errors == {"http 429": 1}
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([], 90) is None
+
+
+def test_a_reported_serving_run_is_stored_beside_the_offline_run(
+    gemma_server: str, live_registry: LiveRegistry, tmp_path: Path
+) -> None:
+    token = live_registry.token("gpu-1")
+    offline = make_report(node="gpu-1", model="gemma-3-270m")
+    with live_registry.client(token) as client:
+        assert post_report(client, offline).status_code == 201
+    done = agent(
+        "serve-sweep", "--url", gemma_server, "--model", "gemma-3-270m", "--concurrency", "1,2",
+        "--prompt-tokens", "32", "--gen-tokens", "8", "--requests", "4", "--report",
+        FLEETBENCH_NODE="gpu-1", FLEETBENCH_REGISTRY_URL=live_registry.url,
+        FLEETBENCH_TOKEN=token, FLEETBENCH_SPOOL=str(tmp_path / "spool.db"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with live_registry.client() as client:
+        runs = client.get("/v1/runs", params={"node": "gpu-1"}).json()["data"]
+        assert sorted(r["kind"] for r in runs) == ["offline", "serving"]
+        [serving] = [r for r in runs if r["kind"] == "serving"]
+        detail = client.get(f"/v1/runs/{serving['id']}").json()
+        answer = client.get(
+            "/v1/placement", params={"model": "gemma-3-270m", "min_tps_per_user": 15}
+        ).json()
+    assert (detail["status"], detail["model"]) == ("ok", "gemma-3-270m")
+    assert detail["server"]["kind"] == "llama-server" and detail["server"]["slots"] == SLOTS
+    assert (detail["engine"]["engine"], detail["engine"]["binding"]) == (
+        "llama.cpp",
+        "llama-server",
+    )
+    assert [p["concurrency"] for p in detail["serving_points"]] == [1, 2]
+    assert [p["output_tokens"] for p in detail["serving_points"]] == [32, 32]
+    assert detail["points"] == []
+    # the offline curve is still the node's latest: placement answers from it
+    assert [c["run_id"] for c in answer["candidates"]] == [str(offline.run_id)]
+
+
+def test_version_1_reports_are_still_taken_and_serving_ones_need_version_2(
+    live_registry: LiveRegistry,
+) -> None:
+    token = live_registry.token("old-agent")
+    with live_registry.client(token) as client:
+        assert (
+            post_report(client, make_report(node="old-agent", schema_version=1)).status_code == 201
+        )
+        body = make_report(node="old-agent").model_dump(mode="json")
+        body |= {
+            "kind": "serving",
+            "points": [],
+            "server": {"kind": "vllm", "prompt_tokens": 8, "gen_tokens": 8, "prompt_exact": False},
+            "serving_points": [{"concurrency": 1, "requests": 1, "completed": 1,
+                                "output_tokens": 8, "seconds": 1.0}],
+        }  # fmt: skip
+        assert post_report(client, body).status_code == 422  # version 1 has no serving runs
+        accepted = post_report(client, {**body, "schema_version": 2})
+        assert accepted.status_code == 201, accepted.text
+        twice = {**body, "schema_version": 2, "run_id": str(uuid.uuid4())}
+        twice["serving_points"] = body["serving_points"] * 2
+        assert post_report(client, twice).status_code == 422

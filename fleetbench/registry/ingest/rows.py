@@ -287,6 +287,8 @@ def insert_runs(
                 "finished_at": report.finished_at,
                 "received_at": run.received_at,
                 "report_sha256": run.digest,
+                "kind": report.kind,
+                "server": report.server.model_dump(mode="json") if report.server else None,
                 **report.settings.model_dump(),
             }
         )
@@ -298,6 +300,9 @@ def insert_runs(
     failures = [{"run_id": r.id, **f.model_dump()} for r in new for f in r.report.failures]
     if failures:
         connection.execute(sql.insert_failures, failures)
+    serving = [{"run_id": r.id, **p.model_dump()} for r in new for p in r.report.serving_points]
+    if serving:
+        connection.execute(sql.insert_serving_points, serving)
     return inserted
 
 

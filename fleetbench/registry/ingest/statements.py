@@ -19,6 +19,7 @@ from fleetbench.registry.models import (
     NodeActivity,
     Run,
     RunPoint,
+    ServingPointRow,
     newer_run,
     table_of,
 )
@@ -48,6 +49,7 @@ class Statements:
     insert_runs: Any
     insert_points: Any
     insert_failures: Any
+    insert_serving_points: Any
     build_by_identity: Any
     insert_build: Any
     model_by_identity: Any
@@ -96,6 +98,7 @@ def statements_for(dialect: str) -> Statements:
         insert_runs=insert_for(runs).on_conflict_do_nothing().returning(runs.c.id),
         insert_points=insert(table_of(RunPoint)),
         insert_failures=insert(table_of(FailedPoint)),
+        insert_serving_points=insert(table_of(ServingPointRow)),
         build_by_identity=select(builds.c.id).where(builds.c.identity == bindparam("identity")),
         insert_build=insert_for(builds).on_conflict_do_nothing(),
         model_by_identity=select(models.c.id).where(models.c.identity == bindparam("identity")),
