@@ -10,7 +10,7 @@ from typing import Annotated
 
 import httpx
 import typer
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from rich.progress import Progress
 
 from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError
@@ -49,6 +49,7 @@ from fleetbench.agent.serving.load import Limits
 from fleetbench.agent.serving.report import serving_report
 from fleetbench.agent.serving.sweep import ServeSpec, serve_sweep
 from fleetbench.agent.sweep import measure_run
+from fleetbench.contract.bounds import Name
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
@@ -444,6 +445,12 @@ def serve_sweep_command(
         raise typer.BadParameter(f"{url!r}: {exc}", param_hint="--url") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise typer.BadParameter(f"{url!r} is not an http(s) URL", param_hint="--url")
+    settings = _settings()
+    try:  # what the report will say, checked before the sweep rather than after it
+        ModelInfo(name=model)
+        node_name = TypeAdapter(Name).validate_python(node or settings.node)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.errors()[0]["msg"], param_hint="--model or --node") from None
     spec = ServeSpec(
         url=url.rstrip("/"),
         model=model,
@@ -453,7 +460,6 @@ def serve_sweep_command(
         requests=requests,
         limits=Limits(first_token_s=first_token_timeout, request_s=request_timeout),
     )
-    settings = _settings()
     started_at = datetime.now(UTC)
     with Progress(console=err, transient=True, disable=as_json) as progress:
         task = progress.add_task(f"{url}: concurrency", total=len(levels))
@@ -473,13 +479,14 @@ def serve_sweep_command(
         run = serving_report(
             outcome,
             spec,
-            node=node or settings.node,
+            node=node_name,
             started_at=started_at,
             finished_at=datetime.now(UTC),
             hardware=take_fingerprint(),
         )
         spooled = spool_run(run, settings)
         if isinstance(spooled, SpoolUnwritable):
+            out.print_json(run.model_dump_json())  # kept on stdout, as deliver_unspooled says
             deliver_unspooled(run, spooled, settings, registry)
         else:
             deliver(run, spooled, settings, registry)

@@ -20,9 +20,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -348,6 +350,9 @@ class ServingPoint(_Strict):
     errors: dict[ShortText, Int32] = Field(default_factory=dict, max_length=32)
 
 
+_SERVING_FIELDS = ("kind", "server", "serving_points")
+
+
 class RunReport(_Strict):
     """One sweep run of one model on one node, with every measured and failed point.
 
@@ -391,6 +396,16 @@ class RunReport(_Strict):
                 raise ValueError(f"PP={cell[0]} TG={cell[1]} B={cell[2]} is given twice")
             seen.add(cell)
         return points
+
+    @model_serializer(mode="wrap")
+    def _offline_as_version_1(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # An offline run is written as version 1 wrote it, without the serving fields: an
+        # older registry takes it, and its digest (a retry's identity) is what it was.
+        data: dict[str, Any] = handler(self)
+        if self.kind == "offline":
+            for name in _SERVING_FIELDS:
+                data.pop(name, None)
+        return data
 
     @model_validator(mode="after")
     def _kind_matches_contents(self) -> RunReport:

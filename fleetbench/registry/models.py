@@ -269,9 +269,9 @@ class Run(Base):
 
 
 # How a node's runs are ordered newest first everywhere (ties: the later received, then id),
-# and which runs have a curve to offer.
+# and which runs have an offline curve to offer (the series, curves and history read them).
 RUN_NEWEST_FIRST = (Run.started_at.desc(), Run.received_at.desc(), Run.id)
-RUN_SUCCESSFUL = Run.status != "failed"
+RUN_SUCCESSFUL = and_(Run.status != "failed", Run.kind == "offline")
 
 RunOrder = tuple[SQLColumnExpression[Any], SQLColumnExpression[Any], SQLColumnExpression[Any]]
 """A run's (started_at, received_at, id) columns, wherever a table keeps them."""
@@ -451,9 +451,9 @@ class LatestPoint(Base):
 
 
 class NodeActivity(Base):
-    """Each node's newest run (of any model, failed ones too: a node whose latest run failed
-    is failing) and how many runs it has, kept by ingest: what the fleet overview reads per
-    node, so that listing nodes never searches or counts their runs."""
+    """Each node's newest offline run (of any model, failed ones too: a node whose latest
+    run failed is failing) and how many runs it has, kept by ingest: what the fleet overview
+    reads per node, so that listing nodes never searches or counts their runs."""
 
     __tablename__ = "node_activity"
 

@@ -13,6 +13,7 @@ import aiohttp
 
 from fleetbench.agent.serving.dialects import Dialect
 from fleetbench.agent.serving.stats import RequestRecord
+from fleetbench.contract.bounds import storable_text
 
 __all__ = ["Limits", "run_level"]
 
@@ -38,6 +39,7 @@ def _arrived(record: RequestRecord, new: int, now: float) -> None:
 
 async def _request(
     session: aiohttp.ClientSession,
+    url: str,
     dialect: Dialect,
     prompt: Prompt,
     *,
@@ -51,13 +53,16 @@ async def _request(
     a few times at most: then the server is closing every connection it is sent."""
     for _ in range(_STALE_RETRIES):
         try:
-            return await _attempt(session, dialect, prompt, gen_tokens, model, limits)
+            return await _attempt(session, url, dialect, prompt, gen_tokens, model, limits)
         except _StaleConnection:
             continue
     return RequestRecord(sent=time.perf_counter(), error="disconnected")
 
 
 _STALE_RETRIES = 4
+# A kept-alive connection found closed fails at once; a server that took the request and
+# then fell over takes longer, and is an error of its own, never sent again.
+_STALE_WITHIN_S = 0.05
 
 
 class _StaleConnection(Exception):
@@ -66,6 +71,7 @@ class _StaleConnection(Exception):
 
 async def _attempt(
     session: aiohttp.ClientSession,
+    url: str,
     dialect: Dialect,
     prompt: Prompt,
     gen_tokens: int,
@@ -77,7 +83,7 @@ async def _attempt(
     finished = answered = False
     try:
         async with asyncio.timeout(limits.request_s):
-            async with session.post(dialect.path, json=body) as response:
+            async with session.post(url, json=body) as response:
                 answered = True
                 if response.status != 200:
                     await response.read()
@@ -87,12 +93,15 @@ async def _attempt(
                 # mid-response is closed, and the next request would pay a new one.
                 async for raw in response.content:
                     line = raw.decode()
+                    if line.startswith("error:"):  # llama-server's way of failing a stream
+                        record.error = storable_text(f"server error: {line[6:].strip()}", 200)
+                        return record
                     if finished or not line.startswith("data:"):
                         continue
                     event = dialect.read(line[5:].strip())
                     now = time.perf_counter()
                     if event.error is not None:
-                        record.error = f"server error: {event.error}"[:200]
+                        record.error = storable_text(f"server error: {event.error}", 200)
                         return record
                     seen = len(record.token_times)
                     new = max(0, event.count - seen) if event.count is not None else int(event.text)
@@ -105,8 +114,8 @@ async def _attempt(
     except TimeoutError:  # the request's bound, or a read's (aiohttp's timeouts are these)
         record.error = None if finished else "timeout"
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-        if not answered:  # the kept-alive connection was closed as the request went out
-            raise _StaleConnection from exc
+        if not answered and time.perf_counter() - record.sent < _STALE_WITHIN_S:
+            raise _StaleConnection from exc  # closed as the request went out
         record.error = None if finished else "stream cut off"  # after the end: no matter
     except aiohttp.ClientPayloadError:
         record.error = None if finished else "stream cut off"
@@ -140,16 +149,24 @@ async def run_level(
     rounds = -(-requests // concurrency)
     timeout = aiohttp.ClientTimeout(connect=limits.connect_s, sock_read=limits.first_token_s)
     pool = aiohttp.TCPConnector(limit=concurrency)
+    url = base_url.rstrip("/") + dialect.path  # a server under a path prefix too
     # aiohttp, not httpx: at 256 streams httpx's per-event cost on one core delayed the
     # tokens it timestamps (bench/serving_ceiling.py). trust_env is off by default: no
-    # proxy from the environment sits between the client and a server on loopback.
+    # proxy from the environment sits between the client and a server on loopback. Lines
+    # up to 8 MiB: llama-server's last event carries the prompt back.
     async with aiohttp.ClientSession(
-        base_url=base_url, timeout=timeout, connector=pool, auto_decompress=False
+        timeout=timeout, connector=pool, auto_decompress=False, read_bufsize=2**22
     ) as session:
 
         async def one() -> RequestRecord:
             return await _request(
-                session, dialect, next_prompt(), gen_tokens=gen_tokens, model=model, limits=limits
+                session,
+                url,
+                dialect,
+                next_prompt(),
+                gen_tokens=gen_tokens,
+                model=model,
+                limits=limits,
             )
 
         await asyncio.gather(*(one() for _ in range(concurrency)))  # warm-up

@@ -40,11 +40,22 @@ def _engine(outcome: ServingOutcome) -> EngineBuild:
             commit=found.group(2),
             binding="llama-server",
         )
-    return EngineBuild(engine=server.kind, binding=server.kind, binding_version=server.build)
+    build = storable_text(server.build, 100) if server.build else None
+    return EngineBuild(engine=server.kind, binding=server.kind, binding_version=build)
+
+
+def _errors(errors: dict[str, int]) -> dict[str, int]:
+    """Error kinds as the wire takes them: storable names, at most 32 (the rest as other)."""
+    kept: dict[str, int] = {}
+    for kind, count in sorted(errors.items(), key=lambda item: -item[1]):
+        name = storable_text(kind, 200) if len(kept) < 31 else "other"
+        kept[name] = kept.get(name, 0) + count
+    return kept
 
 
 def _point(point: MeasuredPoint) -> ServingPoint:
     fields = asdict(point)
+    fields["errors"] = _errors(fields["errors"])
     spreads = {
         f"{name}_{q}": value
         for name in ("per_user_tps", "ttft_ms", "itl_ms", "e2e_ms")
@@ -88,8 +99,8 @@ def serving_report(
         kind="serving",
         server=ServerIdentity(
             kind=server.kind if server.kind != "unreachable" else "openai-compatible",
-            build=server.build,
-            model_path=server.model_path,
+            build=storable_text(server.build, 200) if server.build else None,
+            model_path=storable_text(server.model_path, 1000) if server.model_path else None,
             n_ctx=server.n_ctx,
             slots=server.slots,
             ctx_per_slot=server.ctx_per_slot,

@@ -48,9 +48,9 @@ def identify(client: httpx.Client) -> ServerInfo:
         return ServerInfo(
             kind="llama-server",
             build=str(props["build_info"]),
-            model_path=props.get("model_path"),
-            n_ctx=settings.get("n_ctx"),
-            slots=props.get("total_slots"),
+            model_path=_text(props.get("model_path")),
+            n_ctx=_count(settings.get("n_ctx")),
+            slots=_count(props.get("total_slots")),
             ctx_per_slot=min(
                 (n for n in per_slot if isinstance(n, int)), default=settings.get("n_ctx")
             ),
@@ -62,6 +62,15 @@ def identify(client: httpx.Client) -> ServerInfo:
     if isinstance(ollama, dict) and "version" in ollama:
         return ServerInfo(kind="ollama", build=str(ollama["version"]))
     return ServerInfo(kind="openai-compatible")
+
+
+def _count(value: Any) -> int | None:
+    """A count the server gave, or None for anything that is not one."""
+    return value if isinstance(value, int) and 0 <= value < 2**31 else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def busy_slots(client: httpx.Client) -> int | None:

@@ -32,7 +32,7 @@ class Stored:
 
 
 def check_size(report: wire.RunReport, limits: IngestLimits) -> None:
-    points = len(report.points) + len(report.failures)
+    points = len(report.points) + len(report.serving_points) + len(report.failures)
     if points > limits.max_points_per_report:
         raise ReportRefused(
             f"the report holds {points} points (measured and failed), over this registry's "

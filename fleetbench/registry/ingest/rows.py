@@ -160,7 +160,7 @@ def over_series_bound(
     model's) past the bound: what placement, /metrics and the dashboard read per node. Runs
     of one batch count each other; batches stored at the same moment by other writers do not
     (the bound may be passed by one run per writer, never more)."""
-    candidates = [run for run in runs if run.report.status != "failed"]
+    candidates = [r for r in runs if r.report.status != "failed" and r.report.kind == "offline"]
     if not candidates:
         return []
     held: dict[int, dict[int, int]] = {}
@@ -322,21 +322,23 @@ def count_activity(
     Returns each node's changes now (NodeActivity.changes, what registry.series_cache
     checks)."""
     counts = Counter(run.node_id for run in runs)
-    newest = newest_by(runs, lambda run: run.node_id)
-    if not newest:
+    if not counts:
         return {}
-    returned = connection.execute(
-        sql.activity,
-        [
+    # A node's last run is its newest offline one: what its health and overview show (a
+    # serving sweep of a server that is down says nothing of the node's engine).
+    newest = newest_by([r for r in runs if r.report.kind == "offline"], lambda run: run.node_id)
+    rows = []
+    for node_id in sorted(counts):
+        run = newest.get(node_id)
+        rows.append(
             {
                 "node_id": node_id,
-                "last_run_id": run.id,
-                "last_run_started_at": run.report.started_at,
-                "last_run_received_at": run.received_at,
+                "last_run_id": run.id if run else None,
+                "last_run_started_at": run.report.started_at if run else None,
+                "last_run_received_at": run.received_at if run else None,
                 "run_count": counts[node_id],
                 "changes": counts[node_id],
             }
-            for node_id, run in sorted(newest.items())
-        ],
-    ).all()
+        )
+    returned = connection.execute(sql.activity, rows).all()
     return {int(node_id): int(count) for node_id, count in returned}

@@ -100,6 +100,7 @@ def read_run(run_id: uuid.UUID, session: SessionDep) -> RunDetail:
     response_class=Response,
     responses={
         200: {"content": {"text/csv": {}, "application/json": {}}, "description": "a download"},
+        409: {"description": "a serving run, which is not exported yet"},
         **NOT_FOUND,
     },
 )
@@ -111,4 +112,9 @@ def export_run(
     run = crud.get_run(session, run_id)
     if run is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail="run not found")
+    if run.kind != "offline":  # its columns are the batched-bench table's
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            detail="a serving run is not exported yet: GET /v1/runs/{id} gives its points",
+        )
     return export.run_export_response(run, format)
