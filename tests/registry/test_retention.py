@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from alembic import command
-from sqlalchemy import Engine, func, insert, select, text
+from sqlalchemy import Engine, Uuid, bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from fleetbench.registry import crud, latest, retention, tokens
@@ -33,6 +33,7 @@ from fleetbench.registry.models import (
     Regression,
     Run,
     RunPoint,
+    UTCDateTime,
 )
 from tests.factories import ARTICLE_TABLE, WOBBLE, make_report, scaled
 
@@ -154,20 +155,23 @@ def test_migration_0004_fills_the_latest_tables_from_the_runs_stored(
         ids = []
         for hours, status in ((0, "ok"), (1, "ok"), (2, "failed")):
             run_id = uuid.uuid4()
-            # Core, naming only the columns 0003 had (the ORM would name today's too)
+            # SQL naming only the columns 0003 had (the ORM and Core would add today's)
             session.execute(
-                insert(Run).values(
-                    id=run_id,
-                    node_id=node.id,
-                    build_id=build.id,
-                    model_id=model.id,
-                    source="sweep",
-                    status=status,
-                    error="boom" if status == "failed" else None,
-                    started_at=day + timedelta(hours=hours),
-                    received_at=day + timedelta(hours=hours),
-                    report_sha256="0" * 64,
-                )
+                text(
+                    "INSERT INTO runs (id, node_id, build_id, model_id, source, status, error,"
+                    " started_at, received_at, report_sha256) VALUES (:id, :node, :build,"
+                    " :model, 'sweep', :status, :error, :at, :at, :digest)"
+                ).bindparams(bindparam("id", type_=Uuid()), bindparam("at", type_=UTCDateTime())),
+                {
+                    "id": run_id,
+                    "node": node.id,
+                    "build": build.id,
+                    "model": model.id,
+                    "status": status,
+                    "error": "boom" if status == "failed" else None,
+                    "at": day + timedelta(hours=hours),
+                    "digest": "0" * 64,
+                },
             )
             ids.append(run_id)
             if status == "ok":
