@@ -1,5 +1,7 @@
 """A node's batching curves of a model: the latest successful run of each engine build, read
-(`latest_curves`) and answered (`curves_answer`, the figures from questions.curves)."""
+(`latest_curves`) and answered (`curves_answer`, the figures from questions.curves), and
+beside them the latest serving run, each concurrency as a share of the engine's throughput
+there: the cost of the server's scheduling, HTTP and sampling."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Select, bindparam, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
+from fleetbench.contract import wire
 from fleetbench.registry import labels, series
 from fleetbench.registry.models import (
     RUN_NEWEST_FIRST,
@@ -25,7 +28,13 @@ from fleetbench.registry.models import (
     RunPoint,
 )
 from fleetbench.registry.questions.curves import curve_figures
-from fleetbench.registry.schemas import CurvePointPublic, CurvePublic, CurvesPublic
+from fleetbench.registry.schemas import (
+    CurvePointPublic,
+    CurvePublic,
+    CurvesPublic,
+    ServingCurvePointPublic,
+    ServingCurvePublic,
+)
 
 __all__ = ["Curve", "CurveBuild", "CurvePoint", "curves_answer", "latest_curves"]
 
@@ -141,5 +150,62 @@ def curves_answer(
             )
         )
     return CurvesPublic(
-        node=node.name, model=models[0].name, knee_threshold=knee_threshold, curves=curves
+        node=node.name,
+        model=models[0].name,
+        knee_threshold=knee_threshold,
+        curves=curves,
+        serving=_serving_curve(session, node, models, curves, knee_threshold),
+    )
+
+
+def _serving_curve(
+    session: Session,
+    node: Node,
+    models: Sequence[Model],
+    curves: Sequence[CurvePublic],
+    knee_threshold: float,
+) -> ServingCurvePublic | None:
+    """The node's latest successful serving run of the models, each concurrency beside the
+    engine's S_TG at that B in the newest offline curve of the same PP and TG."""
+    run = session.scalars(
+        select(Run)
+        .where(
+            Run.node_id == node.id,
+            Run.model_id.in_([m.id for m in models]),
+            Run.kind == "serving",
+            Run.status != "failed",
+        )
+        .order_by(*RUN_NEWEST_FIRST)
+        .limit(1)
+        .options(selectinload(Run.serving_points))
+    ).first()
+    if run is None or run.server is None:
+        return None
+    server = wire.ServerIdentity.model_validate(run.server)
+    offline = next(
+        (c for c in reversed(curves) if (c.pp, c.tg) == (server.prompt_tokens, server.gen_tokens)),
+        None,
+    )
+    engine = {p.b: p.total_tps for p in offline.points} if offline else {}
+    measured = [(p.concurrency, p.total_tps, None) for p in run.serving_points if p.total_tps]
+    knee, _ = curve_figures(measured, knee_threshold) if measured else (None, [])
+    return ServingCurvePublic(
+        run_id=run.id,
+        measured_at=run.started_at,
+        server=server,
+        knee=knee,
+        offline_run_id=offline.run_id if offline else None,
+        points=[
+            ServingCurvePointPublic(
+                concurrency=p.concurrency,
+                total_tps=p.total_tps,
+                per_user_tps_p50=p.per_user_tps_p50,
+                ttft_ms_p90=p.ttft_ms_p90,
+                itl_ms_p50=p.itl_ms_p50,
+                of_offline_pct=100 * p.total_tps / engine[p.concurrency]
+                if p.total_tps is not None and engine.get(p.concurrency)
+                else None,
+            )
+            for p in run.serving_points
+        ],
     )

@@ -38,6 +38,8 @@ __all__ = [
     "SeriesKey",
     "SeriesPointPublic",
     "SeriesPublic",
+    "ServingCurvePointPublic",
+    "ServingCurvePublic",
     "TokenCreated",
     "TokenPublic",
     "TokenRequest",
@@ -340,11 +342,37 @@ class CurvePublic(BaseModel):
     points: list[CurvePointPublic]
 
 
+class ServingCurvePointPublic(BaseModel):
+    concurrency: int
+    total_tps: float | None
+    per_user_tps_p50: float | None
+    ttft_ms_p90: float | None
+    itl_ms_p50: float | None
+    of_offline_pct: float | None = Field(
+        description="the server's total output tokens/s as % of the engine's S_TG at this "
+        "B in the latest offline curve of the same prompt and output lengths (None: none)"
+    )
+
+
+class ServingCurvePublic(BaseModel):
+    """The node's latest serving run of the model: what its server delivered."""
+
+    run_id: UUID
+    measured_at: datetime
+    server: wire.ServerIdentity
+    knee: int | None = Field(description="as for offline curves, on total output tokens/s")
+    offline_run_id: UUID | None = Field(description="the offline run it is compared with")
+    points: list[ServingCurvePointPublic]
+
+
 class CurvesPublic(BaseModel):
     node: str
     model: str
     knee_threshold: float
     curves: list[CurvePublic] = Field(description="the latest run of each build, oldest first")
+    serving: ServingCurvePublic | None = Field(
+        default=None, description="the latest serving run, beside the engine's curves"
+    )
 
 
 class SeriesPointPublic(BaseModel):

@@ -63,3 +63,29 @@ def test_a_serving_run_leaves_the_nodes_health_history_and_curve_alone(
     assert [p["run_id"] for p in history["points"]] == [str(offline.run_id)]
     assert export.status_code == 409
     assert sorted(r["kind"] for r in runs["data"]) == ["offline", "serving", "serving"]
+
+
+def test_curves_put_the_serving_run_beside_the_engines(live_registry: LiveRegistry) -> None:
+    token = live_registry.token("gpu-2")
+    engine = make_report(node="gpu-2", pp=32, tg=8, table=[(1, 500.0, 50.0), (2, 600.0, 80.0)])
+    server = _serving("gpu-2").model_copy(
+        update={
+            "serving_points": [
+                wire.ServingPoint(concurrency=c, requests=4, completed=4, output_tokens=32,
+                                  seconds=1.0, total_tps=tps, per_user_tps_p50=tps / c)
+                for c, tps in ((1, 40.0), (2, 60.0), (4, 70.0))
+            ]
+        }
+    )  # fmt: skip
+    with live_registry.client(token) as client:
+        assert post_report(client, engine).status_code == 201
+        assert post_report(client, server).status_code == 201
+    with live_registry.client() as client:
+        answer = client.get("/v1/curves", params={"node": "gpu-2", "model": engine.model.name})
+    serving = answer.json()["serving"]
+    assert serving["run_id"] == str(server.run_id)
+    assert serving["offline_run_id"] == str(engine.run_id)
+    assert serving["server"]["kind"] == "llama-server"
+    # 40 of the engine's 50 tokens/s at B=1, 60 of 80 at B=2; B=4 was not measured offline
+    assert [p["of_offline_pct"] for p in serving["points"]] == [80.0, 75.0, None]
+    assert [p["per_user_tps_p50"] for p in serving["points"]] == [40.0, 30.0, 17.5]
