@@ -16,6 +16,8 @@ import httpx
 import psycopg
 from sqlalchemy.engine import make_url
 
+from fleetbench.agent.serving.stats import percentile as serving_percentile
+
 __all__ = [
     "free_port",
     "libpq_url",
@@ -95,10 +97,7 @@ def stop_registry(process: subprocess.Popen[bytes]) -> None:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); NaN when empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    """The serving sweep's percentile (linear between closest ranks, numpy's default) with
+    q in 0..1; NaN when empty."""
+    found = serving_percentile(values, q * 100)
+    return math.nan if found is None else found

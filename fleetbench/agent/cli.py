@@ -37,8 +37,7 @@ from fleetbench.agent.errors import (
 from fleetbench.agent.fingerprint import take_fingerprint
 from fleetbench.agent.gguf_model import ModelFileError, describe_gguf
 from fleetbench.agent.handover import (
-    deliver,
-    deliver_unspooled,
+    hand_over,
     import_through_the_spool,
     spool_run,
 )
@@ -263,10 +262,8 @@ def sweep(
         (err if unspooled else out).print(table)
     if run.error is not None:
         err.print(error_line(run.error), highlight=False, soft_wrap=True)
-    if isinstance(spooled, SpoolUnwritable):
-        deliver_unspooled(run, spooled, settings, registry)
-    elif spooled is not None:
-        deliver(run, spooled, settings, registry)
+    if spooled is not None:
+        hand_over(run, spooled, settings, registry)
     if run.status == "failed":
         raise typer.Exit(1)
 
@@ -486,10 +483,8 @@ def serve_sweep_command(
         )
         spooled = spool_run(run, settings)
         if isinstance(spooled, SpoolUnwritable):
-            out.print_json(run.model_dump_json())  # kept on stdout, as deliver_unspooled says
-            deliver_unspooled(run, spooled, settings, registry)
-        else:
-            deliver(run, spooled, settings, registry)
+            out.print_json(run.model_dump_json())  # kept on stdout, as hand_over says
+        hand_over(run, spooled, settings, registry)
     if outcome.failures:
         raise typer.Exit(1)
 

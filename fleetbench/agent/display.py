@@ -25,6 +25,7 @@ __all__ = [
     "fail",
     "out",
     "placement_table",
+    "serving_table",
     "spool_table",
 ]
 

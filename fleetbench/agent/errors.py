@@ -27,7 +27,6 @@ __all__ = [
     "RequestRejected",
     "SpoolError",
     "SpoolUnwritable",
-    "dotted",
     "validation_problems",
 ]
 

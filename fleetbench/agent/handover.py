@@ -14,7 +14,7 @@ from fleetbench.agent.errors import ClientError, SpoolError, SpoolUnwritable
 from fleetbench.agent.spool import Spool
 from fleetbench.contract.wire import RunReport
 
-__all__ = ["deliver", "deliver_unspooled", "import_through_the_spool", "spool_run"]
+__all__ = ["deliver", "deliver_unspooled", "hand_over", "import_through_the_spool", "spool_run"]
 
 
 def import_through_the_spool(
@@ -85,6 +85,17 @@ def spool_run(run: RunReport, settings: AgentSettings) -> Spool | SpoolUnwritabl
     except SpoolUnwritable as exc:
         return exc
     return spool
+
+
+def hand_over(
+    run: RunReport, spooled: Spool | SpoolUnwritable, settings: AgentSettings, registry: str | None
+) -> None:
+    """Delivers a run `spool_run` took (or, when the spool could not, straight to the
+    registry; the caller has printed it on stdout by then)."""
+    if isinstance(spooled, SpoolUnwritable):
+        deliver_unspooled(run, spooled, settings, registry)
+    else:
+        deliver(run, spooled, settings, registry)
 
 
 def deliver(run: RunReport, spool: Spool, settings: AgentSettings, registry: str | None) -> None:

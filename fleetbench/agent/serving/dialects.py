@@ -36,7 +36,28 @@ class Dialect(Protocol):
         ...
 
 
-class _LlamaServer:
+class _Stream:
+    """What every dialect's stream shares: JSON object events, an error event ends it."""
+
+    end: str | None = None  # a data line that ends the stream without being JSON
+
+    def read(self, data: str) -> Event:
+        if self.end is not None and data.strip() == self.end:
+            return Event(False, done=True)
+        event = json.loads(data)
+        if not isinstance(event, dict):
+            raise ValueError(f"an event that is not a JSON object: {data[:100]!r}")
+        if "error" in event:
+            return Event(False, done=True, error=str(event["error"]))
+        text, count, done = self._fields(event)
+        return Event(text, count if isinstance(count, int) else None, done=done)
+
+    def _fields(self, event: dict[str, Any]) -> tuple[bool, object, bool]:
+        """(carries output, the running token count or None, ends the stream)."""
+        raise NotImplementedError
+
+
+class _LlamaServer(_Stream):
     name = "llama-server"
     path = "/completion"
 
@@ -50,21 +71,14 @@ class _LlamaServer:
             "temperature": 0,
         }
 
-    def read(self, data: str) -> Event:
-        event = _object(data)
-        if "error" in event:
-            return Event(False, done=True, error=str(event["error"]))
-        count = event.get("tokens_predicted")
-        return Event(
-            bool(event.get("content")),
-            count if isinstance(count, int) else None,
-            done=bool(event.get("stop")),
-        )
+    def _fields(self, event: dict[str, Any]) -> tuple[bool, object, bool]:
+        return bool(event.get("content")), event.get("tokens_predicted"), bool(event.get("stop"))
 
 
-class _OpenAI:
+class _OpenAI(_Stream):
     name = "openai"
     path = "/v1/completions"
+    end = "[DONE]"
 
     def body(self, prompt: list[int] | str, gen_tokens: int, model: str) -> dict[str, Any]:
         return {
@@ -79,25 +93,12 @@ class _OpenAI:
             "temperature": 0,
         }
 
-    def read(self, data: str) -> Event:
-        if data.strip() == "[DONE]":
-            return Event(False, done=True)
-        event = _object(data)
-        if "error" in event:
-            return Event(False, done=True, error=str(event["error"]))
-        usage = event.get("usage") or {}
+    def _fields(self, event: dict[str, Any]) -> tuple[bool, object, bool]:
+        usage = event.get("usage")
         count = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        choices = event.get("choices") or []
+        choices = event.get("choices")
         text = isinstance(choices, list) and bool(choices) and bool(choices[0].get("text"))
-        return Event(text, count if isinstance(count, int) else None)
-
-
-def _object(data: str) -> dict[str, Any]:
-    """The event's JSON object; ValueError for anything else."""
-    event = json.loads(data)
-    if not isinstance(event, dict):
-        raise ValueError(f"an event that is not a JSON object: {data[:100]!r}")
-    return event
+        return text, count, False
 
 
 LLAMA_SERVER: Dialect = _LlamaServer()

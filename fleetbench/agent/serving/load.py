@@ -37,23 +37,26 @@ def _arrived(record: RequestRecord, new: int, now: float) -> None:
     record.token_times.extend(last + (now - last) * i / new for i in range(1, new + 1))
 
 
-async def _request(
-    session: aiohttp.ClientSession,
-    url: str,
-    dialect: Dialect,
-    prompt: Prompt,
-    *,
-    gen_tokens: int,
-    model: str,
-    limits: Limits,
-) -> RequestRecord:
+@dataclass(frozen=True)
+class _Target:
+    """Where a level's requests go, and what each asks for."""
+
+    session: aiohttp.ClientSession
+    url: str
+    dialect: Dialect
+    gen_tokens: int
+    model: str
+    limits: Limits
+
+
+async def _request(target: _Target, prompt: Prompt) -> RequestRecord:
     """One request, never raising: what went wrong is the record's error. A kept-alive
     connection the server closed as the request went out is given up and the request sent
     again, as any client does (llama-server closes idle ones within milliseconds at times),
     a few times at most: then the server is closing every connection it is sent."""
     for _ in range(_STALE_RETRIES):
         try:
-            return await _attempt(session, url, dialect, prompt, gen_tokens, model, limits)
+            return await _attempt(target, prompt)
         except _StaleConnection:
             continue
     return RequestRecord(sent=time.perf_counter(), error="disconnected")
@@ -69,21 +72,14 @@ class _StaleConnection(Exception):
     """The server closed a kept-alive connection before answering on it."""
 
 
-async def _attempt(
-    session: aiohttp.ClientSession,
-    url: str,
-    dialect: Dialect,
-    prompt: Prompt,
-    gen_tokens: int,
-    model: str,
-    limits: Limits,
-) -> RequestRecord:
+async def _attempt(target: _Target, prompt: Prompt) -> RequestRecord:
+    dialect, limits, gen_tokens = target.dialect, target.limits, target.gen_tokens
     record = RequestRecord(sent=time.perf_counter())
-    body = dialect.body(prompt, gen_tokens, model)
+    body = dialect.body(prompt, gen_tokens, target.model)
     finished = answered = False
     try:
         async with asyncio.timeout(limits.request_s):
-            async with session.post(url, json=body) as response:
+            async with target.session.post(target.url, json=body) as response:
                 answered = True
                 if response.status != 200:
                     await response.read()
@@ -157,17 +153,10 @@ async def run_level(
     async with aiohttp.ClientSession(
         timeout=timeout, connector=pool, auto_decompress=False, read_bufsize=2**22
     ) as session:
+        target = _Target(session, url, dialect, gen_tokens, model, limits)
 
         async def one() -> RequestRecord:
-            return await _request(
-                session,
-                url,
-                dialect,
-                next_prompt(),
-                gen_tokens=gen_tokens,
-                model=model,
-                limits=limits,
-            )
+            return await _request(target, next_prompt())
 
         await asyncio.gather(*(one() for _ in range(concurrency)))  # warm-up
         records: list[RequestRecord] = []

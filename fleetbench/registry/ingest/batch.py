@@ -200,10 +200,7 @@ def _latest_and_regressions(
     NodeActivity.changes now); returns the pairs a regression is stored for. The series
     the check reads are taken from `series_cache` where they are still valid, and what they
     are now is left in `learned` for the cache once the transaction commits."""
-    # The latest curves and the regression series are the engine's (offline) so far.
-    successful = [
-        run for run in runs if run.report.status != "failed" and run.report.kind == "offline"
-    ]
+    successful = [run for run in runs if run.in_series]
     heads = []
     for (node_id, model_id), run in sorted(
         newest_by(successful, lambda run: (run.node_id, run.model_id)).items()

@@ -37,7 +37,8 @@ class KnownRows:
 
     builds: dict[str, int] = field(default_factory=dict)
     models: dict[str, int] = field(default_factory=dict)
-    facts: dict[tuple[int, str], int] = field(default_factory=dict)  # by (model, identity)
+    # by (model, the facts' values in MODEL_FACTS' order): no digest for facts known already
+    facts: dict[tuple[int, tuple[Any, ...]], int] = field(default_factory=dict)
     series: dict[int, tuple[int, int, dict[int, RecentSeries]]] = field(default_factory=dict)
 
     def learn(self, other: KnownRows) -> None:
@@ -73,6 +74,11 @@ class IncomingRun:
 
     def __post_init__(self) -> None:
         self.id = self.report.run_id
+
+    @property
+    def in_series(self) -> bool:
+        """Whether it joins its node's offline curves: the latest, the series, the bound."""
+        return self.report.kind == "offline" and self.report.status != "failed"
 
     @property
     def key(self) -> tuple[int, uuid.UUID]:
@@ -144,12 +150,12 @@ def facts_id_of(
     facts = {f: getattr(info, f) for f in MODEL_FACTS}
     if all(value is None for value in facts.values()):
         return None
-    identity = build_identity(facts)
-    facts_id = learned.facts.get((model_id, identity)) or known.facts.get((model_id, identity))
+    key = (model_id, tuple(facts.values()))
+    facts_id = learned.facts.get(key) or known.facts.get(key)
     if facts_id is None:
-        keys = {"model_id": model_id, "identity": identity}
+        keys = {"model_id": model_id, "identity": build_identity(facts)}
         facts_id = _get_or_insert(connection, sql.facts_by_identity, sql.insert_facts, keys, facts)
-        learned.facts[(model_id, identity)] = facts_id
+        learned.facts[key] = facts_id
     return facts_id
 
 
@@ -160,7 +166,7 @@ def over_series_bound(
     model's) past the bound: what placement, /metrics and the dashboard read per node. Runs
     of one batch count each other; batches stored at the same moment by other writers do not
     (the bound may be passed by one run per writer, never more)."""
-    candidates = [r for r in runs if r.report.status != "failed" and r.report.kind == "offline"]
+    candidates = [run for run in runs if run.in_series]
     if not candidates:
         return []
     held: dict[int, dict[int, int]] = {}
