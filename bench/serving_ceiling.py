@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import free_port
 from fleetbench.agent.serving.dialects import OPENAI
-from fleetbench.agent.serving.load import Limits, run_level
+from fleetbench.agent.serving.load import Limits, Load, run_level
 from fleetbench.agent.serving.stats import percentile, serving_point
 
 
@@ -94,7 +94,7 @@ def measure(url: str, concurrency: int, tokens: int) -> dict[str, float]:
             OPENAI,
             lambda: "hello",
             concurrency=concurrency,
-            requests=concurrency * 2,
+            load=Load(requests=concurrency * 2),
             gen_tokens=tokens,
             model="stub",
             limits=Limits(first_token_s=30),
@@ -107,9 +107,9 @@ def measure(url: str, concurrency: int, tokens: int) -> dict[str, float]:
     sent_speeds, sent_gaps = _sent_speeds(httpx.get(f"{url}/sent").json()[-2 * concurrency :])
     return {
         "completed": point.completed,
-        "client_tps_p50": point.per_user_tps["p50"] or 0.0,
+        "client_tps_p50": point.per_user_tps_p50 or 0.0,
         "sent_tps_p50": percentile(sent_speeds, 50) or 0.0,
-        "client_itl_ms_p50": point.itl_ms["p50"] or 0.0,
+        "client_itl_ms_p50": point.itl_ms_p50 or 0.0,
         "sent_itl_ms_p50": (percentile(sent_gaps, 50) or 0.0) * 1000,
         # the client's CPU over the whole level (warm-up included) per stream, in % of a core
         "cpu_pct_per_stream": 100 * cpu / (ended - started) / concurrency,

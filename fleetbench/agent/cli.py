@@ -8,14 +8,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from rich.progress import Progress
 
 from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError
+from fleetbench.agent.cli_options import RegistryOption, command_settings, int_list
+from fleetbench.agent.cli_serving import serve_sweep_command
 from fleetbench.agent.client import RegistryClient
-from fleetbench.agent.config import AgentSettings, SettingsError, load_settings, open_spool
+from fleetbench.agent.config import open_spool
 from fleetbench.agent.display import (
     SPOOL_UNWRITABLE_EXIT,
     curve_table,
@@ -24,7 +25,6 @@ from fleetbench.agent.display import (
     fail,
     out,
     placement_table,
-    serving_table,
     spool_table,
 )
 from fleetbench.agent.errors import (
@@ -44,27 +44,11 @@ from fleetbench.agent.handover import (
 from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
-from fleetbench.agent.serving.load import Limits
-from fleetbench.agent.serving.report import serving_report
-from fleetbench.agent.serving.sweep import ServeSpec, serve_sweep
 from fleetbench.agent.sweep import measure_run
-from fleetbench.contract.bounds import Name
+from fleetbench.contract.answers import PlacementKind
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
-
-RegistryOption = Annotated[
-    str | None,
-    typer.Option("--registry", help="registry URL [env: FLEETBENCH_REGISTRY_URL]"),
-]
-
-
-def _settings() -> AgentSettings:
-    """FLEETBENCH_* settings; a bad value is a one-line error naming the variable."""
-    try:
-        return load_settings()
-    except SettingsError as exc:
-        raise fail(str(exc), code=2) from exc
 
 
 @app.command("import")
@@ -88,7 +72,7 @@ def import_output(
     ] = False,
 ) -> None:
     """Read llama-batched-bench tables (or --output-format jsonl) and report each as a run."""
-    settings = _settings()
+    settings = command_settings()
     skipped: list[BadRow] = []  # tables left out for a row that is no valid measurement
     try:
         text = file.read_text(encoding="utf-8", errors="replace")
@@ -138,18 +122,6 @@ def import_output(
         raise typer.Exit(1)
 
 
-def _ints(text: str, option: str, *, least: int = 0) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(
-            f"{text!r} is not a comma list of integers", param_hint=option
-        ) from exc
-    if not values or any(v < least for v in values):
-        raise typer.BadParameter(f"{text!r}: give integers >= {least}", param_hint=option)
-    return values
-
-
 @app.command()
 def sweep(
     model: Annotated[Path, typer.Option("--model", "-m", help="the GGUF file to measure")],
@@ -194,9 +166,9 @@ def sweep(
     try:
         spec = SweepSpec.model_validate(
             {
-                "npp": _ints(npp, "--npp"),
-                "ntg": _ints(ntg, "--ntg"),
-                "npl": _ints(npl, "--npl", least=1),
+                "npp": int_list(npp, "--npp"),
+                "ntg": int_list(ntg, "--ntg"),
+                "npl": int_list(npl, "--npl", least=1),
                 "ctx_size": ctx_size,
                 "batch_size": batch_size,
                 "ubatch_size": ubatch_size,
@@ -223,7 +195,7 @@ def sweep(
         raise fail(str(exc), code=2) from None
     from fleetbench.agent.daemon import sweep_lock
 
-    settings = _settings()
+    settings = command_settings()
     name = model_name or model.name.removesuffix(".gguf")
     lock = settings.spool.with_name("sweep.lock")
     try:  # made here, so that a disk too full for it is one line, not a traceback
@@ -310,7 +282,7 @@ def status(
 ) -> None:
     """Runs in the local spool: queued for delivery, delivered, and rejected (with why).
     Reads a spool on a full disk too, and says the disk is full."""
-    spool = open_spool(_settings())
+    spool = open_spool(command_settings())
     try:
         runs = spool.runs()
         counts = spool.counts()
@@ -339,7 +311,7 @@ def flush(registry: RegistryOption = None) -> None:
     """Deliver every queued run now, whatever its backoff, and say what is left. Exit 0 when
     nothing waits (all delivered or rejected), 1 when some runs still wait, 3 when the
     spool cannot be written."""
-    settings = _settings()
+    settings = command_settings()
     spool = open_spool(settings)
     try:
         queued = spool.counts()["queued"]
@@ -380,6 +352,17 @@ def placement(
     limit: Annotated[
         int | None, typer.Option(help="list at most this many nodes [registry default: 100]")
     ] = None,
+    kind: Annotated[
+        PlacementKind | None,
+        typer.Option(
+            help="offline, serving or any: each node's serving run where it has one, else "
+            "its offline curve [registry default: any]"
+        ),
+    ] = None,
+    max_ttft_ms: Annotated[
+        float | None,
+        typer.Option(help="time to first token each user may wait, ms (p90; serving runs)"),
+    ] = None,
     registry: RegistryOption = None,
     token: Annotated[
         str | None,
@@ -387,8 +370,9 @@ def placement(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
-    """Ask the registry which node and concurrency meets a per-user speed for a model."""
-    settings = _settings()
+    """Ask the registry which node and concurrency meets a per-user speed for a model (and
+    a time to first token, from serving runs)."""
+    settings = command_settings()
     url = registry or settings.registry_url
     with RegistryClient(url, token=token or settings.current_token()) as client:
         try:
@@ -399,6 +383,8 @@ def placement(
                 context_tokens=context_tokens,
                 max_age_days=max_age_days,
                 limit=limit,
+                kind=kind,
+                max_ttft_ms=max_ttft_ms,
             )
         except ClientError as exc:
             closed = getattr(exc, "status_code", None) in (401, 403)
@@ -410,84 +396,7 @@ def placement(
         out.print(placement_table(answer))
 
 
-@app.command("serve-sweep")
-def serve_sweep_command(
-    url: Annotated[str, typer.Option(help="the server, e.g. http://127.0.0.1:8080")],
-    model: Annotated[str, typer.Option(help="the model's name (OpenAI servers are asked for it)")],
-    concurrency: Annotated[str, typer.Option(help="requests in flight C, comma list")] = "1,2,4,8",
-    prompt_tokens: Annotated[int, typer.Option(min=1, max=1_000_000)] = 512,
-    gen_tokens: Annotated[int, typer.Option(min=1, max=1_000_000)] = 128,
-    requests: Annotated[
-        int | None, typer.Option(min=1, max=1_000_000, help="per concurrency [default: 4 C, >= 8]")
-    ] = None,
-    first_token_timeout: Annotated[
-        float, typer.Option(min=0.1, help="seconds to the first token, and between two")
-    ] = 60.0,
-    request_timeout: Annotated[float, typer.Option(min=1, help="seconds for a request")] = 600.0,
-    node: Annotated[
-        str | None, typer.Option(help="this node's name [default: FLEETBENCH_NODE]")
-    ] = None,
-    report: Annotated[
-        bool, typer.Option("--report", help="spool the run and deliver it to the registry")
-    ] = False,
-    registry: RegistryOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON")] = False,
-) -> None:
-    """Measure the server a team runs: at each concurrency, exactly C streaming completions
-    in flight, every token timestamped (TTFT, inter-token latency, per-user speed)."""
-    levels = _ints(concurrency, "--concurrency", least=1)
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise typer.BadParameter(f"{url!r}: {exc}", param_hint="--url") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise typer.BadParameter(f"{url!r} is not an http(s) URL", param_hint="--url")
-    settings = _settings()
-    try:  # what the report will say, checked before the sweep rather than after it
-        ModelInfo(name=model)
-        node_name = TypeAdapter(Name).validate_python(node or settings.node)
-    except ValidationError as exc:
-        raise typer.BadParameter(exc.errors()[0]["msg"], param_hint="--model or --node") from None
-    spec = ServeSpec(
-        url=url.rstrip("/"),
-        model=model,
-        concurrency=levels,
-        prompt_tokens=prompt_tokens,
-        gen_tokens=gen_tokens,
-        requests=requests,
-        limits=Limits(first_token_s=first_token_timeout, request_s=request_timeout),
-    )
-    started_at = datetime.now(UTC)
-    with Progress(console=err, transient=True, disable=as_json) as progress:
-        task = progress.add_task(f"{url}: concurrency", total=len(levels))
-        outcome = serve_sweep(spec, on_point=lambda _: progress.advance(task))
-    for warning in outcome.warnings:
-        err.print(f"warning: {warning}", soft_wrap=True)
-    if as_json:
-        out.print_json(json.dumps(dataclasses.asdict(outcome)))
-    else:
-        server = outcome.server
-        said = f"{server.kind} {server.build or ''}".strip()
-        title = f"{model} on {said} at {url}: prompt {prompt_tokens}, output {gen_tokens} tokens"
-        out.print(serving_table(outcome.points, title=title))
-    for level, why in outcome.failures:
-        err.print(error_line(f"concurrency {level}: {why}"), soft_wrap=True)
-    if report:
-        run = serving_report(
-            outcome,
-            spec,
-            node=node_name,
-            started_at=started_at,
-            finished_at=datetime.now(UTC),
-            hardware=take_fingerprint(),
-        )
-        spooled = spool_run(run, settings)
-        if isinstance(spooled, SpoolUnwritable):
-            out.print_json(run.model_dump_json())  # kept on stdout, as hand_over says
-        hand_over(run, spooled, settings, registry)
-    if outcome.failures:
-        raise typer.Exit(1)
-
+app.command("serve-sweep")(serve_sweep_command)
 
 if __name__ == "__main__":
     app()

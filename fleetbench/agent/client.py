@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
-from fleetbench.contract.answers import PlacementAnswer, RunReceipt
+from fleetbench.contract.answers import PlacementAnswer, PlacementKind, RunReceipt
 from fleetbench.contract.plans import NodePlans, NodeStatus
 from fleetbench.contract.wire import RunReport
 
@@ -65,12 +65,16 @@ class RegistryClient:
         context_tokens: int | None = None,
         max_age_days: float | None = None,
         limit: int | None = None,
+        kind: PlacementKind | None = None,
+        max_ttft_ms: float | None = None,
     ) -> PlacementAnswer:
         optional = {
             "prompt_tokens": prompt_tokens,
             "context_tokens": context_tokens,
             "max_age_days": max_age_days,
             "limit": limit,
+            "kind": kind,
+            "max_ttft_ms": max_ttft_ms,
         }
         params: dict[str, Any] = {
             "model": model,

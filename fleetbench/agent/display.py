@@ -11,10 +11,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fleetbench.agent.serving.stats import ServingPoint
 from fleetbench.agent.spool import SpooledRun
 from fleetbench.contract.answers import PlacementAnswer
-from fleetbench.contract.wire import Point
+from fleetbench.contract.wire import Point, ServingPoint
 
 __all__ = [
     "SPOOL_UNWRITABLE_EXIT",
@@ -93,33 +92,36 @@ def serving_table(points: Sequence[ServingPoint], *, title: str) -> Table:
     for header in (*headers, "ITL ms p50/p99", "errors"):
         table.add_column(header, justify="right")
 
-    def spread(values: dict[str, float | None], digits: int) -> str:
-        return " / ".join(_fmt(v, digits) for v in values.values())
+    def spread(digits: int, *values: float | None) -> str:
+        return " / ".join(_fmt(v, digits) for v in values)
 
     for p in points:
         table.add_row(
             str(p.concurrency),
             f"{p.completed}/{p.requests}",
             _fmt(p.total_tps),
-            spread(p.per_user_tps, 1),
-            spread(p.ttft_ms, 0),
-            f"{_fmt(p.itl_ms['p50'], 1)} / {_fmt(p.itl_ms['p99'], 1)}",
+            spread(1, p.per_user_tps_p10, p.per_user_tps_p50, p.per_user_tps_p90),
+            spread(0, p.ttft_ms_p50, p.ttft_ms_p90, p.ttft_ms_p99),
+            spread(1, p.itl_ms_p50, p.itl_ms_p99),
             ", ".join(f"{n} {kind}" for kind, n in p.errors.items()) or "-",
         )
     return table
 
 
 def placement_table(answer: PlacementAnswer) -> Table:
+    within = f", first token within {answer.max_ttft_ms:g} ms" if answer.max_ttft_ms else ""
     table = Table(
-        title=f"{answer.model}: at least {answer.min_tps_per_user:g} tokens/s per user "
-        "(speeds in tokens/s)",
+        title=f"{answer.model}: at least {answer.min_tps_per_user:g} tokens/s per user{within} "
+        "(speeds in tokens/s; from a serving run, per user is its p10)",
         title_justify="left",
         caption=answer.reason,
         caption_justify="left",
     )
     table.add_column("node")
-    for header in ("B", "per user", "total", "prefill", "PP/TG", "KV GiB", "build"):
+    headers = ("B", "per user", "total", "TTFT p90 ms", "prefill", "PP/TG", "KV GiB", "build")
+    for header in headers:
         table.add_column(header, justify="right")
+    table.add_column("from")
     table.add_column("measured")
     table.add_column("notes")
     for c in answer.candidates:
@@ -127,20 +129,23 @@ def placement_table(answer: PlacementAnswer) -> Table:
             *(["past the knee"] if c.past_knee else []),
             *(["fit not checked"] if answer.context_tokens and c.fit == "not checked" else []),
         ]
+        source = f"{c.server or 'server'} ({c.slots} slots)" if c.slots else c.server
         table.add_row(
             c.node,
             str(c.concurrency),
             _fmt(c.per_user_tps),
             _fmt(c.total_tps),
+            _fmt(c.ttft_ms_p90, 0),
             _fmt(c.prefill_tps),
             f"{c.prompt_tokens}/{c.gen_tokens}",
             _fmt(c.kv_cache_gib),
             "-" if c.llama_cpp_build is None else str(c.llama_cpp_build),
+            source if c.source == "serving" else "offline curve",
             c.measured_at.strftime("%Y-%m-%d"),
             ", ".join(notes),
         )
     for r in answer.rejected:
-        table.add_row(r.node, str(r.concurrency), *[""] * 8, f"refused: {r.reason}")
+        table.add_row(r.node, str(r.concurrency), *[""] * 10, f"refused: {r.reason}")
     return table
 
 

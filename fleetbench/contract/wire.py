@@ -6,7 +6,8 @@ registry validates the same class on `POST /v1/runs`.
 Versioning: `schema_version` is a literal. A change that old registries could misread
 gets a new version; the registry answers 422 for a version it does not know. Version 2
 added serving runs (`kind: serving`, the server's identity and one `ServingPoint` per
-concurrency). Offline runs are still sent as version 1, which every registry takes, so
+concurrency); version 3 a serving run's SLO search (`slo_search`). A report is sent as the
+oldest version that holds it (offline runs as version 1, which every registry takes), so
 agents may be upgraded before the registry.
 """
 
@@ -48,6 +49,7 @@ __all__ = [
     "REASON_LENGTH",
     "SCHEMA_VERSION",
     "SERVING_SCHEMA_VERSION",
+    "SLO_SEARCH_SCHEMA_VERSION",
     "EngineBuild",
     "FailedPoint",
     "HardwareData",
@@ -59,11 +61,13 @@ __all__ = [
     "RunStatus",
     "ServerIdentity",
     "ServingPoint",
+    "SloSearch",
     "model_name_key",
 ]
 
 SCHEMA_VERSION = 1  # offline runs
 SERVING_SCHEMA_VERSION = 2
+SLO_SEARCH_SCHEMA_VERSION = 3
 
 # S_TG and B·TG/T_TG may differ by rounding, never by more than this share.
 S_TG_TOLERANCE = 0.01
@@ -350,7 +354,21 @@ class ServingPoint(_Strict):
     errors: dict[ShortText, Int32] = Field(default_factory=dict, max_length=32)
 
 
-_SERVING_FIELDS = ("kind", "server", "serving_points")
+class SloSearch(_Strict):
+    """A serving run that searched for the largest concurrency meeting an objective
+    (contract.serve_spec.Objective): what it found, and why it stopped there."""
+
+    objective: Annotated[Text, Field(min_length=1, max_length=500)]
+    concurrency: Int32 | None = Field(
+        description="the largest concurrency measured to meet it (None: not even the first)"
+    )
+    stop_reason: Annotated[Text, Field(min_length=1, max_length=1000)] = Field(
+        description="objective failed at C, throughput plateau, errors, time budget, ..."
+    )
+
+
+# The version that introduced each field a report of an older version leaves out.
+_FIELD_VERSIONS = {"kind": 2, "server": 2, "serving_points": 2, "slo_search": 3}
 
 
 class RunReport(_Strict):
@@ -364,7 +382,7 @@ class RunReport(_Strict):
     points per node lower than the schema does (FLEETBENCH_MAX_POINTS_PER_REPORT,
     FLEETBENCH_MAX_SERIES_PER_NODE): over them it answers 422 saying which."""
 
-    schema_version: Literal[1, 2]
+    schema_version: Literal[1, 2, 3]
     run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
     node: Name
     started_at: UTCDateTime
@@ -385,6 +403,9 @@ class RunReport(_Strict):
     )
     server: ServerIdentity | None = None
     serving_points: list[ServingPoint] = Field(default_factory=list, max_length=10_000)
+    slo_search: SloSearch | None = Field(
+        default=None, description="a serving run's SLO search (schema version 3)"
+    )
 
     @field_validator("points")
     @classmethod
@@ -398,12 +419,13 @@ class RunReport(_Strict):
         return points
 
     @model_serializer(mode="wrap")
-    def _offline_as_version_1(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # An offline run is written as version 1 wrote it, without the serving fields: an
+    def _as_its_version(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A report is written as the oldest version that holds it wrote it: an offline run
+        # without the serving fields, a serving run without a search without slo_search. An
         # older registry takes it, and its digest (a retry's identity) is what it was.
         data: dict[str, Any] = handler(self)
-        if self.kind == "offline":
-            for name in _SERVING_FIELDS:
+        for name, since in _FIELD_VERSIONS.items():
+            if self.kind == "offline" or (since > self.schema_version and data.get(name) is None):
                 data.pop(name, None)
         return data
 
@@ -417,8 +439,10 @@ class RunReport(_Strict):
             levels = [p.concurrency for p in self.serving_points]
             if len(set(levels)) != len(levels):
                 raise ValueError(f"a concurrency is given twice: {levels}")
-        elif self.server is not None or self.serving_points:
-            raise ValueError("server and serving_points belong to serving runs")
+        elif self.server is not None or self.serving_points or self.slo_search is not None:
+            raise ValueError("server, serving_points and slo_search belong to serving runs")
+        if self.slo_search is not None and self.schema_version < SLO_SEARCH_SCHEMA_VERSION:
+            raise ValueError("slo_search came with schema version 3")
         return self
 
     @model_validator(mode="after")

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetbench.agent.serving.load import Limits
 from fleetbench.agent.serving.stats import RequestRecord, percentile, serving_point
-from fleetbench.agent.serving.sweep import ServeSpec, serve_sweep
+from fleetbench.agent.serving.sweep import serve_sweep
+from fleetbench.contract.serve_spec import ServeSpec
 from tests.factories import LiveRegistry, agent, free_port, make_report, post_report
 
 SLOTS = 2
@@ -54,15 +54,8 @@ def gemma_server(
 
 
 def test_a_serving_sweep_of_a_real_llama_server(gemma_server: str) -> None:
-    spec = ServeSpec(
-        url=gemma_server,
-        model="gemma-3-270m",
-        concurrency=(1, 2, 4),
-        prompt_tokens=64,
-        gen_tokens=24,
-        requests=8,
-    )
-    outcome = serve_sweep(spec)
+    spec = ServeSpec(concurrency=(1, 2, 4), prompt_tokens=64, gen_tokens=24, requests=8)
+    outcome = serve_sweep(gemma_server, "gemma-3-270m", spec)
     assert outcome.server.kind == "llama-server"
     assert (outcome.server.slots, outcome.server.ctx_per_slot) == (SLOTS, 512)
     assert outcome.prompt_exact and outcome.failures == []
@@ -72,10 +65,10 @@ def test_a_serving_sweep_of_a_real_llama_server(gemma_server: str) -> None:
         assert point.output_tokens == 8 * 24  # every request got exactly the tokens asked for
     one, two, four = outcome.points
     # per-user speed falls as users share the server; total throughput grows up to the slots
-    assert one.per_user_tps["p50"] > two.per_user_tps["p50"]  # type: ignore[operator]
+    assert one.per_user_tps_p50 > two.per_user_tps_p50  # type: ignore[operator]
     assert two.total_tps > one.total_tps  # type: ignore[operator]
     # past the slots requests queue: the waiting shows in the time to first token
-    assert four.ttft_ms["p90"] > 2 * two.ttft_ms["p90"]  # type: ignore[operator]
+    assert four.ttft_ms_p90 > 2 * two.ttft_ms_p90  # type: ignore[operator]
     assert any("exceeds the server's 2 slots" in w for w in outcome.warnings)
 
 
@@ -152,8 +145,8 @@ def test_a_failing_server_is_recorded_not_waited_for(
     server.mode = mode  # type: ignore[attr-defined]
     begun = time.monotonic()
     outcome = serve_sweep(
-        ServeSpec(url=url, model="m", concurrency=(1, 2), prompt_tokens=8, gen_tokens=8,
-                  requests=2, limits=Limits(first_token_s=1, request_s=3))
+        url, "m", ServeSpec(concurrency=(1, 2), prompt_tokens=8, gen_tokens=8, requests=2,
+                            first_token_timeout_s=1, request_timeout_s=3)
     )  # fmt: skip
     assert time.monotonic() - begun < 30
     assert outcome.server.kind == "openai-compatible" and not outcome.prompt_exact
@@ -173,15 +166,14 @@ def test_events_of_several_tokens_are_counted_by_the_servers_running_count(
     url, server = faulty
     server.mode = "pairs"  # type: ignore[attr-defined]
     outcome = serve_sweep(
-        ServeSpec(url=url, model="m", concurrency=(2,), prompt_tokens=8, gen_tokens=20,
-                  requests=3)
-    )  # fmt: skip
+        url, "m", ServeSpec(concurrency=(2,), prompt_tokens=8, gen_tokens=20, requests=3)
+    )
     [point] = outcome.points
     assert (point.requests, point.completed) == (4, 4)  # rounded up to whole rounds of C
     assert point.output_tokens == 4 * 20 and point.errors == {}
     # 2 tokens each 10 ms: 200 tokens/s per user, 5 ms between tokens (spread in an event)
-    assert point.per_user_tps["p50"] == pytest.approx(200, rel=0.25)
-    assert point.itl_ms["p50"] == pytest.approx(5, rel=0.25)
+    assert point.per_user_tps_p50 == pytest.approx(200, rel=0.25)
+    assert point.itl_ms_p50 == pytest.approx(5, rel=0.25)
 
 
 def test_a_server_that_is_gone_fails_every_level_and_the_agent_carries_on() -> None:
@@ -206,12 +198,12 @@ def test_a_point_from_request_records() -> None:
     assert (point.requests, point.completed, point.output_tokens) == (3, 2, 10)
     assert point.total_tps == pytest.approx(50.0)
     # per user: fast 4 tokens in 40 ms = 100/s; slow 2 tokens after its first event in 80 ms
-    assert point.per_user_tps["p10"] == pytest.approx(25 + 0.1 * 75)
-    assert point.per_user_tps["p90"] == pytest.approx(25 + 0.9 * 75)
-    assert point.ttft_ms["p50"] == pytest.approx(75.0)
-    assert point.e2e_ms["p90"] == pytest.approx(100 + 0.9 * 100)
-    assert point.itl_ms["p50"] == pytest.approx(10.0)
-    assert point.itl_ms["p99"] == pytest.approx(40.0)
+    assert point.per_user_tps_p10 == pytest.approx(25 + 0.1 * 75)
+    assert point.per_user_tps_p90 == pytest.approx(25 + 0.9 * 75)
+    assert point.ttft_ms_p50 == pytest.approx(75.0)
+    assert point.e2e_ms_p90 == pytest.approx(100 + 0.9 * 100)
+    assert point.itl_ms_p50 == pytest.approx(10.0)
+    assert point.itl_ms_p99 == pytest.approx(40.0)
     assert point.errors == {"http 429": 1}
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([], 90) is None

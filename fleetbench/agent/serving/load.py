@@ -1,6 +1,7 @@
 """The closed loop: exactly C streaming requests in flight until the level's requests are
-sent, each timestamped token by token. Every wait is bounded (connect, first token, each
-read, the whole request), so a server that stops answering ends the level, never the agent."""
+sent (or its seconds are up), each timestamped token by token. Every wait is bounded
+(connect, first token, each read, the whole request), so a server that stops answering ends
+the level, never the agent."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fleetbench.agent.serving.dialects import Dialect
 from fleetbench.agent.serving.stats import RequestRecord
 from fleetbench.contract.bounds import storable_text
 
-__all__ = ["Limits", "run_level"]
+__all__ = ["Limits", "Load", "run_level"]
 
 Prompt = list[int] | str
 
@@ -25,6 +26,15 @@ class Limits:
     connect_s: float = 5.0
     first_token_s: float = 60.0  # also the longest wait between two events of a stream
     request_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class Load:
+    """How long a level lasts: `requests` in all (rounded up to whole rounds of C), or each
+    of the C users sending one request after another until `duration_s` is up."""
+
+    requests: int | None = None
+    duration_s: float | None = None
 
 
 def _arrived(record: RequestRecord, new: int, now: float) -> None:
@@ -133,15 +143,17 @@ async def run_level(
     next_prompt: Callable[[], Prompt],
     *,
     concurrency: int,
-    requests: int,
+    load: Load,
     gen_tokens: int,
     model: str,
     limits: Limits,
 ) -> tuple[list[RequestRecord], float, float]:
-    """One concurrency: `concurrency` warm-up requests (not counted), then `requests`
-    (rounded up to a multiple of `concurrency`, so that each of the C users sends as many
-    and C are in flight until the last round) with exactly `concurrency` in flight. Returns
-    the records and the wall-clock start and end of the counted part."""
+    """One concurrency: `concurrency` warm-up requests (not counted), then the `load` with
+    exactly `concurrency` in flight: its requests rounded up to a multiple of `concurrency`,
+    so that each of the C users sends as many and C are in flight until the last round, or
+    requests sent until its seconds are up (the last ones run to their end). Returns the
+    records and the wall-clock start and end of the counted part."""
+    requests = load.requests or max(8, 4 * concurrency)
     rounds = -(-requests // concurrency)
     timeout = aiohttp.ClientTimeout(connect=limits.connect_s, sock_read=limits.first_token_s)
     pool = aiohttp.TCPConnector(limit=concurrency)
@@ -162,6 +174,10 @@ async def run_level(
         records: list[RequestRecord] = []
 
         async def user() -> None:
+            if load.duration_s is not None:
+                while time.perf_counter() < started + load.duration_s:
+                    records.append(await one())
+                return
             for _ in range(rounds):
                 records.append(await one())
 

@@ -1,31 +1,33 @@
-"""A serving sweep's outcome as a run report (contract.wire, schema version 2): the server
-as the engine (llama-server's build number and commit read from its build string), one
-serving point per concurrency measured, a failed point per concurrency that was not."""
+"""A serving sweep's outcome as a run report (contract.wire, schema version 2, or 3 with an
+SLO search): the server as the engine (llama-server's build number and commit read from its
+build string), one serving point per concurrency measured, a failed point per concurrency
+that was not, and what a search found."""
 
 from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import asdict
-from datetime import datetime
+from datetime import UTC, datetime
 
-from fleetbench.agent.serving.stats import ServingPoint as MeasuredPoint
-from fleetbench.agent.serving.sweep import ServeSpec, ServingOutcome
+from fleetbench.agent.fingerprint import take_fingerprint
+from fleetbench.agent.serving.sweep import ServingOutcome, serve_sweep
 from fleetbench.contract.bounds import storable_text
+from fleetbench.contract.serve_spec import ServeSpec
 from fleetbench.contract.wire import (
     ERROR_LENGTH,
     REASON_LENGTH,
     SERVING_SCHEMA_VERSION,
+    SLO_SEARCH_SCHEMA_VERSION,
     EngineBuild,
     FailedPoint,
     HardwareFingerprint,
     ModelInfo,
     RunReport,
     ServerIdentity,
-    ServingPoint,
+    SloSearch,
 )
 
-__all__ = ["serving_report"]
+__all__ = ["measure_serving", "serving_report"]
 
 _BUILD = re.compile(r"^b(\d+)-([0-9a-f]{7,40})")  # llama-server's build_info: b7100-0c1e570
 
@@ -44,30 +46,11 @@ def _engine(outcome: ServingOutcome) -> EngineBuild:
     return EngineBuild(engine=server.kind, binding=server.kind, binding_version=build)
 
 
-def _errors(errors: dict[str, int]) -> dict[str, int]:
-    """Error kinds as the wire takes them: storable names, at most 32 (the rest as other)."""
-    kept: dict[str, int] = {}
-    for kind, count in sorted(errors.items(), key=lambda item: -item[1]):
-        name = storable_text(kind, 200) if len(kept) < 31 else "other"
-        kept[name] = kept.get(name, 0) + count
-    return kept
-
-
-def _point(point: MeasuredPoint) -> ServingPoint:
-    fields = asdict(point)
-    fields["errors"] = _errors(fields["errors"])
-    spreads = {
-        f"{name}_{q}": value
-        for name in ("per_user_tps", "ttft_ms", "itl_ms", "e2e_ms")
-        for q, value in fields.pop(name).items()
-    }
-    return ServingPoint.model_validate({**fields, **spreads})
-
-
 def serving_report(
     outcome: ServingOutcome,
     spec: ServeSpec,
     *,
+    model: str,
     node: str,
     started_at: datetime,
     finished_at: datetime,
@@ -82,11 +65,12 @@ def serving_report(
         )
         for level, why in outcome.failures
     ]
-    points = [_point(p) for p in outcome.points]
+    points = outcome.points
     status = "failed" if not points else "partial" if failures else "ok"
     server = outcome.server
+    search = outcome.search
     return RunReport(
-        schema_version=SERVING_SCHEMA_VERSION,
+        schema_version=SERVING_SCHEMA_VERSION if search is None else SLO_SEARCH_SCHEMA_VERSION,
         run_id=uuid.uuid4(),
         node=node,
         started_at=started_at,
@@ -94,7 +78,7 @@ def serving_report(
         status=status,
         error=storable_text(failures[0].reason, ERROR_LENGTH) if status == "failed" else None,
         engine=_engine(outcome),
-        model=ModelInfo(name=spec.model),
+        model=ModelInfo(name=model),
         hardware=hardware,
         kind="serving",
         server=ServerIdentity(
@@ -110,4 +94,29 @@ def serving_report(
         ),
         serving_points=points,
         failures=failures,
+        slo_search=SloSearch(
+            objective=search.objective,
+            concurrency=search.concurrency,
+            stop_reason=storable_text(search.stop_reason, 1000),
+        )
+        if search is not None
+        else None,
+    )
+
+
+def measure_serving(url: str, model: str, spec: ServeSpec, *, node: str) -> RunReport | str:
+    """A serving sweep as a run report, or why nothing was measured: the server was serving
+    others' requests (to try again later)."""
+    started_at = datetime.now(UTC)
+    outcome = serve_sweep(url, model, spec)
+    if outcome.postponed is not None:
+        return outcome.postponed
+    return serving_report(
+        outcome,
+        spec,
+        model=model,
+        node=node,
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+        hardware=take_fingerprint(),
     )

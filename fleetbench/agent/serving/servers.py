@@ -1,6 +1,8 @@
 """Which server answers, read from the server itself: llama-server's /props (build, model
 path, context) and /slots (how many, the context of each, which are busy); vLLM's /version;
-Ollama's /api/version; otherwise an OpenAI-compatible server of unknown make."""
+Ollama's /api/version; otherwise an OpenAI-compatible server of unknown make. Whether it is
+serving requests now: llama-server's /slots, else the requests in flight its Prometheus
+/metrics count (llama-server's with --metrics, vLLM's)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ServerInfo", "busy_slots", "identify"]
+__all__ = ["ServerInfo", "identify", "identify_at", "in_flight", "metrics_in_flight"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,15 @@ def identify(client: httpx.Client) -> ServerInfo:
     return ServerInfo(kind="openai-compatible")
 
 
+def identify_at(url: str) -> ServerInfo | None:
+    """What the server at `url` says of itself, or None when it does not answer."""
+    with httpx.Client(base_url=url, timeout=5, trust_env=False) as client:
+        try:
+            return identify(client)
+        except httpx.HTTPError:
+            return None
+
+
 def _count(value: Any) -> int | None:
     """A count the server gave, or None for anything that is not one."""
     return value if isinstance(value, int) and 0 <= value < 2**31 else None
@@ -73,9 +84,33 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def busy_slots(client: httpx.Client) -> int | None:
-    """How many of llama-server's slots are processing a request now (None: not known)."""
+# Prometheus gauges of the requests a server is processing now.
+_IN_FLIGHT = ("llamacpp:requests_processing", "vllm:num_requests_running")
+
+
+def in_flight(client: httpx.Client) -> int | None:
+    """How many requests the server is processing now: llama-server's busy slots, else the
+    gauges of its /metrics (None: it tells neither)."""
     slots = _json(client, "/slots")
-    if not isinstance(slots, list):
+    if isinstance(slots, list):
+        return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))
+    response = client.get("/metrics")
+    if response.status_code != 200:
         return None
-    return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))
+    return metrics_in_flight(response.text)
+
+
+def metrics_in_flight(text: str) -> int | None:
+    """The requests in flight that Prometheus exposition `text` counts (summed over label
+    sets, e.g. vLLM's per model), or None when it has none of the known gauges."""
+    total: float | None = None
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ") if "{" not in line else line.partition("{")
+        if name not in _IN_FLIGHT:
+            continue
+        try:
+            value = float(rest.rsplit("}", 1)[-1].split()[0])
+        except (ValueError, IndexError):
+            continue
+        total = (total or 0.0) + value
+    return round(total) if total is not None else None

@@ -1,4 +1,5 @@
-"""A serving point from the records of its requests: pure functions, no clock, no I/O."""
+"""A serving point (contract.wire.ServingPoint, as reports carry it) from the records of its
+requests: pure functions, no clock, no I/O."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["RequestRecord", "ServingPoint", "percentile", "serving_point"]
+from fleetbench.contract.bounds import storable_text
+from fleetbench.contract.wire import ServingPoint
+
+__all__ = ["RequestRecord", "percentile", "serving_point"]
 
 
 @dataclass
@@ -28,21 +32,6 @@ class RequestRecord:
         return len(self.token_times)
 
 
-@dataclass(frozen=True)
-class ServingPoint:
-    concurrency: int
-    requests: int
-    completed: int
-    output_tokens: int
-    seconds: float
-    total_tps: float | None  # output tokens of every request over the level's wall time
-    per_user_tps: dict[str, float | None]  # p10, p50, p90 across completed requests
-    ttft_ms: dict[str, float | None]  # p50, p90, p99
-    itl_ms: dict[str, float | None]
-    e2e_ms: dict[str, float | None]
-    errors: dict[str, int]
-
-
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0-100), linear between the closest ranks; None for no values."""
     if not values:
@@ -54,12 +43,23 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def _spread(
-    values: Sequence[float], qs: Sequence[int], scale: float = 1.0
+    name: str, values: Sequence[float], qs: Sequence[int], scale: float = 1.0
 ) -> dict[str, float | None]:
     return {
-        f"p{q}": (value * scale if (value := percentile(values, q)) is not None else None)
+        f"{name}_p{q}": (value * scale if (value := percentile(values, q)) is not None else None)
         for q in qs
     }
+
+
+def _error_kinds(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """Failed requests by kind, as reports take them: storable names, at most 32 kinds (the
+    rarest past 31 as `other`)."""
+    kept: dict[str, int] = {}
+    counted = Counter(r.error for r in records if r.error is not None)
+    for kind, count in counted.most_common():
+        name = storable_text(kind, 200) if len(kept) < 31 else "other"
+        kept[name] = kept.get(name, 0) + count
+    return kept
 
 
 def serving_point(
@@ -84,16 +84,18 @@ def serving_point(
         gaps.extend(b - a for a, b in itertools.pairwise(times))
     seconds = ended - started
     output = sum(r.tokens for r in records)
-    return ServingPoint(
-        concurrency=concurrency,
-        requests=len(records),
-        completed=len(completed),
-        output_tokens=output,
-        seconds=seconds,
-        total_tps=output / seconds if seconds > 0 else None,
-        per_user_tps=_spread(speeds, (10, 50, 90)),
-        ttft_ms=_spread(ttfts, (50, 90, 99), 1000),
-        itl_ms=_spread(gaps, (50, 90, 99), 1000),
-        e2e_ms=_spread(e2es, (50, 90, 99), 1000),
-        errors=dict(Counter(r.error for r in records if r.error is not None)),
+    return ServingPoint.model_validate(
+        {
+            "concurrency": concurrency,
+            "requests": len(records),
+            "completed": len(completed),
+            "output_tokens": output,
+            "seconds": seconds,
+            "total_tps": output / seconds if seconds > 0 else None,
+            **_spread("per_user_tps", speeds, (10, 50, 90)),
+            **_spread("ttft_ms", ttfts, (50, 90, 99), 1000),
+            **_spread("itl_ms", gaps, (50, 90, 99), 1000),
+            **_spread("e2e_ms", e2es, (50, 90, 99), 1000),
+            "errors": _error_kinds(records),
+        }
     )

@@ -1,24 +1,30 @@
 """A serving sweep: the server identified, prompts of the asked length made, then each
-concurrency in turn through the closed loop. Failure is data: a level whose every request
-failed is a failure with the reason, and a server that stops answering fails the levels
-left, while the points measured before are kept."""
+concurrency in turn through the closed loop, or, given an objective, the search for the
+largest concurrency that meets it (serving.slo). Failure is data: a level whose every
+request failed is a failure with the reason, and a server that stops answering fails the
+levels left, while the points measured before are kept. Never a load test of a server
+serving others: before each level its requests in flight are asked (servers.in_flight).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 
 from fleetbench.agent.serving.dialects import dialect_for
-from fleetbench.agent.serving.load import Limits, Prompt, run_level
-from fleetbench.agent.serving.servers import ServerInfo, busy_slots, identify
-from fleetbench.agent.serving.stats import ServingPoint, serving_point
+from fleetbench.agent.serving.load import Limits, Load, Prompt, run_level
+from fleetbench.agent.serving.servers import ServerInfo, identify, in_flight
+from fleetbench.agent.serving.slo import LevelFailed, SearchResult, search
+from fleetbench.agent.serving.stats import serving_point
+from fleetbench.contract.serve_spec import ServeSpec
+from fleetbench.contract.wire import ServingPoint
 
-__all__ = ["ServeSpec", "ServingOutcome", "serve_sweep"]
+__all__ = ["ServingOutcome", "serve_sweep"]
 
 # Common words: random prompts of them tokenize to ordinary tokens, never special ones.
 # fmt: off
@@ -31,33 +37,24 @@ _WORDS = (
 # fmt: on
 
 
-@dataclass(frozen=True)
-class ServeSpec:
-    url: str
-    model: str  # what reports call it, and what OpenAI-compatible servers are asked for
-    concurrency: Sequence[int] = (1, 2, 4, 8)
-    prompt_tokens: int = 512
-    gen_tokens: int = 128
-    requests: int | None = None  # per level; default: 4 per stream, at least 8
-    limits: Limits = field(default_factory=Limits)
-    seed: int = 0
-
-
 @dataclass
 class ServingOutcome:
     server: ServerInfo
     prompt_exact: bool  # prompts counted by the server's tokenizer (else by words)
-    points: list[ServingPoint] = field(default_factory=list)
+    points: list[ServingPoint] = field(default_factory=list)  # by concurrency
     failures: list[tuple[int, str]] = field(default_factory=list)  # (concurrency, why)
     warnings: list[str] = field(default_factory=list)
+    search: SearchResult | None = None  # with an objective: what the search found
+    # Nothing measured: the server was serving others' requests before the first level.
+    postponed: str | None = None
 
 
 def _prompts(
-    client: httpx.Client, spec: ServeSpec, server: ServerInfo
+    client: httpx.Client, prompt_tokens: int, server: ServerInfo, seed: int
 ) -> tuple[Callable[[], Prompt], bool]:
     """A maker of distinct prompts of `prompt_tokens` tokens: token ids drawn from a
     tokenized text where the server has llama-server's /tokenize (exact), else words."""
-    rng = random.Random(spec.seed)
+    rng = random.Random(seed)
     if server.kind == "llama-server":
         text = " ".join(rng.choice(_WORDS) for _ in range(200))  # a pool to draw ids from
         answer = client.post("/tokenize", json={"content": text})
@@ -66,19 +63,19 @@ def _prompts(
         except (ValueError, AttributeError):
             pool = None
         if isinstance(pool, list) and pool and all(isinstance(t, int) for t in pool):
-            return lambda: rng.choices(pool, k=spec.prompt_tokens), True
-    return lambda: " ".join(rng.choice(_WORDS) for _ in range(spec.prompt_tokens)), False
+            return lambda: rng.choices(pool, k=prompt_tokens), True
+    return lambda: " ".join(rng.choice(_WORDS) for _ in range(prompt_tokens)), False
 
 
-def _busy(url: str, *, patience_s: float = 5.0) -> str | None:
-    """Why the server is not to be measured now: it is serving requests of others. Asked a
-    few times over `patience_s`: the server may still be finishing requests this sweep gave
-    up on."""
+def _busy(url: str, *, patience_s: float) -> str | None:
+    """Why the server is not to be measured now: it is serving requests of others. Asked
+    every half second for `patience_s`: the server may still be finishing requests this
+    sweep gave up on."""
     deadline = time.monotonic() + patience_s
     with httpx.Client(base_url=url, timeout=5, trust_env=False) as client:
         while True:
             try:
-                busy = busy_slots(client)
+                busy = in_flight(client)
             except httpx.TransportError:
                 return None  # the level finds out, and says so
             if not busy:
@@ -88,18 +85,80 @@ def _busy(url: str, *, patience_s: float = 5.0) -> str | None:
             time.sleep(0.5)
 
 
+@dataclass
+class _Levels:
+    """Measures one concurrency at a time against an identified server."""
+
+    url: str
+    model: str
+    spec: ServeSpec
+    outcome: ServingOutcome
+    next_prompt: Callable[[], Prompt]
+    busy_patience_s: float
+    on_point: Callable[[ServingPoint], None] | None
+
+    def measure(self, concurrency: int) -> ServingPoint | LevelFailed:
+        server = self.outcome.server
+        if (busy := _busy(self.url, patience_s=self.busy_patience_s)) is not None:
+            return LevelFailed(busy, final=True)  # never load-test a server in use
+        if server.slots is not None and concurrency > server.slots:
+            self.outcome.warnings.append(
+                f"concurrency {concurrency} exceeds the server's {server.slots} slots: "
+                "requests queue, and their TTFT includes the wait"
+            )
+        spec = self.spec
+        records, started, ended = asyncio.run(
+            run_level(
+                self.url,
+                dialect_for(server.kind),
+                self.next_prompt,
+                concurrency=concurrency,
+                load=Load(spec.requests, spec.duration_s),
+                gen_tokens=spec.gen_tokens,
+                model=self.model,
+                limits=Limits(
+                    first_token_s=spec.first_token_timeout_s, request_s=spec.request_timeout_s
+                ),
+            )
+        )
+        point = serving_point(concurrency, records, started=started, ended=ended)
+        if not point.completed:
+            why = ", ".join(f"{count} {kind}" for kind, count in point.errors.items())
+            # refused or hung: the server is gone, and every level after this fails too
+            gone = set(point.errors) <= {"refused", "timeout"}
+            return LevelFailed(f"every request failed: {why}", final=gone)
+        if self.on_point is not None:
+            self.on_point(point)
+        return point
+
+    def record(self, concurrency: int, result: ServingPoint | LevelFailed) -> None:
+        if isinstance(result, LevelFailed):
+            self.outcome.failures.append((concurrency, result.reason))
+        else:
+            self.outcome.points.append(result)
+
+
 def serve_sweep(
-    spec: ServeSpec, *, on_point: Callable[[ServingPoint], None] | None = None
+    url: str,
+    model: str,
+    spec: ServeSpec,
+    *,
+    on_point: Callable[[ServingPoint], None] | None = None,
+    busy_patience_s: float = 5.0,
+    seed: int = 0,
 ) -> ServingOutcome:
-    """Measures the server at `spec.url` at each concurrency (see the module)."""
-    with httpx.Client(base_url=spec.url, timeout=spec.limits.connect_s, trust_env=False) as client:
+    """Measures the server at `url` (serving `model`, as reports and OpenAI-compatible
+    servers name it) at each of the spec's concurrencies, or searches for the largest that
+    meets its objective (see the module)."""
+    with httpx.Client(base_url=url, timeout=5, trust_env=False) as client:
         try:
             server = identify(client)
-            next_prompt, exact = _prompts(client, spec, server)
+            next_prompt, exact = _prompts(client, spec.prompt_tokens, server, seed)
         except httpx.HTTPError as exc:
             outcome = ServingOutcome(ServerInfo(kind="unreachable"), prompt_exact=False)
-            reason = f"the server at {spec.url} did not answer: {exc}"
-            outcome.failures = [(c, reason) for c in spec.concurrency]
+            reason = f"the server at {url} did not answer: {exc}"
+            planned = (1,) if spec.slo is not None else spec.concurrency  # a search starts at 1
+            outcome.failures = [(c, reason) for c in planned]
             return outcome
     outcome = ServingOutcome(server, exact)
     needed = spec.prompt_tokens + spec.gen_tokens
@@ -111,39 +170,28 @@ def serve_sweep(
         outcome.warnings.append(
             "prompt lengths are approximate: the server has no tokenizer endpoint"
         )
-    dialect = dialect_for(server.kind)
-    for index, concurrency in enumerate(spec.concurrency):
-        if (busy := _busy(spec.url)) is not None:  # never load-test a server in use
-            outcome.failures.extend((c, busy) for c in spec.concurrency[index:])
-            break
-        if server.slots is not None and concurrency > server.slots:
-            outcome.warnings.append(
-                f"concurrency {concurrency} exceeds the server's {server.slots} slots: requests "
-                "queue, and their TTFT includes the wait"
-            )
-        requests = spec.requests or max(8, 4 * concurrency)
-        records, started, ended = asyncio.run(
-            run_level(
-                spec.url,
-                dialect,
-                next_prompt,
-                concurrency=concurrency,
-                requests=requests,
-                gen_tokens=spec.gen_tokens,
-                model=spec.model,
-                limits=spec.limits,
-            )
+    if (busy := _busy(url, patience_s=busy_patience_s)) is not None:
+        outcome.postponed = busy
+        return outcome
+    levels = _Levels(url, model, spec, outcome, next_prompt, busy_patience_s, on_point)
+    objective = spec.objective()
+    if objective is not None:
+        outcome.search = search(
+            levels.measure,
+            objective,
+            max_concurrency=spec.max_concurrency,
+            budget_s=spec.search_budget_s,
+            record=levels.record,
         )
-        point = serving_point(concurrency, records, started=started, ended=ended)
-        if point.completed:
-            outcome.points.append(point)
-            if on_point is not None:
-                on_point(point)
-            continue
-        why = ", ".join(f"{count} {kind}" for kind, count in point.errors.items())
-        outcome.failures.append((concurrency, f"every request failed: {why}"))
-        if set(point.errors) <= {"refused", "timeout"}:  # gone, or hung: the rest fail too
-            gone = f"not measured: the server at {spec.url} stopped answering"
-            outcome.failures.extend((c, gone) for c in spec.concurrency[index + 1 :])
+        outcome.points.sort(key=lambda p: p.concurrency)
+        return outcome
+    for index, concurrency in enumerate(spec.concurrency):
+        result = levels.measure(concurrency)
+        levels.record(concurrency, result)
+        if isinstance(result, LevelFailed) and result.final:
+            rest = spec.concurrency[index + 1 :]
+            gone = f"not measured: the server at {url} stopped answering"
+            why = result.reason if result.reason.startswith("not measured") else gone
+            outcome.failures.extend((c, why) for c in rest)
             break
     return outcome

@@ -1,0 +1,169 @@
+"""`fleetbench-agent serve-sweep`: the server a team runs, measured as its users feel it
+(fleetbench.agent.serving), printed, and with `--report` spooled and delivered."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from pydantic import TypeAdapter, ValidationError
+from rich.progress import Progress
+
+from fleetbench.agent.cli_options import RegistryOption, command_settings, int_list
+from fleetbench.agent.display import err, error_line, out, serving_table
+from fleetbench.agent.errors import SpoolUnwritable
+from fleetbench.agent.fingerprint import take_fingerprint
+from fleetbench.agent.handover import hand_over, spool_run
+from fleetbench.agent.serving.report import serving_report
+from fleetbench.agent.serving.sweep import ServingOutcome, serve_sweep
+from fleetbench.contract.bounds import Name
+from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
+from fleetbench.contract.wire import ModelInfo
+
+__all__ = ["outcome_json", "serve_sweep_command"]
+
+# The option that sets each of ServeSpec's fields, to name in a usage error.
+_OPTIONS = {
+    "concurrency": "--concurrency",
+    "prompt_tokens": "--prompt-tokens",
+    "gen_tokens": "--gen-tokens",
+    "requests": "--requests",
+    "duration_s": "--duration",
+    "first_token_timeout_s": "--first-token-timeout",
+    "request_timeout_s": "--request-timeout",
+    "slo": "--slo",
+    "max_concurrency": "--max-concurrency",
+    "search_budget_s": "--search-budget",
+}
+
+
+def _spec(fields: dict[str, Any]) -> ServeSpec:
+    try:
+        return ServeSpec.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        problem = exc.errors(include_url=False)[0]
+        field = str(problem["loc"][0]) if problem["loc"] else ""
+        hint = _OPTIONS.get(field, "--requests or --duration")
+        message = problem["msg"].removeprefix("Value error, ")
+        raise typer.BadParameter(message, param_hint=hint) from None
+
+
+def outcome_json(outcome: ServingOutcome) -> dict[str, Any]:
+    return {
+        "server": dataclasses.asdict(outcome.server),
+        "prompt_exact": outcome.prompt_exact,
+        "points": [p.model_dump(mode="json") for p in outcome.points],
+        "failures": [{"concurrency": c, "reason": why} for c, why in outcome.failures],
+        "warnings": outcome.warnings,
+        "search": dataclasses.asdict(outcome.search) if outcome.search else None,
+        "postponed": outcome.postponed,
+    }
+
+
+def serve_sweep_command(
+    url: Annotated[str, typer.Option(help="the server, e.g. http://127.0.0.1:8080")],
+    model: Annotated[str, typer.Option(help="the model's name (OpenAI servers are asked for it)")],
+    concurrency: Annotated[str, typer.Option(help="requests in flight C, comma list")] = "1,2,4,8",
+    prompt_tokens: Annotated[int, typer.Option(help="tokens in each prompt")] = 512,
+    gen_tokens: Annotated[int, typer.Option(help="tokens each request generates")] = 128,
+    requests: Annotated[
+        int | None, typer.Option(help="per concurrency [default: 4 C, >= 8]")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="seconds per concurrency, instead of --requests")
+    ] = None,
+    slo: Annotated[
+        str | None,
+        typer.Option(
+            help="search for the largest concurrency meeting this objective, e.g. "
+            "'ttft_p90<=2000ms,tps_per_user_p10>=10' (instead of --concurrency)"
+        ),
+    ] = None,
+    max_concurrency: Annotated[int, typer.Option(help="the search goes no higher")] = 256,
+    search_budget: Annotated[float, typer.Option(help="seconds the search may take")] = 3600.0,
+    first_token_timeout: Annotated[
+        float, typer.Option(help="seconds to the first token, and between two")
+    ] = 60.0,
+    request_timeout: Annotated[float, typer.Option(help="seconds for a request")] = 600.0,
+    node: Annotated[
+        str | None, typer.Option(help="this node's name [default: FLEETBENCH_NODE]")
+    ] = None,
+    report: Annotated[
+        bool, typer.Option("--report", help="spool the run and deliver it to the registry")
+    ] = False,
+    registry: RegistryOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON")] = False,
+) -> None:
+    """Measure the server a team runs: at each concurrency, exactly C streaming completions
+    in flight, every token timestamped (TTFT, inter-token latency, per-user speed); or, with
+    --slo, the largest concurrency that meets an objective."""
+    spec = _spec(
+        {
+            "concurrency": int_list(concurrency, "--concurrency", least=1),
+            "prompt_tokens": prompt_tokens,
+            "gen_tokens": gen_tokens,
+            "requests": requests,
+            "duration_s": duration,
+            "slo": slo,
+            "max_concurrency": max_concurrency,
+            "search_budget_s": search_budget,
+            "first_token_timeout_s": first_token_timeout,
+            "request_timeout_s": request_timeout,
+        }
+    )
+    settings = command_settings()
+    try:  # what the report will say, checked before the sweep rather than after it
+        base_url = TypeAdapter(ServerUrl).validate_python(url)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.errors()[0]["msg"], param_hint="--url") from None
+    try:
+        ModelInfo(name=model)
+        node_name = TypeAdapter(Name).validate_python(node or settings.node)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.errors()[0]["msg"], param_hint="--model or --node") from None
+    started_at = datetime.now(UTC)
+    steps = 1 + spec.max_concurrency.bit_length() * 2 if spec.slo else len(spec.concurrency)
+    with Progress(console=err, transient=True, disable=as_json) as progress:
+        task = progress.add_task(f"{base_url}: concurrency", total=steps)
+        outcome = serve_sweep(base_url, model, spec, on_point=lambda _: progress.advance(task))
+    for warning in outcome.warnings:
+        err.print(f"warning: {warning}", soft_wrap=True)
+    if as_json:
+        out.print_json(json.dumps(outcome_json(outcome)))
+    else:
+        server = outcome.server
+        said = f"{server.kind} {server.build or ''}".strip()
+        title = f"{model} on {said} at {base_url}: prompt {prompt_tokens}, output {gen_tokens}"
+        out.print(serving_table(outcome.points, title=title + " tokens"))
+        if outcome.search is not None:
+            found = outcome.search
+            best = "none" if found.concurrency is None else str(found.concurrency)
+            out.print(
+                f"largest concurrency meeting {found.objective}: {best} ({found.stop_reason})",
+                soft_wrap=True,
+                highlight=False,
+            )
+    if outcome.postponed is not None:
+        err.print(error_line(f"{outcome.postponed}; try again later"), soft_wrap=True)
+        raise typer.Exit(1)
+    for level, why in outcome.failures:
+        err.print(error_line(f"concurrency {level}: {why}"), soft_wrap=True)
+    if report:
+        run = serving_report(
+            outcome,
+            spec,
+            model=model,
+            node=node_name,
+            started_at=started_at,
+            finished_at=datetime.now(UTC),
+            hardware=take_fingerprint(),
+        )
+        spooled = spool_run(run, settings)
+        if isinstance(spooled, SpoolUnwritable):
+            out.print_json(run.model_dump_json())  # kept on stdout, as hand_over says
+        hand_over(run, spooled, settings, registry)
+    if outcome.failures:
+        raise typer.Exit(1)

@@ -1,0 +1,127 @@
+"""An OpenAI-compatible server on loopback that behaves as a real one does under load, with
+numbers a test can predict: `slots` requests decode at once, each a token every
+`token_interval_s`, the rest queue for a slot (their first token waits: TTFT grows past the
+slots, as llama-server's does); past `refuse_over` requests in flight it answers 503, as a
+server shedding load does; after `die_after` requests it stops answering altogether."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["StubServer", "stub_server"]
+
+
+@dataclass
+class StubServer:
+    url: str
+    slots: int
+    token_interval_s: float
+    refuse_over: int | None = None
+    die_after: int | None = None
+    requests: int = 0
+    in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        stub: StubServer = self.server.stub  # type: ignore[attr-defined]
+        slots: threading.Semaphore = self.server.slot_semaphore  # type: ignore[attr-defined]
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        with stub.lock:
+            stub.requests += 1
+            number = stub.requests
+            stub.in_flight += 1
+            refused = stub.refuse_over is not None and stub.in_flight > stub.refuse_over
+        left = False
+
+        def leave() -> None:
+            # Before the last bytes of the answer: a client that has them may send its next
+            # request at once, and it must not find this one still counted.
+            nonlocal left
+            if not left:
+                with stub.lock:
+                    stub.in_flight -= 1
+                left = True
+
+        try:
+            if stub.die_after is not None and number > stub.die_after:
+                leave()
+                threading.Thread(target=_die, args=(self.server,), daemon=True).start()
+                self.close_connection = True  # no answer: the connection just closes
+                return
+            if refused:
+                leave()
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            with slots:  # queued until a slot is free: the wait shows in the first token
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for count in range(1, body["max_tokens"] + 1):
+                    time.sleep(stub.token_interval_s)
+                    event = {"choices": [{"text": "a"}], "usage": {"completion_tokens": count}}
+                    if count == body["max_tokens"]:
+                        leave()
+                    self._chunk(f"data: {json.dumps(event)}\n\n".encode())
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+        finally:
+            leave()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def _die(server: ThreadingHTTPServer) -> None:
+    """Stops accepting: new connections are refused from now on."""
+    server.shutdown()
+    server.server_close()
+
+
+@contextmanager
+def stub_server(
+    *,
+    slots: int,
+    token_interval_s: float = 0.005,
+    refuse_over: int | None = None,
+    die_after: int | None = None,
+) -> Iterator[StubServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    stub = StubServer(
+        f"http://127.0.0.1:{server.server_address[1]}",
+        slots,
+        token_interval_s,
+        refuse_over,
+        die_after,
+    )
+    server.stub = stub  # type: ignore[attr-defined]
+    server.slot_semaphore = threading.Semaphore(slots)  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield stub
+    finally:
+        server.shutdown()
+        server.server_close()
