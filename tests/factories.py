@@ -152,6 +152,66 @@ def make_report(
     return wire.RunReport(**fields)
 
 
+def make_serving_report(
+    *,
+    node: str,
+    model: str = "gemma-3-270m",
+    points: list[tuple[int, float, float, float]],
+    started_at: datetime | None = None,
+    build_number: int = 7100,
+    slots: int | None = 4,
+    ctx_per_slot: int | None = 4096,
+    prompt_tokens: int = 512,
+    gen_tokens: int = 128,
+    errors: dict[int, dict[str, int]] | None = None,
+    **overrides: Any,
+) -> wire.RunReport:
+    """A serving run of llama-server: `points` are (C, total output t/s, p10 per-user t/s,
+    TTFT p90 ms); `errors` by C."""
+    serving = []
+    for concurrency, total, p10, ttft in points:
+        failed = (errors or {}).get(concurrency, {})
+        requests = 4 * concurrency
+        serving.append(
+            wire.ServingPoint(
+                concurrency=concurrency,
+                requests=requests,
+                completed=requests - sum(failed.values()),
+                output_tokens=(requests - sum(failed.values())) * gen_tokens,
+                seconds=requests * gen_tokens / total,
+                total_tps=total,
+                per_user_tps_p10=p10,
+                per_user_tps_p50=p10 * 1.1,
+                ttft_ms_p50=ttft * 0.8,
+                ttft_ms_p90=ttft,
+                errors=failed,
+            )
+        )
+    fields: dict[str, Any] = {
+        "schema_version": wire.SERVING_SCHEMA_VERSION,
+        "run_id": uuid.uuid4(),
+        "node": node,
+        "started_at": started_at or datetime(2026, 10, 17, 12, 0, tzinfo=UTC),
+        "engine": wire.EngineBuild(
+            build_number=build_number, commit="0c1e570", binding="llama-server"
+        ),
+        "model": wire.ModelInfo(name=model),
+        "kind": "serving",
+        "server": wire.ServerIdentity(
+            kind="llama-server",
+            build=f"b{build_number}-0c1e570",
+            slots=slots,
+            ctx_per_slot=ctx_per_slot,
+            prompt_tokens=prompt_tokens,
+            gen_tokens=gen_tokens,
+            prompt_exact=True,
+        ),
+        "serving_points": serving,
+    }
+    fields.update(overrides)
+    return wire.RunReport(**fields)
+
+
 JSON = {"content-type": "application/json"}
 
 

@@ -15,11 +15,13 @@ __all__ = [
     "FactsSource",
     "PlacementAnswer",
     "PlacementCandidate",
+    "PlacementKind",
     "RejectedConcurrency",
     "RunReceipt",
 ]
 
 FactsSource = Literal["node", "most nodes", "none"]
+PlacementKind = Literal["offline", "serving", "any"]
 
 
 class RunReceipt(BaseModel):
@@ -37,15 +39,22 @@ class RunReceipt(BaseModel):
 
 
 class PlacementCandidate(BaseModel):
-    """A node and the largest concurrency at which it meets the per-user speed asked for."""
+    """A node and the largest concurrency at which it meets the per-user speed asked for
+    (and the time to first token, when one is asked for), from the engine's offline curve or
+    from the server's serving run (`source`)."""
 
     node: str
     concurrency: int
-    per_user_tps: float = Field(description="S_TG / B at that concurrency")
-    total_tps: float = Field(description="S_TG: total decode tokens/s across all users")
-    prefill_tps: float | None = Field(description="S_PP at that point")
-    prompt_tokens: int = Field(description="PP of the point")
-    gen_tokens: int = Field(description="TG of the point")
+    per_user_tps: float = Field(
+        description="offline: S_TG / B at that concurrency; serving: the p10 of the users' "
+        "decode speeds (nine users in ten got more)"
+    )
+    total_tps: float = Field(
+        description="offline: S_TG, total decode tokens/s; serving: output tokens/s served"
+    )
+    prefill_tps: float | None = Field(description="S_PP at that point (offline)")
+    prompt_tokens: int = Field(description="PP of the point (serving: the prompt length)")
+    gen_tokens: int = Field(description="TG of the point (serving: the output length)")
     llama_cpp_build: int | None
     measured_at: Moment
     run_id: UUID
@@ -66,6 +75,19 @@ class PlacementCandidate(BaseModel):
         "were computed from: the node's own report, those most nodes' latest runs report "
         "(the node reported none), or none known",
     )
+    source: Literal["offline", "serving"] = Field(
+        default="offline",
+        description="what backs it: the engine's curve (llama-batched-bench's table) or the "
+        "node's latest serving run of the server the team runs (whose slots hold the "
+        "context asked for when `fit` is fits)",
+    )
+    ttft_ms_p90: float | None = Field(
+        default=None, description="serving: the p90 of the time to first token, ms"
+    )
+    server: str | None = Field(
+        default=None, description="serving: the server's kind (llama-server, vllm, ...)"
+    )
+    slots: int | None = Field(default=None, description="serving: the server's slots")
 
 
 class RejectedConcurrency(BaseModel):
@@ -82,6 +104,14 @@ class PlacementAnswer(BaseModel):
 
     model: str
     min_tps_per_user: float
+    kind: PlacementKind = Field(
+        default="any",
+        description="what backs the candidates: offline curves, serving runs, or any (each "
+        "node's serving run of the model where it has one, else its offline curve)",
+    )
+    max_ttft_ms: float | None = Field(
+        default=None, description="the p90 time to first token asked for (serving runs)"
+    )
     context_tokens: int | None = None
     count: int = Field(description="how many nodes qualify; `candidates` lists the first `limit`")
     candidates: list[PlacementCandidate] = Field(description="best total throughput first")

@@ -199,6 +199,7 @@ def _serving_curve(
             ServingCurvePointPublic(
                 concurrency=p.concurrency,
                 total_tps=p.total_tps,
+                per_user_tps_p10=p.per_user_tps_p10,
                 per_user_tps_p50=p.per_user_tps_p50,
                 ttft_ms_p90=p.ttft_ms_p90,
                 itl_ms_p50=p.itl_ms_p50,

@@ -9,7 +9,14 @@ from typing import Any, NamedTuple, Protocol
 
 from fleetbench.contract import wire
 
-__all__ = ["SETTING_NAMES", "RunLabels", "binding_label", "build_label", "run_labels"]
+__all__ = [
+    "SETTING_NAMES",
+    "RunLabels",
+    "binding_label",
+    "build_label",
+    "run_labels",
+    "serving_labels",
+]
 
 
 class _BuildFields(Protocol):
@@ -82,4 +89,25 @@ def run_labels(
         binding_label(build),
         _hardware_label(fingerprint_description, fingerprint_hash),
         _settings_label(settings),
+    )
+
+
+# What of a serving run's server shapes its figures besides its build: a change is a cause.
+_SERVER_SETTINGS = ("slots", "ctx_per_slot", "n_ctx")
+
+
+def serving_labels(
+    build: Any,
+    fingerprint_description: str | None,
+    fingerprint_hash: str | None,
+    server: dict[str, Any],
+) -> RunLabels:
+    """A serving run's labels: its server's build (the engine), the hardware, and the
+    server's slots and context as its settings."""
+    settings = " ".join(f"{k}={server[k]}" for k in _SERVER_SETTINGS if server.get(k) is not None)
+    return RunLabels(
+        build_label(build),
+        binding_label(build),
+        _hardware_label(fingerprint_description, fingerprint_hash),
+        settings,
     )

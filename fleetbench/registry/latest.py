@@ -1,6 +1,7 @@
 """The fleet's latest curves: each node's latest successful run of each model and its points
-(tables latest_runs, latest_points), kept by ingest in the run's own transaction, and the
-questions read from them.
+(tables latest_runs, latest_points), and its latest successful serving run of each model
+(latest_serving_runs), kept by ingest in the run's own transaction, and the questions read
+from them.
 
 Placement, /metrics and the fit check ask about every node's latest run at once. Searching
 the runs for it (a backward index probe per node, then its points) grows with the history;
@@ -39,6 +40,7 @@ from fleetbench.registry.models import (
     EngineBuild,
     LatestPoint,
     LatestRun,
+    LatestServingRun,
     Model,
     Node,
     newer_run,
@@ -48,41 +50,41 @@ from fleetbench.registry.questions.knee import find_knee
 
 __all__ = [
     "LatestCandidate",
+    "LatestServingCandidate",
     "fill_unknown_knees",
     "latest_points_statement",
     "record_latest",
+    "record_latest_serving",
 ]
 
 
 @functools.cache
-def _upserts(dialect: str) -> tuple[Any, Any, Any]:
-    """(the latest-run upsert, the delete of points, their insert), built once: see
-    registry.ingest.statements."""
+def _newer_upsert(dialect: str, model: type[LatestRun] | type[LatestServingRun]) -> Any:
+    """The upsert of a (node, model)'s latest row that replaces the row only with a newer
+    run (RUN_NEWEST_FIRST's order), returning the pairs it wrote; built once."""
     insert_for: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    heads, points = table_of(LatestRun), table_of(LatestPoint)
+    heads = table_of(model)
     upsert = insert_for(heads)
     new = upsert.excluded
     newer = newer_run(
         (new.started_at, new.received_at, new.run_id),
         (heads.c.started_at, heads.c.received_at, heads.c.run_id),
     )
-    replaced = (
-        "run_id",
-        "started_at",
-        "received_at",
-        "build_id",
-        "facts_id",
-        "memory_bytes",
-        "cache_type_k",
-        "cache_type_v",
-        "n_ubatch",
-    )
+    keys = ("node_id", "model_id")
+    return upsert.on_conflict_do_update(
+        index_elements=[heads.c.node_id, heads.c.model_id],
+        set_={c.name: new[c.name] for c in heads.columns if c.name not in keys},
+        where=newer,
+    ).returning(heads.c.node_id, heads.c.model_id)
+
+
+@functools.cache
+def _upserts(dialect: str) -> tuple[Any, Any, Any]:
+    """(the latest-run upsert, the delete of points, their insert), built once: see
+    registry.ingest.statements."""
+    points = table_of(LatestPoint)
     return (
-        upsert.on_conflict_do_update(
-            index_elements=[heads.c.node_id, heads.c.model_id],
-            set_={column: new[column] for column in replaced},
-            where=newer,
-        ).returning(heads.c.node_id, heads.c.model_id),
+        _newer_upsert(dialect, LatestRun),
         delete(points).where(
             tuple_(points.c.node_id, points.c.model_id).in_(bindparam("pairs", expanding=True))
         ),
@@ -147,6 +149,44 @@ def record_latest(
     if rows:
         connection.execute(insert_points, rows)
     return won
+
+
+@dataclass(frozen=True)
+class LatestServingCandidate:
+    """A node's newest successful serving run of a model in a batch, to become its latest."""
+
+    node_id: int
+    model_id: int
+    run_id: uuid.UUID
+    started_at: datetime
+    received_at: datetime
+    build_id: int
+    server: wire.ServerIdentity
+
+
+def record_latest_serving(
+    connection: Connection, candidates: Sequence[LatestServingCandidate]
+) -> None:
+    """Makes each candidate (one per node and model) the latest serving run of its node's
+    model if it is newer than the one recorded: one upsert for all."""
+    if not candidates:
+        return
+    rows = [
+        {
+            "node_id": c.node_id,
+            "model_id": c.model_id,
+            "run_id": c.run_id,
+            "started_at": c.started_at,
+            "received_at": c.received_at,
+            "build_id": c.build_id,
+            "prompt_tokens": c.server.prompt_tokens,
+            "gen_tokens": c.server.gen_tokens,
+            "slots": c.server.slots,
+            "ctx_per_slot": c.server.ctx_per_slot,
+        }
+        for c in candidates
+    ]
+    connection.execute(_newer_upsert(connection.dialect.name, LatestServingRun), rows)
 
 
 def _points_with_knee(points: Sequence[wire.Point]) -> list[dict[str, Any]]:

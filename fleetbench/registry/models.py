@@ -33,6 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
     "RUN_NEWEST_FIRST",
+    "RUN_SERVED",
     "RUN_SUCCESSFUL",
     "Base",
     "EngineBuild",
@@ -40,6 +41,7 @@ __all__ = [
     "HardwareFingerprint",
     "LatestPoint",
     "LatestRun",
+    "LatestServingRun",
     "Model",
     "ModelFacts",
     "Node",
@@ -232,6 +234,7 @@ class Run(Base):
     # offline: the engine's table (run_points); serving: a server's (serving_points)
     kind: Mapped[str] = mapped_column(String(16), default="offline", server_default="offline")
     server: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    slo_search: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # wire.SloSearch
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(index=True)
@@ -272,6 +275,7 @@ class Run(Base):
 # and which runs have an offline curve to offer (the series, curves and history read them).
 RUN_NEWEST_FIRST = (Run.started_at.desc(), Run.received_at.desc(), Run.id)
 RUN_SUCCESSFUL = and_(Run.status != "failed", Run.kind == "offline")
+RUN_SERVED = and_(Run.status != "failed", Run.kind == "serving")  # ... a serving curve
 
 RunOrder = tuple[SQLColumnExpression[Any], SQLColumnExpression[Any], SQLColumnExpression[Any]]
 """A run's (started_at, received_at, id) columns, wherever a table keeps them."""
@@ -448,6 +452,32 @@ class LatestPoint(Base):
     s_pp: Mapped[float | None]
     s_tg: Mapped[float | None]
     past_knee: Mapped[bool | None]
+
+
+class LatestServingRun(Base):
+    """Each node's latest successful serving run of each model (as RUN_NEWEST_FIRST orders
+    them), kept by ingest in the run's transaction beside LatestRun: what placement reads
+    of the servers the fleet runs (their points are the run's serving_points), with the
+    server's prompt and output lengths and slots."""
+
+    __tablename__ = "latest_serving_runs"
+
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    run_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), unique=True
+    )
+    started_at: Mapped[datetime]
+    received_at: Mapped[datetime]
+    build_id: Mapped[int] = mapped_column(ForeignKey("engine_builds.id"))
+    prompt_tokens: Mapped[int]
+    gen_tokens: Mapped[int]
+    slots: Mapped[int | None]
+    ctx_per_slot: Mapped[int | None]
 
 
 class NodeActivity(Base):

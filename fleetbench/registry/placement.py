@@ -1,11 +1,16 @@
 """Placement, step by step: which node and concurrency meets X tokens/s per user for a
-model and, given each user's context, holds every user's KV cache beside the weights,
-by the model's facts as the node itself reported them (registry.model_facts).
+model (and a time to first token, when asked) and, given each user's context, holds every
+user's KV cache beside the weights, by the model's facts as the node itself reported them
+(registry.model_facts).
 
-The rows come from SQL (registry.placement_rows: each node's choice, chosen and ranked
-there); the decisions are pure functions (registry.questions.placement). What is done here:
-the fit caps, one per fit config (nodes alike share one answer); the choice read again
-under those caps; the concurrencies refused for memory; the listed nodes' KV sizes.
+Each node answers from its latest serving run of the model where it has one and `kind`
+allows (what users of the server the team runs get), else from its engine's offline curve.
+The rows come from SQL (registry.placement_rows: each node's offline choice, chosen and
+ranked there; registry.placement_serving_rows: the serving points); the decisions are pure
+functions (registry.questions.placement). What is done here: the fit caps, one per fit
+config (nodes alike share one answer); the choice read again under those caps; the
+concurrencies refused for memory; the listed nodes' KV sizes; offline and serving
+candidates merged, best total throughput first.
 """
 
 from __future__ import annotations
@@ -15,7 +20,12 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from fleetbench.contract.answers import FactsSource, PlacementAnswer, RejectedConcurrency
+from fleetbench.contract.answers import (
+    FactsSource,
+    PlacementAnswer,
+    PlacementKind,
+    RejectedConcurrency,
+)
 from fleetbench.registry.model_facts import FleetFacts
 from fleetbench.registry.models import Model
 from fleetbench.registry.placement_rows import (
@@ -25,10 +35,14 @@ from fleetbench.registry.placement_rows import (
     memory_of,
     placement_rows,
 )
+from fleetbench.registry.placement_serving_rows import serving_rows
 from fleetbench.registry.questions.placement import (
     GIB,
+    NodeChoice,
+    ServingChoices,
     answer_placement,
     largest_fitting_concurrency,
+    serving_choices,
     why_fit_unchecked,
 )
 
@@ -44,10 +58,23 @@ def place(
     context_tokens: int | None = None,
     max_age_days: float | None = None,
     limit: int = 100,
+    kind: PlacementKind = "any",
+    max_ttft_ms: float | None = None,
 ) -> PlacementAnswer:
-    """The placement answer for the models (files sharing one name count as one model)."""
+    """The placement answer for the models (files sharing one name count as one model).
+    `max_ttft_ms` needs serving runs: with kind offline, ask without it."""
     model_ids = [m.id for m in models]
     since = datetime.now(UTC) - timedelta(days=max_age_days) if max_age_days else None
+    served = serving_choices(
+        serving_rows(
+            session.connection(), model_ids=model_ids, since=since, prompt_tokens=prompt_tokens
+        )
+        if kind != "offline"
+        else [],
+        min_tps_per_user=min_tps_per_user,
+        max_ttft_ms=max_ttft_ms,
+        context_tokens=context_tokens,
+    )
 
     def rows(caps: Mapping[FitConfig, int] | None = None) -> PlacementRows:
         return placement_rows(
@@ -58,13 +85,19 @@ def place(
             min_tps_per_user=min_tps_per_user,
             limit=limit,
             caps=caps,
+            unserved=kind == "any",
         )
 
     rejected: list[RejectedConcurrency] = []
     unchecked: list[tuple[str, str, int]] = []
     caps: dict[FitConfig, int] = {}  # the most users that fit, by fit config (checked)
     facts = FleetFacts(session, models)
-    if context_tokens is None:
+    untimed = 0
+    if kind == "serving" or max_ttft_ms is not None:
+        # Offline curves have no TTFT: asked for one, they only say how many nodes they'd add.
+        found = PlacementRows([], 0, None, None, {})
+        untimed = rows().qualifying_count if kind == "any" else 0
+    elif context_tokens is None:
         found = rows()
     else:
         for config, nodes, first in fit_configs(session, model_ids=model_ids, since=since):
@@ -76,12 +109,13 @@ def place(
         uncapped = rows()
         found = rows(caps) if caps else uncapped
         rejected = _rejected(uncapped, caps, facts, context_tokens)
+    offline_fits = {c.node for c in found.qualifying if found.configs[c.node] in caps}
     return answer_placement(
         model=models[0].name,
         min_tps_per_user=min_tps_per_user,
-        qualifying=found.qualifying,
-        qualifying_count=found.qualifying_count,
-        fastest=found.fastest,
+        qualifying=_best_first(found.qualifying, served.qualifying, limit),
+        qualifying_count=found.qualifying_count + len(served.qualifying),
+        fastest=_fastest(found.fastest, served) if not served.qualifying else None,
         prompt_tokens=prompt_tokens,
         longest_prompt=found.longest_prompt,
         max_age_days=max_age_days,
@@ -89,9 +123,36 @@ def place(
         rejected=rejected,
         unchecked=sorted(unchecked),
         kv_cache_bytes=_kv_sizes(found, facts, context_tokens),
-        fit_checked={c.node for c in found.qualifying if found.configs[c.node] in caps},
+        fit_checked=offline_fits | _serving_fits(served, context_tokens),
         facts_from=_facts_sources(found, facts),
+        kind=kind,
+        max_ttft_ms=max_ttft_ms,
+        small_slots=served.small_slots,
+        untimed=untimed,
     )
+
+
+def _best_first(
+    offline: Sequence[NodeChoice], serving: Sequence[NodeChoice], limit: int
+) -> list[NodeChoice]:
+    """Both kinds of candidates (each best total throughput first) as one list, the first
+    `limit` of it."""
+    merged = sorted([*offline, *serving], key=lambda c: -c.s_tg)  # stable: ties keep order
+    return merged[:limit]
+
+
+def _fastest(offline: NodeChoice | None, served: ServingChoices) -> NodeChoice | None:
+    """The best per-user speed on offer when no node qualifies, of either kind."""
+    offered = [c for c in (offline, served.fastest) if c is not None]
+    return max(offered, key=lambda c: c.per_user_tps, default=None)
+
+
+def _serving_fits(served: ServingChoices, context_tokens: int | None) -> set[str]:
+    """The serving candidates whose server holds the context asked for in each slot (its
+    own allocation: those with smaller slots are left out)."""
+    if context_tokens is None:
+        return set()
+    return {c.node for c in served.qualifying if c.ctx_per_slot is not None}
 
 
 def _facts_sources(found: PlacementRows, facts: FleetFacts) -> dict[str, FactsSource]:

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from fleetbench.registry.model_facts import FleetFacts
 from fleetbench.registry.models import EngineBuild, LatestPoint, LatestRun, Node
+from fleetbench.registry.placement_serving_rows import served_nodes
 from fleetbench.registry.questions.placement import NodeChoice, NodeMemory
 
 __all__ = [
@@ -70,10 +71,13 @@ class _Shape:
     several_models: bool  # a name covering several model files
     since: bool
     prompt: bool
+    unserved: bool = False  # only nodes without a serving run that counts
 
 
-def _shape(model_ids: Sequence[int], since: datetime | None, prompt: int | None) -> _Shape:
-    return _Shape(len(model_ids) > 1, since is not None, prompt is not None)
+def _shape(
+    model_ids: Sequence[int], since: datetime | None, prompt: int | None, unserved: bool = False
+) -> _Shape:
+    return _Shape(len(model_ids) > 1, since is not None, prompt is not None, unserved)
 
 
 def _params(model_ids: Sequence[int], since: datetime | None, **more: Any) -> dict[str, Any]:
@@ -155,6 +159,10 @@ def _placement_statement(
     conditions: list[ColumnElement[bool]] = [point.s_tg.is_not(None)]
     if shape.prompt:
         conditions.append(point.pp >= bindparam("prompt_tokens"))
+    if shape.unserved:  # placement answers for those from their serving runs
+        conditions.append(
+            point.node_id.not_in(served_nodes(since=shape.since, prompt=shape.prompt))
+        )
     source = (
         select(
             point.node_id,
@@ -246,16 +254,18 @@ def placement_rows(
     min_tps_per_user: float,
     limit: int,
     caps: Mapping[FitConfig, int] | None = None,
+    unserved: bool = False,
 ) -> PlacementRows:
     """Each node's choice from its latest successful run, at the smallest PP >= prompt_tokens
     when that is given: the largest B whose S_TG / B meets `min_tps_per_user` (ties: higher
     S_TG) or, where none does, the node's fastest point per user. Nodes that qualify come
     first, best total S_TG first; the others after them, fastest per user first. `caps`:
-    the most users that fit, by fit config (nodes of other configs are not capped).
+    the most users that fit, by fit config (nodes of other configs are not capped);
+    `unserved`: only nodes without a serving run of the model (since, at that prompt).
 
     One query over the latest tables: windows choose each node's point and count those
     that qualify."""
-    shape = _shape(model_ids, since, prompt_tokens)
+    shape = _shape(model_ids, since, prompt_tokens, unserved)
     statement = _placement_statement(shape, caps) if caps else _uncapped_statement(shape)
     params = _params(
         model_ids, since, prompt_tokens=prompt_tokens, min_tps=min_tps_per_user, limit=limit

@@ -2,7 +2,8 @@
 have a value in is read (from registry.series_cache where it is still valid, else from the
 database), judged again by questions.regressions' detector, and what it finds stored
 (registry.regression_store). Ingest calls it with the runs it stored; nothing here knows
-how they were stored."""
+how they were stored. Serving runs are checked the same way, over their own series (what a
+server delivered at each concurrency; the server's build is the known change)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,16 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from fleetbench.registry.regression_store import NewRuns, refresh_regressions
-from fleetbench.registry.series import RecentRun, RecentSeries, Values, series_of_pairs
+from fleetbench.registry.series import (
+    RecentRun,
+    RecentSeries,
+    Values,
+    series_of_pairs,
+    serving_series,
+)
 from fleetbench.registry.series_cache import SeriesCache
 
-__all__ = ["Checked", "NewRun", "check_new_runs"]
+__all__ = ["Checked", "NewRun", "NewServingRun", "check_new_runs", "check_new_serving_runs"]
 
 
 @dataclass(frozen=True)
@@ -86,3 +93,35 @@ def _recent_series(
     if missing:
         found.update(series_of_pairs(session, missing))
     return found
+
+
+@dataclass(frozen=True)
+class NewServingRun:
+    """A successful serving run just stored."""
+
+    run_id: uuid.UUID
+    node_id: int
+    model_id: int
+    cell: tuple[int, int]  # its prompt and output lengths
+
+
+def check_new_serving_runs(session: Session, runs: Sequence[NewServingRun]) -> set[tuple[int, int]]:
+    """Checks the serving series of `runs`, read from the database (a node's serving runs
+    are few beside its offline points: no cache); returns the (node, model) pairs a
+    regression is stored for."""
+    new_runs: dict[tuple[int, int], NewRuns] = {}
+    for run in runs:
+        pair = new_runs.setdefault((run.node_id, run.model_id), NewRuns())
+        pair.run_ids.append(run.run_id)
+        pair.cells.add(run.cell)
+    histories = {
+        (node_id, model_id): {
+            cell: history
+            for cell, history in serving_series(
+                session, node_id=node_id, model_ids=[model_id]
+            ).items()
+            if cell[:2] in pair.cells
+        }
+        for (node_id, model_id), pair in new_runs.items()
+    }
+    return refresh_regressions(session, new_runs, histories)

@@ -1,6 +1,7 @@
 """Old runs: every run is kept for a retention period, then only the newest successful run
-of each node, model and engine build (the history a regression or an upgrade is judged
-against), the runs regressions name, each node's latest curves and its newest run. Applied by
+of each node, model, kind (offline or serving) and engine build (the history a regression
+or an upgrade is judged against), the runs regressions name, each node's latest curves,
+latest serving runs and its newest run. Applied by
 `fleetbench-registry prune` in small batches, each its own short write transaction, so that
 it can run while the registry serves: ingest waits at most one batch.
 """
@@ -17,13 +18,14 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import (
-    RUN_SUCCESSFUL,
     FailedPoint,
     LatestRun,
+    LatestServingRun,
     NodeActivity,
     Regression,
     Run,
     RunPoint,
+    ServingPointRow,
     newer_run,
 )
 
@@ -43,6 +45,7 @@ def prunable_runs(cutoff: datetime, limit: int | None = None) -> Select[uuid.UUI
         newer.node_id == Run.node_id,
         newer.model_id == Run.model_id,
         newer.build_id == Run.build_id,
+        newer.kind == Run.kind,
         newer.status != "failed",
         newer_run(
             (newer.started_at, newer.received_at, newer.id),
@@ -52,9 +55,10 @@ def prunable_runs(cutoff: datetime, limit: int | None = None) -> Select[uuid.UUI
     statement = select(Run.id).where(
         Run.started_at < cutoff,
         ~exists().where(LatestRun.run_id == Run.id),
+        ~exists().where(LatestServingRun.run_id == Run.id),
         ~exists().where(NodeActivity.last_run_id == Run.id),
         ~exists().where(or_(Regression.before_run_id == Run.id, Regression.first_run_id == Run.id)),
-        or_(~RUN_SUCCESSFUL, newer_success_same_build),
+        or_(Run.status == "failed", newer_success_same_build),
     )
     return statement if limit is None else statement.limit(limit)
 
@@ -110,6 +114,7 @@ def prune_runs(
             # one statement instead of a trigger per run.
             session.execute(delete(RunPoint).where(RunPoint.run_id.in_(ids)))
             session.execute(delete(FailedPoint).where(FailedPoint.run_id.in_(ids)))
+            session.execute(delete(ServingPointRow).where(ServingPointRow.run_id.in_(ids)))
             session.execute(delete(Run).where(Run.id.in_(ids)))
             for node_id, deleted in per_node:
                 session.execute(

@@ -138,6 +138,11 @@ class RunDetail(RunPublic):
     failures: list[wire.FailedPoint]
     server: wire.ServerIdentity | None = Field(description="a serving run's server")
     serving_points: list[wire.ServingPoint]
+    slo_search: wire.SloSearch | None = Field(
+        default=None,
+        description="a serving run's search for the largest concurrency meeting "
+        "an objective: what it found and why it stopped",
+    )
 
 
 def _run_fields(run: Run) -> dict[str, Any]:
@@ -173,6 +178,7 @@ def run_detail(run: Run) -> RunDetail:
                 wire.FailedPoint.model_validate(f, from_attributes=True) for f in run.failures
             ],
             "server": run.server,
+            "slo_search": run.slo_search,
             "serving_points": [
                 wire.ServingPoint.model_validate(p, from_attributes=True)
                 for p in run.serving_points
@@ -345,6 +351,7 @@ class CurvePublic(BaseModel):
 class ServingCurvePointPublic(BaseModel):
     concurrency: int
     total_tps: float | None
+    per_user_tps_p10: float | None
     per_user_tps_p50: float | None
     ttft_ms_p90: float | None
     itl_ms_p50: float | None

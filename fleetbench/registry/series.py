@@ -1,6 +1,9 @@
 """A node's series: each (model, PP, TG, B, metric) of its runs over time, with what each
 run ran on (its labels), read as plain rows for the regression detector at ingest and for
-`GET /v1/series`.
+`GET /v1/series`. Offline runs give S_TG and S_PP at each B; serving runs (read on their
+own: a node's serving sweeps must not crowd its offline runs out of the history) give the
+output tokens/s a server delivered at each concurrency C, as metric `srv_tps` with B = C and
+PP, TG the prompt and output lengths.
 """
 
 from __future__ import annotations
@@ -14,18 +17,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import Integer, Row, and_, bindparam, func, select, true, tuple_
+from sqlalchemy import ColumnElement, Integer, Row, and_, bindparam, func, select, true, tuple_
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased
 
-from fleetbench.registry.labels import SETTING_NAMES, RunLabels, run_labels
+from fleetbench.registry.labels import SETTING_NAMES, RunLabels, run_labels, serving_labels
 from fleetbench.registry.models import (
     RUN_NEWEST_FIRST,
+    RUN_SERVED,
     RUN_SUCCESSFUL,
     EngineBuild,
     HardwareFingerprint,
     Run,
     RunPoint,
+    ServingPointRow,
 )
 from fleetbench.registry.questions.regressions import SeriesRun
 
@@ -33,6 +38,7 @@ __all__ = [
     "BUILD_COLUMNS",
     "HISTORY_RUNS",
     "METRICS",
+    "SERVED",
     "Cell",
     "Metric",
     "OrderKey",
@@ -43,10 +49,12 @@ __all__ = [
     "point_values",
     "series",
     "series_of_pairs",
+    "serving_series",
 ]
 
-Metric = Literal["s_tg", "s_pp"]
-METRICS: tuple[Metric, ...] = ("s_tg", "s_pp")
+Metric = Literal["s_tg", "s_pp", "srv_tps"]
+METRICS: tuple[Metric, ...] = ("s_tg", "s_pp")  # an offline run's
+SERVED: Metric = "srv_tps"  # a serving run's
 
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # a median's standard error over a mean's
 
@@ -94,13 +102,13 @@ _POINT_COLUMNS = (
 )
 
 
-def _recent_runs() -> Any:
+def _recent_runs(kind: ColumnElement[bool] = RUN_SUCCESSFUL) -> Any:
     return (
         select(Run.id)
         .where(
             Run.node_id == bindparam("node_id"),
             Run.model_id.in_(bindparam("model_ids", expanding=True)),
-            RUN_SUCCESSFUL,
+            kind,
         )
         .order_by(*RUN_NEWEST_FIRST)
         .limit(bindparam("history", type_=Integer))
@@ -353,6 +361,49 @@ def series_of_pairs(
     return {pair: _assemble(runs_of[pair], points_of[pair], cells[pair]) for pair in pairs}
 
 
+@functools.cache
+def _serving_statements() -> tuple[Any, Any]:
+    """(the node's model's latest `history` successful serving runs with their labels and
+    servers, oldest first; their points' output tokens/s)."""
+    recent = _recent_runs(RUN_SERVED)
+    runs = (
+        select(*_LABEL_COLUMNS, Run.server)
+        .join(EngineBuild, EngineBuild.id == Run.build_id)
+        .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+        .where(Run.id.in_(recent))
+        .order_by(*_RUN_OLDEST_FIRST)
+    )
+    points = select(
+        ServingPointRow.run_id, ServingPointRow.concurrency, ServingPointRow.total_tps
+    ).where(ServingPointRow.run_id.in_(recent), ServingPointRow.total_tps > 0)
+    return runs, points
+
+
+def serving_series(
+    session: Session, *, node_id: int, model_ids: Sequence[int], limit: int = HISTORY_RUNS
+) -> dict[Cell, list[SeriesRun]]:
+    """The node's serving series of the models over its latest `limit` successful serving
+    runs, oldest first: (prompt tokens, output tokens, concurrency, SERVED) -> the output
+    tokens/s of each run, labelled by its server (labels.serving_labels)."""
+    runs_statement, points_statement = _serving_statements()
+    params = {"node_id": node_id, "model_ids": list(model_ids), "history": limit}
+    connection = session.connection()
+    runs = connection.execute(runs_statement, params).all()
+    served: dict[uuid.UUID, list[tuple[int, float]]] = defaultdict(list)
+    for run_id, concurrency, total_tps in connection.execute(points_statement, params):
+        served[run_id].append((concurrency, total_tps))
+    found: dict[Cell, list[SeriesRun]] = defaultdict(list)
+    for run in runs:
+        server = run.server or {}
+        labels = serving_labels(run, run.description, run.hash, server)
+        cell = (server.get("prompt_tokens", 0), server.get("gen_tokens", 0))
+        for concurrency, total_tps in sorted(served[run.id]):
+            found[(*cell, concurrency, SERVED)].append(
+                SeriesRun(run.id, run.started_at, total_tps, *labels)
+            )
+    return found
+
+
 def series(
     session: Session,
     *,
@@ -364,7 +415,11 @@ def series(
     metric: Metric,
     limit: int,
 ) -> list[SeriesRun]:
-    """One series, oldest first, over the node's latest `limit` successful runs."""
+    """One series, oldest first, over the node's latest `limit` successful runs (of its
+    kind: serving runs for SERVED)."""
+    if metric == SERVED:
+        found = serving_series(session, node_id=node_id, model_ids=model_ids, limit=limit)
+        return found.get((pp, tg, b, metric), [])
     recent = _series_runs(
         session, node_id=node_id, model_ids=model_ids, point=(pp, tg, b), limit=limit
     )

@@ -5,11 +5,21 @@ reports still written as version 1 wrote them."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from fleetbench.contract import wire
-from tests.factories import DAY0, LiveRegistry, make_report, post_report
+from tests.factories import (
+    DAY0,
+    WOBBLE,
+    LiveRegistry,
+    make_report,
+    make_serving_report,
+    post_report,
+)
 
 
 def _serving(node: str, *, status: str = "ok", **fields: Any) -> wire.RunReport:
@@ -89,3 +99,74 @@ def test_curves_put_the_serving_run_beside_the_engines(live_registry: LiveRegist
     # 40 of the engine's 50 tokens/s at B=1, 60 of 80 at B=2; B=4 was not measured offline
     assert [p["of_offline_pct"] for p in serving["points"]] == [80.0, 75.0, None]
     assert [p["per_user_tps_p50"] for p in serving["points"]] == [40.0, 30.0, 17.5]
+
+
+def test_a_slower_server_build_is_a_serving_regression_of_its_own_series(
+    live_registry: LiveRegistry,
+) -> None:
+    token = live_registry.token("gpu-3")
+    with live_registry.client(token) as client:
+        offline = make_report(node="gpu-3", started_at=DAY0 - timedelta(days=1))
+        assert post_report(client, offline).status_code == 201
+        for day, (build, factor) in enumerate(
+            [(7100, w) for w in WOBBLE[:5]] + [(7200, 0.8 * w) for w in WOBBLE[5:7]]
+        ):
+            served = make_serving_report(
+                node="gpu-3",
+                model=offline.model.name,
+                build_number=build,
+                points=[(1, 50.0 * factor, 45.0, 100.0), (4, 160.0 * factor, 35.0, 400.0)],
+                started_at=DAY0 + timedelta(days=day),
+            )
+            assert post_report(client, served).status_code == 201
+    with live_registry.client() as client:
+        found = client.get("/v1/regressions", params={"node": "gpu-3"}).json()
+        series = client.get(
+            "/v1/series",
+            params={"node": "gpu-3", "model": offline.model.name, "pp": 512, "tg": 128, "b": 4,
+                    "metric": "srv_tps"},
+        ).json()  # fmt: skip
+        node = client.get("/v1/nodes/gpu-3").json()
+    # both concurrencies served 20% less after the server's upgrade; the offline series has
+    # one run and no step
+    assert found["count"] == 2
+    four = next(r for r in found["data"] if r["b"] == 4)
+    assert (four["metric"], four["pp"], four["tg"]) == ("srv_tps", 512, 128)
+    assert four["cause"] == (
+        "llama.cpp build changed (llama.cpp b7100 (0c1e570) -> llama.cpp b7200 (0c1e570))"
+    )
+    assert four["change_pct"] == pytest.approx(-20, abs=1.5)
+    assert (four["runs_before"], four["runs_after"]) == (5, 2)
+    assert [p["value"] for p in series["points"]] == pytest.approx(
+        [160.0 * w for w in WOBBLE[:5]] + [128.0 * w for w in WOBBLE[5:7]]
+    )
+    assert series["points"][5]["change"].startswith("llama.cpp build changed")
+    assert len(series["regressions"]) == 1
+    assert node["open_regressions"] == 2
+
+
+def test_a_searched_serving_run_keeps_what_the_search_found(live_registry: LiveRegistry) -> None:
+    searched = make_serving_report(
+        node="gpu-4",
+        points=[(1, 50.0, 45.0, 100.0), (2, 90.0, 40.0, 150.0), (3, 120.0, 30.0, 900.0)],
+        schema_version=3,
+        slo_search=wire.SloSearch(
+            objective="ttft_p90<=500ms",
+            concurrency=2,
+            stop_reason="objective failed at concurrency 3: ttft_p90 900.0 ms > 500 ms",
+        ),
+    )
+    with live_registry.client(live_registry.token("gpu-4")) as client:
+        assert post_report(client, searched).status_code == 201
+        older = searched.model_dump(mode="json") | {"schema_version": 2}
+        refused = post_report(client, older | {"run_id": str(uuid.uuid4())})
+    assert refused.status_code == 422 and "slo_search came with schema version 3" in refused.text
+    with live_registry.client() as client:
+        detail = client.get(f"/v1/runs/{searched.run_id}").json()
+    assert detail["slo_search"] == {
+        "objective": "ttft_p90<=500ms",
+        "concurrency": 2,
+        "stop_reason": "objective failed at concurrency 3: ttft_p90 900.0 ms > 500 ms",
+    }
+    sent = json.loads(make_serving_report(node="n", points=[(1, 1.0, 1.0, 1.0)]).model_dump_json())
+    assert sent["schema_version"] == 2 and "slo_search" not in sent  # an older registry takes it

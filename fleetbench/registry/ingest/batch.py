@@ -39,8 +39,18 @@ from fleetbench.registry.ingest.rows import (
 )
 from fleetbench.registry.ingest.statements import Statements, statements_for
 from fleetbench.registry.labels import run_labels
-from fleetbench.registry.latest import LatestCandidate, record_latest
-from fleetbench.registry.regressions import NewRun, check_new_runs
+from fleetbench.registry.latest import (
+    LatestCandidate,
+    LatestServingCandidate,
+    record_latest,
+    record_latest_serving,
+)
+from fleetbench.registry.regressions import (
+    NewRun,
+    NewServingRun,
+    check_new_runs,
+    check_new_serving_runs,
+)
 from fleetbench.registry.series import (
     RecentRun,
     Values,
@@ -118,6 +128,7 @@ def ingest_batch(
     regressed = _latest_and_regressions(
         session, connection, runs, fingerprints, node_changes, series_cache, learned
     )
+    regressed |= _latest_serving_and_regressions(session, connection, runs)
     for run in runs:
         pair = (run.node_id, run.model_id)
         answers[run.index] = Stored(run.id, created=True, regressed=pair in regressed)
@@ -242,6 +253,47 @@ def _latest_and_regressions(
         models = {m: h for (n, m), h in checked.series.items() if n == node_id}
         learned.series[node_id] = (before[node_id], now, models)
     return checked.regressed
+
+
+def _latest_serving_and_regressions(
+    session: Session, connection: Connection, runs: Sequence[IncomingRun]
+) -> set[tuple[int, int]]:
+    """Brings each (node, model)'s latest serving run and the regressions of its serving
+    series up to date with the batch's serving runs; returns the pairs a regression is
+    stored for."""
+    served = [r for r in runs if r.report.kind == "serving" and r.report.status != "failed"]
+    if not served:
+        return set()
+    newest = newest_by(served, lambda run: (run.node_id, run.model_id))
+    record_latest_serving(
+        connection,
+        [
+            LatestServingCandidate(
+                node_id=node_id,
+                model_id=model_id,
+                run_id=run.id,
+                started_at=run.report.started_at,
+                received_at=run.received_at,
+                build_id=run.build_id,
+                server=run.report.server,
+            )
+            for (node_id, model_id), run in sorted(newest.items())
+            if run.report.server is not None
+        ],
+    )
+    return check_new_serving_runs(
+        session,
+        [
+            NewServingRun(
+                run.id,
+                run.node_id,
+                run.model_id,
+                (run.report.server.prompt_tokens, run.report.server.gen_tokens),
+            )
+            for run in served
+            if run.report.server is not None
+        ],
+    )
 
 
 def _recent_run(run: IncomingRun, fingerprints: Fingerprints) -> tuple[RecentRun, Values]:

@@ -295,6 +295,9 @@ def insert_runs(
                 "report_sha256": run.digest,
                 "kind": report.kind,
                 "server": report.server.model_dump(mode="json") if report.server else None,
+                "slo_search": report.slo_search.model_dump(mode="json")
+                if report.slo_search
+                else None,
                 **report.settings.model_dump(),
             }
         )

@@ -1,32 +1,48 @@
 """Which node and concurrency meets X tokens/s per user for a model?
 
-Each node's choice (from its latest successful run: the largest concurrency whose per-user
-decode speed S_TG / B meets X, at the smallest measured prompt length PP >= P when P is
-given) and their order (best total throughput first) are decided in SQL by
+Offline: each node's choice (from its latest successful run: the largest concurrency whose
+per-user decode speed S_TG / B meets X, at the smallest measured prompt length PP >= P when
+P is given) and their order (best total throughput first) are decided in SQL by
 `registry.placement_rows`, over the table of each node's latest curve: with 1,000 nodes,
 fetching every point into Python costs more than the whole latency budget
-(bench/placement_latency.py). Decided here, over those rows: the answer, and why no node
-qualifies.
+(bench/placement_latency.py).
+
+Serving: from each node's latest serving run (registry.placement_serving_rows), the largest
+concurrency at which the p10 of per-user speed meets X, the p90 of the time to first token
+meets the latency objective when one is given, and every request completed
+(`serving_choices`, here).
+
+Decided here, over those rows: the answer, and why no node qualifies.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
-from fleetbench.contract.answers import FactsSource, PlacementAnswer, RejectedConcurrency
+from fleetbench.contract.answers import (
+    FactsSource,
+    PlacementAnswer,
+    PlacementKind,
+    RejectedConcurrency,
+)
 from fleetbench.contract.kv_cache import CACHE_TYPE_BYTES, fits, kv_cache_bytes
 from fleetbench.contract.wire import ModelInfo
+from fleetbench.registry.questions.knee import find_knee
 
 __all__ = [
     "GIB",
     "NodeChoice",
     "NodeMemory",
+    "ServingChoices",
+    "ServingRow",
     "answer_placement",
     "largest_fitting_concurrency",
+    "serving_choices",
     "why_fit_unchecked",
     "why_kv_unknown",
 ]
@@ -37,7 +53,9 @@ GIB = 2**30
 @dataclass(frozen=True)
 class NodeChoice:
     """The point a node offers: the largest concurrency meeting the speed asked for or,
-    when explaining why none does, the node's fastest point per user."""
+    when explaining why none does, the node's fastest point per user. Offline: a point of
+    the engine's curve (B, S_TG, S_PP); serving: a concurrency of the server's run (C, its
+    output tokens/s as S_TG, the p10 of per-user speed, TTFT p90)."""
 
     node: str
     run_id: UUID
@@ -49,10 +67,108 @@ class NodeChoice:
     s_pp: float | None
     s_tg: float
     past_knee: bool | None = None  # beyond the knee of the curve it lies on (None: unknown)
+    source: Literal["offline", "serving"] = "offline"
+    per_user_p10: float | None = None  # serving: what the slowest tenth of users got
+    ttft_ms_p90: float | None = None
+    server: str | None = None  # serving: the server's kind
+    slots: int | None = None
+    ctx_per_slot: int | None = None
 
     @property
     def per_user_tps(self) -> float:
+        if self.source == "serving":
+            return self.per_user_p10 or 0.0
         return self.s_tg / self.b
+
+
+@dataclass(frozen=True)
+class ServingRow:
+    """One concurrency of a node's latest serving run of a model."""
+
+    node: str
+    run_id: UUID
+    measured_at: datetime
+    llama_cpp_build: int | None
+    server: str
+    prompt_tokens: int
+    gen_tokens: int
+    slots: int | None
+    ctx_per_slot: int | None
+    concurrency: int
+    total_tps: float | None
+    per_user_tps_p10: float | None
+    ttft_ms_p90: float | None
+    clean: bool  # every request of it completed
+
+
+@dataclass(frozen=True)
+class ServingChoices:
+    qualifying: list[NodeChoice]  # best total throughput first
+    fastest: NodeChoice | None  # when none qualifies: the best p10 per-user speed on offer
+    small_slots: list[tuple[str, int]]  # (node, tokens per slot) too small for the context
+    nodes: set[str]  # the nodes with a serving run considered
+
+
+def serving_choices(
+    rows: Sequence[ServingRow],
+    *,
+    min_tps_per_user: float,
+    max_ttft_ms: float | None,
+    context_tokens: int | None,
+) -> ServingChoices:
+    """Each node's choice from its serving points (`rows`, by node): the largest concurrency
+    where every request completed, the p10 of per-user speed meets `min_tps_per_user` and
+    the p90 TTFT `max_ttft_ms`; a node whose server holds fewer tokens per slot than
+    `context_tokens` offers none (its slots are what the server allocated)."""
+    by_node: dict[str, list[ServingRow]] = {}
+    for row in rows:
+        by_node.setdefault(row.node, []).append(row)
+    qualifying: list[NodeChoice] = []
+    offered: list[NodeChoice] = []
+    small: list[tuple[str, int]] = []
+    for node, points in by_node.items():
+        slot = points[0].ctx_per_slot
+        if context_tokens is not None and slot is not None and slot < context_tokens:
+            small.append((node, slot))
+            continue
+        measured = [(p, p.total_tps) for p in points if p.total_tps is not None]
+        knee = find_knee([(p.concurrency, tps) for p, tps in measured])
+        choices = [(p, _serving_choice(p, knee)) for p, _ in measured]
+        meeting = [
+            choice
+            for point, choice in choices
+            if point.clean
+            and choice.per_user_tps >= min_tps_per_user
+            and (max_ttft_ms is None or (point.ttft_ms_p90 or math.inf) <= max_ttft_ms)
+        ]
+        if meeting:
+            qualifying.append(max(meeting, key=lambda c: (c.b, c.s_tg)))
+        elif choices:
+            offered.append(max((c for _, c in choices), key=lambda c: (c.per_user_tps, c.s_tg)))
+    qualifying.sort(key=lambda c: (-c.s_tg, c.node))
+    fastest = max(offered, key=lambda c: (c.per_user_tps, c.s_tg), default=None)
+    return ServingChoices(qualifying, None if qualifying else fastest, small, set(by_node))
+
+
+def _serving_choice(row: ServingRow, knee: int | None) -> NodeChoice:
+    return NodeChoice(
+        node=row.node,
+        run_id=row.run_id,
+        measured_at=row.measured_at,
+        llama_cpp_build=row.llama_cpp_build,
+        pp=row.prompt_tokens,
+        tg=row.gen_tokens,
+        b=row.concurrency,
+        s_pp=None,
+        s_tg=row.total_tps or 0.0,
+        past_knee=knee is not None and row.concurrency > knee,
+        source="serving",
+        per_user_p10=row.per_user_tps_p10,
+        ttft_ms_p90=row.ttft_ms_p90,
+        server=row.server,
+        slots=row.slots,
+        ctx_per_slot=row.ctx_per_slot,
+    )
 
 
 @dataclass(frozen=True)
@@ -154,6 +270,10 @@ def answer_placement(
     kv_cache_bytes: Mapping[str, int | None] | None = None,
     fit_checked: Collection[str] = (),
     facts_from: Mapping[str, FactsSource] | None = None,
+    kind: PlacementKind = "any",
+    max_ttft_ms: float | None = None,
+    small_slots: Sequence[tuple[str, int]] = (),
+    untimed: int = 0,
 ) -> PlacementAnswer:
     """The answer for the nodes that qualify (`qualifying`: best total throughput first, the
     first of `qualifying_count`). When none does, the reason names the `fastest` point per
@@ -161,19 +281,41 @@ def answer_placement(
     `unchecked`: (a node, why its fit is not checked, how many nodes alike).
     `kv_cache_bytes`: each listed node's users' KV cache at its concurrency;
     `fit_checked`: the nodes whose fit was checked; `facts_from`: whose model facts each
-    listed node's figures used."""
+    listed node's figures used. `small_slots`: serving nodes left out, their server holding
+    fewer tokens per slot than `context_tokens`; `untimed`: nodes meeting the speed on their
+    offline curves alone, left out for want of a TTFT to check `max_ttft_ms` against."""
+    asked = f"{min_tps_per_user:g} tokens/s per user"
+    if max_ttft_ms is not None:
+        asked += f" with a first token within {max_ttft_ms:g} ms (p90)"
     if qualifying:
-        reason = (
-            f"{qualifying_count} node(s) meet {min_tps_per_user:g} tokens/s per user on {model}"
-        )
+        reason = f"{qualifying_count} node(s) meet {asked} on {model}"
+        sources = {c.source for c in qualifying}
+        if len(sources) > 1:
+            served = sum(c.source == "serving" for c in qualifying)
+            reason += (
+                f" ({served} listed from their serving runs, {len(qualifying) - served} from "
+                "their offline curves)"
+            )
         if qualifying_count > len(qualifying):
             reason += f"; the {len(qualifying)} with the highest total throughput are listed"
     elif fastest is not None:
         reason = (
-            f"no node meets {min_tps_per_user:g} tokens/s per user on {model}; the best "
-            f"available is {fastest.node} at concurrency {fastest.b} with "
-            f"{fastest.per_user_tps:.2f} tokens/s per user ({fastest.s_tg:.2f} total, "
-            f"prompt {fastest.pp} tokens)"
+            f"no node meets {asked} on {model}; the best available is {fastest.node} at "
+            f"concurrency {fastest.b} with {fastest.per_user_tps:.2f} tokens/s per user"
+        )
+        if fastest.source == "serving":
+            ttft = "-" if fastest.ttft_ms_p90 is None else f"{fastest.ttft_ms_p90:.0f}"
+            reason += (
+                f" (p10 of its serving run, {fastest.s_tg:.2f} total, TTFT p90 {ttft} ms, "
+                f"prompt {fastest.pp} tokens)"
+            )
+        else:
+            reason += f" ({fastest.s_tg:.2f} total, prompt {fastest.pp} tokens)"
+    elif untimed:
+        reason = (
+            f"no node has a serving run of {model} to check a time to first token against; "
+            f"{untimed} node(s) meet {min_tps_per_user:g} tokens/s per user on their offline "
+            "curves (`fleetbench-agent serve-sweep` measures TTFT)"
         )
     elif rejected:
         reason = (
@@ -200,10 +342,23 @@ def answer_placement(
         node, why, _ = unchecked[0]
         nodes = sum(count for _, _, count in unchecked)
         reason += f"; KV-cache fit not checked for {nodes} node(s) ({node}: {why})"
+    if untimed and (qualifying or fastest is not None):
+        reason += (
+            f"; {untimed} node(s) meeting the speed on their offline curves alone are left "
+            "out: TTFT is measured by serving sweeps"
+        )
+    if small_slots:
+        node, tokens = small_slots[0]
+        reason += (
+            f"; {len(small_slots)} node(s) left out: their server holds fewer than "
+            f"{context_tokens} tokens per slot ({node}: {tokens})"
+        )
     return PlacementAnswer.model_validate(
         {
             "model": model,
             "min_tps_per_user": min_tps_per_user,
+            "kind": kind,
+            "max_ttft_ms": max_ttft_ms,
             "context_tokens": context_tokens,
             "count": qualifying_count,
             "candidates": [
@@ -239,4 +394,8 @@ def _candidate(
         "kv_cache_gib": kv_bytes / GIB if kv_bytes is not None else None,
         "fit": "fits" if fit_checked else "not checked",
         "facts_from": facts_from,
+        "source": choice.source,
+        "ttft_ms_p90": choice.ttft_ms_p90,
+        "server": choice.server,
+        "slots": choice.slots,
     }
