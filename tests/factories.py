@@ -26,7 +26,7 @@ import uvicorn
 from sqlalchemy import Engine, text
 
 from fleetbench.agent.config import AgentSettings
-from fleetbench.agent.daemon import Daemon, DaemonConfig, SweepConfig
+from fleetbench.agent.daemon import Daemon, DaemonConfig, ServeSweepConfig, SweepConfig
 from fleetbench.contract import wire
 from fleetbench.registry import tokens
 from fleetbench.registry.config import RegistrySettings
@@ -319,7 +319,7 @@ def post_history(
 
 def a_daemon(
     tmp_path: Path,
-    *sweeps: SweepConfig | dict[str, Any],
+    *sweeps: SweepConfig | ServeSweepConfig | dict[str, Any],
     load: tuple[float, float | None] = (5.0, None),
     **settings: Any,
 ) -> Daemon:

@@ -19,6 +19,7 @@ from pydantic_settings import (
 
 from fleetbench.agent.errors import Location, validation_problems
 from fleetbench.agent.spool import Spool
+from fleetbench.contract.serve_spec import ServerUrl
 
 __all__ = ["DEFAULT_REGISTRY_URL", "AgentSettings", "SettingsError", "load_settings", "open_spool"]
 
@@ -87,6 +88,11 @@ class AgentSettings(BaseSettings):
         default_factory=list,
         description="the llama-batched-bench binaries a plan may run here (none: a plan "
         "that names one is skipped): the registry never chooses what a node executes",
+    )
+    plan_serve_urls: list[ServerUrl] = Field(
+        default_factory=list,
+        description="the servers a serving plan may load-test from here (none: every "
+        "serving plan is skipped): the registry never chooses where a node sends load",
     )
 
     @model_validator(mode="after")

@@ -1,13 +1,15 @@
 """`fleetbench-agent daemon`: scheduled sweeps, delivered without loss, unattended.
 
-Each configured sweep, of agent.toml's `[[sweep]]` tables and of the registry's plans for
-this node (agent.plans, pulled every few minutes), runs on its cron schedule (with random
-jitter, so a fleet does not sweep in the same second), and at once when the llama.cpp build
-or the model file has changed since its last successful run, so a regression after an
-upgrade shows the next morning; the plans' also when an admin asks the node to sweep now.
-Never two sweeps at once: one worker thread in the process, a file lock across processes.
-While other work holds the CPU or GPU above a threshold the sweep is postponed, saying why:
-benchmarks neither disturb production nor get polluted by it.
+Each configured sweep, of agent.toml's `[[sweep]]` and `[[serve_sweep]]` tables and of the
+registry's plans for this node (agent.plans, pulled every few minutes), runs on its cron
+schedule (with random jitter, so a fleet does not sweep in the same second), and at once
+when what it measures changed since its last successful run (the llama.cpp build or the
+model file; a server's build), so a regression after an upgrade shows the next morning; the
+plans' also when an admin asks the node to sweep now. Never two sweeps at once: one worker
+thread in the process, a file lock across processes. While other work holds the CPU or GPU
+above a threshold an offline sweep is postponed, and while a server is serving others'
+requests its serving sweep is, saying why: benchmarks neither disturb production nor get
+polluted by it.
 """
 
 from __future__ import annotations
@@ -25,18 +27,31 @@ import psutil
 
 from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.config import open_spool
-from fleetbench.agent.daemon_config import ConfigError, DaemonConfig, SweepConfig, load_config
+from fleetbench.agent.daemon_config import (
+    ConfigError,
+    DaemonConfig,
+    ScheduledSweep,
+    ServeSweepConfig,
+    SweepConfig,
+    load_config,
+)
 from fleetbench.agent.errors import ClientError, RequestRejected, SpoolUnwritable
-from fleetbench.agent.gguf_model import sha256_of
 from fleetbench.agent.plans import PLAN_PREFIX, PlanCache, PlannedSweep, pull_plans, resolve_plan
 from fleetbench.agent.probes.nvidia import nvml_session
 from fleetbench.agent.spool import RETRYABLE_STATUS
-from fleetbench.agent.sweep import measure_run
 from fleetbench.agent.sweep_state import SweepState
 from fleetbench.contract.plans import NodePlans, NodeStatus, PlanState
 from fleetbench.contract.wire import RunReport
 
-__all__ = ["ConfigError", "Daemon", "DaemonConfig", "SweepConfig", "load_config", "sweep_lock"]
+__all__ = [
+    "ConfigError",
+    "Daemon",
+    "DaemonConfig",
+    "ServeSweepConfig",
+    "SweepConfig",
+    "load_config",
+    "sweep_lock",
+]
 
 log = logging.getLogger("fleetbench.daemon")
 # Scheduler job ids: a sweep's, and its postponed retry's (the daemon's own jobs, "flush"
@@ -116,19 +131,21 @@ class Daemon:
 
     # --- one sweep ----------------------------------------------------------------------
 
-    def run_sweep(self, sweep: SweepConfig, *, why: str) -> str:
-        """Runs one sweep now unless the machine is busy or another sweep holds the lock;
-        returns what happened. Never raises: a failed sweep is a failed run, reported."""
-        cpu, gpu = self.load()
-        busy = busy_reason(
-            cpu_percent=cpu,
-            gpu_percent=gpu,
-            cpu_limit=self.settings.busy_cpu_percent,
-            gpu_limit=self.settings.busy_gpu_percent,
-        )
-        if busy is not None:
-            self._postpone(sweep, f"postponed {sweep.name} ({why}): {busy}")
-            return "postponed: " + busy
+    def run_sweep(self, sweep: ScheduledSweep, *, why: str) -> str:
+        """Runs one sweep now unless the machine (for an offline sweep) or the server (for
+        a serving one) is busy or another sweep holds the lock; returns what happened.
+        Never raises: a failed sweep is a failed run, reported."""
+        if sweep.busy_guard:
+            cpu, gpu = self.load()
+            busy = busy_reason(
+                cpu_percent=cpu,
+                gpu_percent=gpu,
+                cpu_limit=self.settings.busy_cpu_percent,
+                gpu_limit=self.settings.busy_gpu_percent,
+            )
+            if busy is not None:
+                self._postpone(sweep, f"postponed {sweep.name} ({why}): {busy}")
+                return "postponed: " + busy
         with sweep_lock(self.lock_path) as acquired:
             if not acquired:
                 self._postpone(sweep, f"postponed {sweep.name} ({why}): another sweep is running")
@@ -143,15 +160,11 @@ class Daemon:
             self.report_status()
         return status
 
-    def _sweep(self, sweep: SweepConfig) -> str:
-        report = measure_run(
-            sweep.model,
-            sweep.spec(),
-            sweep.runner(),
-            node=self.node,
-            name=sweep.model_name,
-            sha256_cache=self.sha256_cache,
-        )
+    def _sweep(self, sweep: ScheduledSweep) -> str:
+        report = sweep.measure(self.node, self.sha256_cache)
+        if isinstance(report, str):  # the server is serving others: measured nothing
+            self._postpone(sweep, f"postponed {sweep.name}: {report}")
+            return "postponed: " + report
         try:
             self.spool.add(report)
         except SpoolUnwritable as exc:
@@ -167,11 +180,11 @@ class Daemon:
             )
         log.info("sweep %s: run %s %s", sweep.name, report.run_id, report.status)
         self._last_runs[sweep.name] = (report.started_at, report.status)
-        if report.status != "failed":
-            self._state.record(sweep.name, self._identity(sweep))
+        if report.status != "failed" and (identity := sweep.identity(self.sha256_cache)):
+            self._state.record(sweep.name, identity)
         return report.status
 
-    def _postpone(self, sweep: SweepConfig, message: str) -> None:
+    def _postpone(self, sweep: ScheduledSweep, message: str) -> None:
         log.warning(message)
         self._last_runs[sweep.name] = (datetime.now(UTC), "postponed")
         if self.scheduler is not None:
@@ -187,28 +200,24 @@ class Daemon:
 
     # --- changes since the last success ---------------------------------------------------
 
-    def _identity(self, sweep: SweepConfig) -> dict[str, str]:
-        """What a sweep's results depend on besides the machine: the engine (as its runner
-        tells it: llama-cpp-python's version, the binary's build) and the model file."""
-        try:
-            model = sha256_of(sweep.model, cache=self.sha256_cache)
-        except OSError:
-            model = "missing"
-        return {**sweep.runner().identity(), "model_sha256": model}
-
-    def changed_since_last_success(self, sweep: SweepConfig) -> str | None:
-        """Why the sweep should run now: its build or model changed since it last succeeded
-        (or it never did). None when nothing changed."""
+    def changed_since_last_success(self, sweep: ScheduledSweep) -> str | None:
+        """Why the sweep should run now: what its results depend on (the engine and model;
+        a server's build) changed since it last succeeded (or it never did). None when
+        nothing changed, or when that cannot be told now (a server that does not answer)."""
+        now = sweep.identity(self.sha256_cache)
+        if now is None:
+            return None
         before = self._state.last(sweep.name)
-        now = self._identity(sweep)
         if before is None:
             return "no successful run yet"
         changed = [f"{k} {before.get(k)} -> {v}" for k, v in now.items() if before.get(k) != v]
         return "changed: " + ", ".join(changed) if changed else None
 
-    def sweeps(self) -> list[SweepConfig]:
+    def sweeps(self) -> list[ScheduledSweep]:
         """agent.toml's sweeps, then the plans' this node runs."""
-        planned = [p.sweep for p in self.planned.values() if p.sweep is not None]
+        planned: list[ScheduledSweep] = [
+            p.sweep for p in self.planned.values() if p.sweep is not None
+        ]
         return [*self.config.sweeps, *planned]
 
     def check_changes(self) -> None:
@@ -306,6 +315,7 @@ class Daemon:
                 plan,
                 sha256_cache=self.sha256_cache,
                 allowed_binaries=self.settings.plan_binaries,
+                allowed_servers=self.settings.plan_serve_urls,
             )
             for plan in plans.plans
         }
@@ -421,7 +431,7 @@ class Daemon:
             next_run_time=datetime.now(UTC),  # at start, too
         )
 
-    def _schedule_sweep(self, sweep: SweepConfig) -> None:
+    def _schedule_sweep(self, sweep: ScheduledSweep) -> None:
         from apscheduler.triggers.cron import CronTrigger
 
         trigger = CronTrigger.from_crontab(sweep.cron, timezone=UTC)
@@ -446,7 +456,7 @@ def _sweep_of(planned: PlannedSweep | None) -> tuple[object, ...] | None:
     return ("runs", planned.plan.version, planned.sweep.model_dump_json())
 
 
-def _next_fire(sweep: SweepConfig, now: datetime) -> datetime | None:
+def _next_fire(sweep: ScheduledSweep, now: datetime) -> datetime | None:
     """When the sweep's schedule next fires (before its jitter); None: never (30 February)."""
     from apscheduler.triggers.cron import CronTrigger
 

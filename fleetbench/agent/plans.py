@@ -2,7 +2,7 @@
 the last answer, kept on disk so a registry outage changes nothing (a daemon started while
 the registry is down runs the plans it last had), and turned into the daemon's sweeps, or
 into skips with the reason (model missing, sha256 mismatch, not enough memory, an engine or
-schedule this node cannot run).
+schedule this node cannot run, a server it does not let plans load-test).
 
 The daemon runs a plan's sweep exactly as a `[[sweep]]` table's: the same lock, jitter,
 busy guard and spool (agent.daemon).
@@ -21,7 +21,7 @@ import psutil
 from pydantic import ValidationError
 
 from fleetbench.agent.client import RegistryClient
-from fleetbench.agent.daemon_config import SweepConfig
+from fleetbench.agent.daemon_config import ServeSweepConfig, SweepConfig
 from fleetbench.agent.errors import ClientError
 from fleetbench.agent.gguf_model import sha256_of
 from fleetbench.agent.probes.nvidia import nvml_session
@@ -42,7 +42,7 @@ class PlannedSweep:
     """A plan as this node takes it: the sweep to run, or why it is skipped."""
 
     plan: PlanVersion
-    sweep: SweepConfig | None
+    sweep: SweepConfig | ServeSweepConfig | None
     skipped: str | None
 
 
@@ -136,16 +136,46 @@ def resolve_plan(
     *,
     sha256_cache: Path,
     allowed_binaries: Collection[Path] = (),
+    allowed_servers: Collection[str] = (),
     memory_bytes: int | None = None,
 ) -> PlannedSweep:
     """The sweep this node runs for the plan, or why it cannot (never raises). A plan
     runs llama-batched-bench only from a path this node allows (`plan_binaries`), never one
-    found on PATH: whoever writes plans must not choose what every node executes."""
+    found on PATH, and load-tests only a server this node allows (`plan_serve_urls`):
+    whoever writes plans must not choose what every node executes, nor where it sends load."""
+    sweep: SweepConfig | ServeSweepConfig | None
+    if plan.kind == "serving":
+        sweep, skipped = _serving_sweep_for(plan, allowed_servers)
+        return PlannedSweep(plan, sweep, skipped)
     try:
         sweep, skipped = _sweep_for(plan, sha256_cache, allowed_binaries, memory_bytes)
     except OSError as exc:  # a file unreadable, or gone between two looks
         sweep, skipped = None, f"model unreadable: {exc}"
     return PlannedSweep(plan, sweep, storable_text(skipped, REASON_LENGTH) if skipped else None)
+
+
+def _serving_sweep_for(
+    plan: PlanVersion, allowed_servers: Collection[str]
+) -> tuple[ServeSweepConfig | None, str | None]:
+    if plan.url not in allowed_servers:
+        return None, storable_text(
+            f"server {plan.url} is not one this node lets plans load-test (agent.plan_serve_urls)",
+            REASON_LENGTH,
+        )
+    try:
+        sweep = ServeSweepConfig.model_validate(
+            {
+                **plan.load().model_dump(),
+                "name": PLAN_PREFIX + plan.name,
+                "url": plan.url,
+                "model": plan.model.name,
+                "cron": plan.cron,
+            }
+        )
+    except ValidationError as exc:  # a schedule this node cannot keep (30 February)
+        why = "cannot run here: " + "; ".join(str(e["msg"]) for e in exc.errors())
+        return None, storable_text(why, REASON_LENGTH)
+    return sweep, None
 
 
 def _sweep_for(

@@ -3,8 +3,10 @@ each node says back about running them. Part of the contract (fleetbench.contrac
 registry validates a plan by the same rules the agents run it by.
 
 A plan picks nodes (by name, or by a label selector), a model (by its sha256, with a path or
-directories to search on the node), the sweep's settings and a schedule. Every change is a
-new version; the registry keeps them all. A node pulls the plans that pick it (`NodePlans`,
+directories to search on the node), the sweep's settings and a schedule; a serving plan
+(`kind = "serving"`) picks the server to measure on each node (`url`, one the node allows)
+and its load (`serve`) instead of the engine's grid. Every change is a new version; the
+registry keeps them all. A node pulls the plans that pick it (`NodePlans`,
 conditional on its ETag), keeps the last it got on disk, and reports what it runs, skips and
 when it runs next (`NodeStatus`).
 """
@@ -17,6 +19,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleetbench.contract.bounds import Int32, Moment, Name, Sha256, Text
+from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
 from fleetbench.contract.sweep_spec import SweepSpec
 
 __all__ = [
@@ -48,7 +51,9 @@ class _Strict(BaseModel):
 
 class PlanModel(_Strict):
     """The model a plan sweeps, and where a node finds it: `path` (checked against `sha256`
-    when both are given), or the first `.gguf` file in `search_dirs` whose sha256 matches."""
+    when both are given), or the first `.gguf` file in `search_dirs` whose sha256 matches.
+    A serving plan's model is the one its server serves: `name` alone, as reports call it
+    (and OpenAI-compatible servers are asked for)."""
 
     sha256: Sha256 | None = None
     path: Path | None = None
@@ -56,12 +61,13 @@ class PlanModel(_Strict):
     name: Name | None = Field(default=None, description="display name [default: the file's]")
 
     @model_validator(mode="after")
-    def _findable(self) -> PlanModel:
-        if self.path is None and not self.search_dirs:
-            raise ValueError("give the model's path, or search_dirs to find it in by sha256")
+    def _search_by_sha256(self) -> PlanModel:
         if self.search_dirs and self.sha256 is None:
             raise ValueError("search_dirs find the model by its sha256: give sha256 too")
         return self
+
+
+_DEFAULT_SETTINGS = SweepSpec(repeats=3)  # a schedule has time for the precision
 
 
 class PlanBody(_Strict):
@@ -72,8 +78,10 @@ class PlanBody(_Strict):
     labels: dict[LabelText, LabelText] = Field(default_factory=dict, max_length=32)
     model: PlanModel
     cron: str = Field(max_length=200, description="crontab expression (UTC), e.g. '0 3 * * *'")
-    kind: Literal["offline"] = Field(
-        default="offline", description="offline: the llama-batched-bench sweep of the engine"
+    kind: Literal["offline", "serving"] = Field(
+        default="offline",
+        description="offline: the llama-batched-bench sweep of the engine; serving: a "
+        "serving sweep of the server at `url` on each node",
     )
     engine: Annotated[Text, Field(max_length=100)] | None = Field(
         default=None, description="a runner's name [default: llama-cpp-python, or the binary's]"
@@ -82,10 +90,44 @@ class PlanBody(_Strict):
         default=None, description="the node's llama-batched-bench, instead of in-process"
     )
     settings: SweepSpec = Field(
-        default_factory=lambda: SweepSpec(repeats=3),
+        default=_DEFAULT_SETTINGS,
         description="the sweep's grid and settings, by their names or llama.cpp's",
     )
+    url: ServerUrl | None = Field(
+        default=None,
+        description="serving: the server each node measures (only where the node allows "
+        "plans to load-test it: agent.plan_serve_urls)",
+    )
+    serve: ServeSpec | None = Field(
+        default=None,
+        description="serving: the load (concurrencies or an objective to search, prompt and "
+        "output lengths, requests or seconds per concurrency)",
+    )
     enabled: bool = True
+
+    @model_validator(mode="after")
+    def _kind_has_its_fields(self) -> PlanBody:
+        if self.kind == "serving":
+            if self.url is None or self.model.name is None:
+                raise ValueError("a serving plan names its server's url and its model's name")
+            offline = self.engine, self.binary, self.settings != _DEFAULT_SETTINGS
+            if any(offline):
+                raise ValueError(
+                    "settings, engine and binary are an offline plan's: a serving plan's "
+                    "load is `serve`"
+                )
+            if self.model.path is not None or self.model.search_dirs:
+                raise ValueError("a serving plan's model is its server's: give its name alone")
+        else:
+            if self.url is not None or self.serve is not None:
+                raise ValueError('url and serve are a serving plan\'s (kind = "serving")')
+            if self.model.path is None and not self.model.search_dirs:
+                raise ValueError("give the model's path, or search_dirs to find it in by sha256")
+        return self
+
+    def load(self) -> ServeSpec:
+        """A serving plan's load (its `serve`, or the defaults)."""
+        return self.serve or ServeSpec()
 
     @field_validator("settings", mode="before")
     @classmethod

@@ -131,7 +131,7 @@ def save_plan(
     nothing is written: applying one file twice is harmless). Raises PlanRefused for a
     grid of more than `max_points` points (the registry would refuse every run of it), or
     PlanChanged."""
-    points = len(body.settings.grid())
+    points = len(body.settings.grid()) if body.kind == "offline" else len(body.load().concurrency)
     if points > max_points:
         raise PlanRefused(
             f"the plan's grid has {points} points (npp x ntg x npl); this registry takes at "

@@ -2,7 +2,9 @@
 numbers a test can predict: `slots` requests decode at once, each a token every
 `token_interval_s`, the rest queue for a slot (their first token waits: TTFT grows past the
 slots, as llama-server's does); past `refuse_over` requests in flight it answers 503, as a
-server shedding load does; after `die_after` requests it stops answering altogether."""
+server shedding load does; after `die_after` requests it stops answering altogether. With a
+`version` it says it is vLLM (GET /version), and with `others_in_flight` its Prometheus
+/metrics count that many requests of others, as vLLM's do."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ class StubServer:
     token_interval_s: float
     refuse_over: int | None = None
     die_after: int | None = None
+    version: str | None = None
+    others_in_flight: int | None = None
     requests: int = 0
     in_flight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -36,9 +40,25 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self.send_response(404)
-        self.send_header("Content-Length", "0")
+        stub: StubServer = self.server.stub  # type: ignore[attr-defined]
+        if self.path == "/version" and stub.version is not None:
+            self._answer(json.dumps({"version": stub.version}).encode(), "application/json")
+        elif self.path == "/metrics" and stub.others_in_flight is not None:
+            gauge = (
+                "# HELP vllm:num_requests_running Number of requests in model execution.\n"
+                "# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="m"}} {stub.others_in_flight}.0\n'
+            )
+            self._answer(gauge.encode(), "text/plain; version=0.0.4")
+        else:
+            self._answer(b"", "text/plain", status=404)
+
+    def _answer(self, body: bytes, kind: str, status: int = 200) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
     def do_POST(self) -> None:
         stub: StubServer = self.server.stub  # type: ignore[attr-defined]
@@ -106,6 +126,7 @@ def stub_server(
     token_interval_s: float = 0.005,
     refuse_over: int | None = None,
     die_after: int | None = None,
+    version: str | None = None,
 ) -> Iterator[StubServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
@@ -115,6 +136,7 @@ def stub_server(
         token_interval_s,
         refuse_over,
         die_after,
+        version,
     )
     server.stub = stub  # type: ignore[attr-defined]
     server.slot_semaphore = threading.Semaphore(slots)  # type: ignore[attr-defined]

@@ -101,7 +101,7 @@ def test_variables_win_over_the_file_and_the_file_over_the_defaults(
         (("jitter_s = 120", "jiter_s = 120"), "agent.jiter_s: Extra inputs are not permitted"),
         (('name = "gemma-nightly"', 'nam = "x"'), "sweep[0].name: Field required"),
         (("[agent]", "[agnet]"), "unknown table(s) ['agnet']"),
-        (("[agent]", 'agent = "gpu-07"\n[x]'), "[agent] is one table and [[sweep]] a list"),
+        (("[agent]", 'agent = "gpu-07"\n[x]'), "[agent] is one table, [[sweep]] and"),
         (("threads = 4", 'engine = "vllm"'), "sweep[0]: Value error, unknown engine 'vllm'"),
         (
             ("threads = 4", 'engine = "llama-cpp-python"\nbinary = "/b"'),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from tests.factories import ARTICLE_MODEL, ARTICLE_TABLE
+import pytest
+
+from tests.factories import ARTICLE_MODEL, ARTICLE_TABLE, make_serving_report, post_report
 from tests.web.conftest import TIMES, Dashboard, Fleet, hours_ago
 
 # A newer build that scales further: the gains per added stream stay above a quarter of a
@@ -93,4 +95,52 @@ def test_curves_explain_unknown_names_and_missing_runs(dashboard: Dashboard, fle
         f"No successful run of {ARTICLE_MODEL} on gpu-07 yet."
     )
     assert page.is_hidden("#curves-view")
+    dashboard.assert_clean()
+
+
+def test_the_server_is_drawn_beside_the_engine_with_its_share(
+    dashboard: Dashboard, fleet: Fleet
+) -> None:
+    fleet.report("m4pro", started_at=hours_ago(3))
+    served = make_serving_report(
+        node="m4pro",
+        model=ARTICLE_MODEL,
+        # (C, served t/s, p10 per user, TTFT p90 ms): 80% of the engine's S_TG at 1, 75% at 8
+        points=[(1, 0.8 * 28.30, 20.0, 150.0), (8, 0.75 * 133.65, 11.0, 900.0),
+                (12, 110.0, 8.0, 2400.0)],
+        started_at=hours_ago(2),
+    )  # fmt: skip
+    with fleet.registry.client(fleet.node("m4pro")) as client:
+        assert post_report(client, served).status_code == 201
+
+    dashboard.open(f"/curves?node=m4pro&model={quote(ARTICLE_MODEL)}")
+    traces = {t["name"]: t for t in dashboard.chart("decode-chart")["data"]}
+    server = "server: llama-server b7100-0c1e570"
+    assert traces[f"{server}: total"]["x"] == [1, 8, 12]
+    assert traces[f"{server}: total"]["y"] == pytest.approx([22.64, 100.2375, 110.0])
+    assert traces[f"{server}: per user p50"]["yaxis"] == "y2"
+    assert f"{OLD}: total" in traces  # the engine's curve beside it
+    subtitle = dashboard.page.text_content("#serving-subtitle") or ""
+    assert subtitle.startswith("llama-server b7100-0c1e570 · 4 slots of 4096 tokens")
+    assert f"S_TG at that B in {OLD}'s curve of the same lengths" in subtitle
+    rows = dashboard.table("#serving-points")
+    assert [r[:3] for r in rows] == [
+        ["1", "22.64", "80.0 %"],
+        ["8", "100.24", "75.0 %"],
+        ["12", "110.00", "—"],  # the engine was not measured at B=12
+    ]
+    assert [r[4:7] for r in rows][1] == ["11.00", "900", "—"]  # no ITL in this report
+    dashboard.assert_clean()
+
+    # A node with a serving run and no offline curve still shows what its server did.
+    alone = make_serving_report(node="gpu-9", model=ARTICLE_MODEL, points=[(1, 40.0, 30.0, 90.0)])
+    with fleet.registry.client(fleet.node("gpu-9")) as client:
+        assert post_report(client, alone).status_code == 201
+    page = dashboard.open(f"/curves?node=gpu-9&model={quote(ARTICLE_MODEL)}")
+    assert page.is_hidden("#points") and page.is_visible("#serving-points")
+    assert "no offline curve of the same prompt and output lengths" in (
+        page.text_content("#serving-subtitle") or ""
+    )
+    assert dashboard.trace_points("decode-chart") == {f"{server}: total": 1,
+                                                       f"{server}: per user p50": 1}  # fmt: skip
     dashboard.assert_clean()

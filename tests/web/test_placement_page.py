@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-from tests.factories import ARTICLE_MODEL, ARTICLE_MODEL_INFO
+from tests.factories import ARTICLE_MODEL, ARTICLE_MODEL_INFO, make_serving_report, post_report
 from tests.web.conftest import Dashboard, Fleet, apple_m4_pro, hours_ago
 
 # (B, S_PP, S_TG): per-user 60, 55, 50, 40, 25 tokens/s.
@@ -30,15 +30,17 @@ def test_the_form_gives_the_registry_answer(dashboard: Dashboard, fleet: Fleet) 
     dashboard.wait()
     rows = dashboard.table("#candidates")
     # Highest total throughput first; each node at its largest concurrency meeting 15 t/s.
-    assert [r[:8] for r in rows] == [
-        ["1", "rtx", "16", "25.00", "400.00", "6,500.00", "512 / 128", "b11500"],
-        ["2", "m4pro", "8", "16.71", "133.65", "285.83", "512 / 128", "b11429"],
-    ]
+    assert [r[:10] for r in rows] == [
+        ["1", "rtx", "16", "25.00", "400.00", "—", "offline curve", "6,500.00", "512 / 128",
+         "b11500"],
+        ["2", "m4pro", "8", "16.71", "133.65", "—", "offline curve", "285.83", "512 / 128",
+         "b11429"],
+    ]  # fmt: skip
     api = fleet.get("/v1/placement", model=ARTICLE_MODEL, min_tps_per_user=15)
     assert page.text_content("#reason") == api["reason"]
     assert page.text_content("#count") == "2 node(s) qualify."
     assert dashboard.trace_points("placement-chart") == {
-        "total decode tokens/s": 2,
+        "total tokens/s": 2,
         "per-user tokens/s": 2,
     }
     chart = dashboard.chart("placement-chart")
@@ -59,7 +61,7 @@ def test_the_form_gives_the_registry_answer(dashboard: Dashboard, fleet: Fleet) 
     dashboard.wait()
     assert [r[1:5] for r in dashboard.table("#candidates")] == [["rtx", "8", "40.00", "320.00"]]
     assert dashboard.trace_points("placement-chart") == {
-        "total decode tokens/s": 1,
+        "total tokens/s": 1,
         "per-user tokens/s": 1,
     }
 
@@ -116,7 +118,7 @@ def test_context_tokens_check_the_fit_and_show_what_was_refused(
     kv = {c["node"]: c["kv_cache_gib"] for c in api["candidates"]}
     assert 10 <= kv["m4pro"] < 10.5
     rows = dashboard.table("#candidates")
-    assert [r[1:6] + r[8:11] for r in rows] == [
+    assert [r[1:5] + r[7:8] + r[10:13] for r in rows] == [
         ["rtx", "16", "25.00", "400.00", "6,500.00", "past knee", f"{kv['rtx']:.2f}",
          "not checked"],
         ["m4pro", "2", "21.07", "42.14", "275.77", "up to knee", f"{kv['m4pro']:.2f}", "fits"],
@@ -130,7 +132,7 @@ def test_context_tokens_check_the_fit_and_show_what_was_refused(
         ["m4pro", "8", f"{refused['kv_cache_gib']:.2f}", refused["reason"]]
     ]
     assert dashboard.trace_points("placement-chart") == {
-        "total decode tokens/s": 2,
+        "total tokens/s": 2,
         "per-user tokens/s": 2,
     }
     dashboard.screenshot("placement-context")
@@ -140,4 +142,42 @@ def test_context_tokens_check_the_fit_and_show_what_was_refused(
     dashboard.wait()
     assert [r[1:3] for r in dashboard.table("#candidates")] == [["rtx", "16"], ["m4pro", "8"]]
     assert page.is_hidden("#rejected-section")
+    dashboard.assert_clean()
+
+
+def test_a_latency_objective_answers_from_serving_runs(dashboard: Dashboard, fleet: Fleet) -> None:
+    fleet.report("m4pro", started_at=hours_ago(3))
+    fleet.report("rtx", table=FAST_TABLE, started_at=hours_ago(4), build_number=11500)
+    served = make_serving_report(
+        node="rtx",
+        model=ARTICLE_MODEL,
+        points=[(1, 50.0, 45.0, 100.0), (4, 160.0, 35.0, 400.0), (8, 200.0, 20.0, 2500.0)],
+        started_at=hours_ago(1),
+    )
+    with fleet.registry.client(fleet.node("rtx")) as client:
+        assert post_report(client, served).status_code == 201
+
+    page = dashboard.open("/placement", state="idle")
+    page.fill("input[name=max_ttft_ms]", "500")
+    ask(dashboard, "15")
+    dashboard.wait()
+    rows = dashboard.table("#candidates")
+    assert [r[1:7] for r in rows] == [
+        ["rtx", "4", "35.00", "160.00", "400", "llama-server (4 slots)"]
+    ]
+    api = fleet.get("/v1/placement", model=ARTICLE_MODEL, min_tps_per_user=15, max_ttft_ms=500)
+    assert page.text_content("#reason") == api["reason"]
+    assert "meeting the speed on their offline curves alone are left out" in api["reason"]
+    assert parse_qs(urlsplit(page.url).query)["max_ttft_ms"] == ["500"]
+
+    # Offline curves alone: both nodes, by their engines' figures.
+    page.fill("input[name=max_ttft_ms]", "")
+    page.select_option("select[name=kind]", "offline")
+    ask(dashboard, "15")
+    dashboard.wait()
+    assert [r[1:3] + r[6:7] for r in dashboard.table("#candidates")] == [
+        ["rtx", "16", "offline curve"],
+        ["m4pro", "8", "offline curve"],
+    ]
+    assert parse_qs(urlsplit(page.url).query)["kind"] == ["offline"]
     dashboard.assert_clean()

@@ -18,6 +18,14 @@ def test_plans_and_where_they_run(dashboard: Dashboard, fleet: Fleet) -> None:
     with fleet.registry.client(admin) as client:
         for cron in ("0 3 * * *", "30 4 * * *"):
             assert client.put("/v1/plans/nightly", json={**body, "cron": cron}).is_success
+        served = {
+            "kind": "serving",
+            "cron": "15 * * * *",
+            "model": {"name": "nemo"},
+            "url": "http://127.0.0.1:8080",
+            "serve": {"slo": "ttft_p90<=2s", "prompt_tokens": 256},
+        }
+        assert client.put("/v1/plans/served", json=served).is_success
     fleet.report("gpu-1", started_at=hours_ago(2))
     fleet.report("gpu-2", started_at=hours_ago(2))
     soon = hours_ago(-3).isoformat()
@@ -42,7 +50,7 @@ def test_plans_and_where_they_run(dashboard: Dashboard, fleet: Fleet) -> None:
     )
 
     dashboard.open("/plans")
-    [row] = dashboard.table("#plans")
+    row, serving = dashboard.table("#plans")
     assert row[0:2] == ["nightly", "2"]
     assert row[2] == "pool=a"
     assert row[3] == "nemo (/models/nemo.gguf)"
@@ -50,6 +58,8 @@ def test_plans_and_where_they_run(dashboard: Dashboard, fleet: Fleet) -> None:
     assert row[5] == "PP 128 · TG 128 · B 1,2,4,8 · 3 repeats"
     assert (row[6], row[7]) == ("gpu-1 v2", "gpu-2 v2")
     assert row[8].endswith("by ops")
+    assert serving[0:4] == ["served", "1", "every node", "nemo (served at http://127.0.0.1:8080)"]
+    assert serving[5] == "serving · largest C meeting ttft_p90<=2000ms · prompt 256 · output 128"
 
     dashboard.open("/")
     by_node = {r[0]: r for r in dashboard.table("#nodes")}

@@ -1,5 +1,7 @@
 // One node (its models), or one node x model: the batching curves from GET /v1/curves,
-// one line per llama.cpp build, total and per-user decode speed on one chart, prefill beside.
+// one line per llama.cpp build, total and per-user decode speed on one chart, prefill beside;
+// and the node's latest serving run beside them: what the server delivered at each
+// concurrency, as a share of the engine's throughput there.
 import {
   api,
   ApiError,
@@ -207,6 +209,95 @@ function decodeTraces(curves, names) {
   return { traces, annotations };
 }
 
+const SERVER_COLOR = "#1f2328";
+
+function serverName(serving) {
+  const server = serving.server;
+  return `server: ${server.kind}${server.build ? ` ${server.build}` : ""}`;
+}
+
+/** The serving run's output tokens/s (solid) and median user's speed (dotted), in black. */
+function servingTraces(serving) {
+  const name = plotText(serverName(serving));
+  const points = serving.points.filter((p) => typeof p.total_tps === "number");
+  const c = points.map((p) => p.concurrency);
+  return [
+    {
+      type: "scatter",
+      mode: "lines+markers",
+      name: `${name}: total`,
+      legendgroup: "server",
+      x: c,
+      y: points.map((p) => p.total_tps),
+      line: { color: SERVER_COLOR, width: 3 },
+      marker: {
+        color: SERVER_COLOR,
+        size: 9,
+        symbol: points.map((p) =>
+          serving.knee !== null && p.concurrency > serving.knee ? "diamond-open" : "diamond",
+        ),
+      },
+      hovertemplate: `${name}<br>C=%{x}: %{y:.2f} t/s served<extra></extra>`,
+    },
+    {
+      type: "scatter",
+      mode: "lines+markers",
+      name: `${name}: per user p50`,
+      legendgroup: "server",
+      x: c,
+      y: points.map((p) => p.per_user_tps_p50),
+      yaxis: "y2",
+      line: { color: SERVER_COLOR, width: 2, dash: "dot" },
+      marker: { color: SERVER_COLOR, size: 7, symbol: "diamond" },
+      hovertemplate: `${name}<br>C=%{x}: %{y:.2f} t/s per user (median)<extra></extra>`,
+    },
+  ];
+}
+
+function servingRows(serving) {
+  return serving.points.map((p) =>
+    h(
+      "tr",
+      { dataset: { c: String(p.concurrency) } },
+      h("td", { class: "num" }, String(p.concurrency)),
+      h("td", { class: "num" }, fmt(p.total_tps)),
+      h("td", { class: "num" }, p.of_offline_pct === null ? dash() : `${fmt(p.of_offline_pct, 1)} %`),
+      h("td", { class: "num" }, fmt(p.per_user_tps_p50)),
+      h("td", { class: "num" }, fmt(p.per_user_tps_p10)),
+      h("td", { class: "num" }, fmt(p.ttft_ms_p90, 0)),
+      h("td", { class: "num" }, fmt(p.itl_ms_p50, 1)),
+      h(
+        "td",
+        {},
+        p.concurrency === serving.knee
+          ? h("span", { class: "badge ok" }, "knee")
+          : serving.knee !== null && p.concurrency > serving.knee
+            ? h("span", { class: "badge past-knee" }, "past knee")
+            : "",
+      ),
+    ),
+  );
+}
+
+function showServing(serving, curves) {
+  const server = serving.server;
+  const offline = curves.find((c) => c.run_id === serving.offline_run_id);
+  replace(
+    document.getElementById("serving-subtitle"),
+    `${serverName(serving).slice("server: ".length)}`,
+    server.slots ? ` · ${server.slots} slots of ${server.ctx_per_slot ?? "?"} tokens` : "",
+    ` · prompt ${server.prompt_tokens}${server.prompt_exact ? "" : " (approximate)"}, output ` +
+      `${server.gen_tokens} tokens · measured `,
+    timeElement(serving.measured_at),
+    offline
+      ? ` · "of the engine's": the served tokens/s as a share of the engine's S_TG at that B in ` +
+          `${offline.label}'s curve of the same lengths`
+      : " · no offline curve of the same prompt and output lengths to compare with",
+  );
+  replace(document.querySelector("#serving-points tbody"), servingRows(serving));
+  document.getElementById("serving-view").hidden = false;
+}
+
 function prefillTraces(curves, names) {
   return curves
     .map((curve, i) => {
@@ -280,7 +371,8 @@ async function showCurves(node, model) {
     " · ",
     h("a", { href: regressionsUrl({ node: answer.node, model: answer.model }) }, "Regressions"),
   );
-  if (curves.length === 0) {
+  const serving = answer.serving;
+  if (curves.length === 0 && !serving) {
     message(statusBox, "empty", `No successful run of ${answer.model} on ${answer.node} yet.`);
     done("empty");
     return;
@@ -288,9 +380,17 @@ async function showCurves(node, model) {
   const names = curveNames(curves);
   document.getElementById("curves-view").hidden = false;
   replace(document.querySelector("#points tbody"), pointRows(curves, names));
-  const allB = curves.flatMap((c) => c.points.map((p) => p.b));
+  for (const id of ["points", "points-heading"]) {
+    document.getElementById(id).hidden = curves.length === 0;
+  }
+  if (serving) showServing(serving, curves);
+  const allB = [
+    ...curves.flatMap((c) => c.points.map((p) => p.b)),
+    ...(serving?.points ?? []).map((p) => p.concurrency),
+  ];
   try {
     const { traces, annotations } = decodeTraces(curves, names);
+    if (serving) traces.push(...servingTraces(serving));
     await plot(
       "decode-chart",
       traces,

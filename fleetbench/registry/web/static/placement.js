@@ -26,6 +26,8 @@ const FIELDS = [
   "prompt_tokens",
   "context_tokens",
   "max_age_days",
+  "max_ttft_ms",
+  "kind",
   "limit",
 ];
 
@@ -53,6 +55,14 @@ function candidateRow(candidate, index, model) {
     h("td", { class: "num" }, String(candidate.concurrency)),
     h("td", { class: "num" }, fmt(candidate.per_user_tps)),
     h("td", { class: "num" }, fmt(candidate.total_tps)),
+    h("td", { class: "num" }, orDash(candidate.ttft_ms_p90, (ms) => fmt(ms, 0))),
+    h(
+      "td",
+      { class: "nowrap" },
+      candidate.source === "serving"
+        ? `${candidate.server ?? "server"}${candidate.slots ? ` (${candidate.slots} slots)` : ""}`
+        : "offline curve",
+    ),
     h("td", { class: "num" }, fmt(candidate.prefill_tps)),
     h("td", { class: "num nowrap" }, `${candidate.prompt_tokens} / ${candidate.gen_tokens}`),
     h(
@@ -80,7 +90,7 @@ function drawChart(answer) {
   const traces = [
     {
       type: "bar",
-      name: "total decode tokens/s",
+      name: "total tokens/s",
       x: names,
       y: candidates.map((c) => c.total_tps),
       text: hover,
@@ -111,7 +121,7 @@ function drawChart(answer) {
       type: "category",
       automargin: true,
     },
-    yaxis: { title: { text: "total decode tokens/s" }, rangemode: "tozero" },
+    yaxis: { title: { text: "total tokens/s" }, rangemode: "tozero" },
     yaxis2: {
       title: { text: "per-user tokens/s" },
       overlaying: "y",

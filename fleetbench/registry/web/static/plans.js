@@ -24,6 +24,7 @@ function selector(plan) {
 }
 
 function model(plan) {
+  if (plan.kind === "serving") return `${plan.model.name} (served at ${plan.url})`;
   const where = plan.model.path ?? `search ${plan.model.search_dirs.join(", ")}`;
   const sha = plan.model.sha256 ? ` · sha256 ${plan.model.sha256.slice(0, 12)}…` : "";
   return `${plan.model.name ?? where}${plan.model.name ? ` (${where})` : ""}${sha}`;
@@ -31,6 +32,13 @@ function model(plan) {
 
 function grid(s) {
   return `PP ${s.npp.join(",")} · TG ${s.ntg.join(",")} · B ${s.npl.join(",")} · ${s.repeats} repeats`;
+}
+
+function load(plan) {
+  if (plan.kind !== "serving") return grid(plan.settings);
+  const s = plan.serve ?? {};
+  const levels = s.slo ? `largest C meeting ${s.slo}` : `C ${(s.concurrency ?? [1, 2, 4, 8]).join(",")}`;
+  return `serving · ${levels} · prompt ${s.prompt_tokens ?? 512} · output ${s.gen_tokens ?? 128}`;
 }
 
 function nodeLinks(entries) {
@@ -56,7 +64,7 @@ function planRow(plan, states) {
     h("td", {}, selector(plan)),
     h("td", {}, model(plan)),
     h("td", {}, h("code", {}, plan.cron), " UTC"),
-    h("td", {}, grid(plan.settings)),
+    h("td", {}, load(plan)),
     h("td", {}, nodeLinks(running)),
     h("td", {}, nodeLinks(skipped)),
     h("td", {}, timeElement(plan.created_at), plan.created_by ? ` by ${plan.created_by}` : null),
