@@ -5,7 +5,6 @@ vendors) on Gemma 3 270M, and against small servers on loopback that fail as rea
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 import uuid
@@ -16,9 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetbench.agent.serving.servers import in_flight
 from fleetbench.agent.serving.stats import RequestRecord, percentile, serving_point
 from fleetbench.agent.serving.sweep import serve_sweep
 from fleetbench.contract.serve_spec import ServeSpec
+from tests.agent.real_servers import llama_server as running_llama_server
 from tests.factories import LiveRegistry, agent, free_port, make_report, post_report
 
 SLOTS = 2
@@ -29,28 +30,12 @@ def gemma_server(
     llama_server: Path, gemma: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """llama-server with 2 slots of 512 tokens on Gemma 3 270M, on a loopback port."""
-    port = free_port()
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [str(llama_server), "-m", str(gemma), "--host", "127.0.0.1", "--port", str(port),
-             "-np", str(SLOTS), "-c", str(512 * SLOTS), "-t", "2", "--no-webui"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)
-    yield url
-    server.terminate()
-    server.wait(timeout=30)
+    with running_llama_server(llama_server, gemma, log, slots=SLOTS, ctx_per_slot=512) as (
+        url,
+        _,
+    ):
+        yield url
 
 
 def test_a_serving_sweep_of_a_real_llama_server(gemma_server: str) -> None:
@@ -228,9 +213,10 @@ def test_a_reported_serving_run_is_stored_beside_the_offline_run(
         assert sorted(r["kind"] for r in runs) == ["offline", "serving"]
         [serving] = [r for r in runs if r["kind"] == "serving"]
         detail = client.get(f"/v1/runs/{serving['id']}").json()
-        answer = client.get(
-            "/v1/placement", params={"model": "gemma-3-270m", "min_tps_per_user": 15}
-        ).json()
+        question = {"model": "gemma-3-270m", "min_tps_per_user": 1}
+        answer = client.get("/v1/placement", params=question).json()
+        offline_answer = client.get("/v1/placement", params={**question, "kind": "offline"}).json()
+        timed = client.get("/v1/placement", params={**question, "max_ttft_ms": 60_000}).json()
     assert (detail["status"], detail["model"]) == ("ok", "gemma-3-270m")
     assert detail["server"]["kind"] == "llama-server" and detail["server"]["slots"] == SLOTS
     assert (detail["engine"]["engine"], detail["engine"]["binding"]) == (
@@ -240,8 +226,13 @@ def test_a_reported_serving_run_is_stored_beside_the_offline_run(
     assert [p["concurrency"] for p in detail["serving_points"]] == [1, 2]
     assert [p["output_tokens"] for p in detail["serving_points"]] == [32, 32]
     assert detail["points"] == []
-    # the offline curve is still the node's latest: placement answers from it
-    assert [c["run_id"] for c in answer["candidates"]] == [str(offline.run_id)]
+    # placement answers from the server the node runs; asked for offline curves, from the
+    # engine's, which the serving run left as the node's latest curve
+    [served] = answer["candidates"]
+    assert (served["run_id"], served["source"]) == (serving["id"], "serving")
+    assert served["concurrency"] == 2 and served["ttft_ms_p90"] > 0
+    assert [c["run_id"] for c in offline_answer["candidates"]] == [str(offline.run_id)]
+    assert [c["run_id"] for c in timed["candidates"]] == [serving["id"]]
 
 
 def test_version_1_reports_are_still_taken_and_serving_ones_need_version_2(
@@ -266,3 +257,24 @@ def test_version_1_reports_are_still_taken_and_serving_ones_need_version_2(
         twice = {**body, "schema_version": 2, "run_id": str(uuid.uuid4())}
         twice["serving_points"] = body["serving_points"] * 2
         assert post_report(client, twice).status_code == 422
+
+
+def test_a_server_serving_others_is_not_load_tested(gemma_server: str) -> None:
+    body = {"prompt": "once upon a time", "n_predict": 300, "ignore_eos": True}
+    other = threading.Thread(target=lambda: httpx.post(f"{gemma_server}/completion", json=body,
+                                                       timeout=120))  # fmt: skip
+    other.start()
+    try:
+        with httpx.Client(base_url=gemma_server) as client:
+            deadline = time.monotonic() + 30
+            while not in_flight(client) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert in_flight(client) == 1  # llama-server's /slots: one slot busy
+        outcome = serve_sweep(
+            gemma_server, "gemma-3-270m", ServeSpec(concurrency=(1,), prompt_tokens=8,
+                                                    gen_tokens=4), busy_patience_s=1
+        )  # fmt: skip
+    finally:
+        other.join()
+    assert outcome.postponed == "not measured: the server is serving 1 request(s) of others"
+    assert outcome.points == [] and outcome.failures == []

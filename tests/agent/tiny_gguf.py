@@ -42,7 +42,7 @@ def write_tiny_gguf(
 def write_tiny_llama(
     path: Path,
     *,
-    n_vocab: int = 64,
+    n_vocab: int = 320,
     n_embd: int = 64,
     n_layer: int = 2,
     n_head: int = 4,
@@ -51,7 +51,8 @@ def write_tiny_llama(
     n_ctx: int = 2048,
 ) -> Path:
     """A llama-architecture model that llama.cpp loads and runs (random f32 weights, a
-    64-token vocabulary): a sweep on it takes about a second."""
+    vocabulary of the 256 bytes and a few words, so any text tokenizes): a sweep on it takes
+    about a second."""
     rng = np.random.default_rng(0)
     w = GGUFWriter(path, "llama")
     w.add_name("tiny-llama")
@@ -65,10 +66,12 @@ def write_tiny_llama(
     w.add_rope_freq_base(10000.0)
     w.add_file_type(LlamaFileType.ALL_F32)
     w.add_tokenizer_model("llama")
-    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"t{i}".encode() for i in range(n_vocab - 3)]
-    w.add_token_list(tokens)
+    byte_tokens = [f"<0x{b:02X}>".encode() for b in range(256)]
+    words = [f"t{i}".encode() for i in range(n_vocab - 3 - 256)]
+    w.add_token_list([b"<unk>", b"<s>", b"</s>", *byte_tokens, *words])
     w.add_token_scores([0.0] * n_vocab)
-    w.add_token_types([2, 3, 3] + [1] * (n_vocab - 3))
+    # unknown, control, control, byte (the fallback for any text), then normal words
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(words))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)

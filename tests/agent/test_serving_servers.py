@@ -1,0 +1,150 @@
+"""Serving sweeps against other real servers and real failures: llama-cpp-python's own
+OpenAI-compatible server (a second implementation of the protocol), llama-server on the tiny
+GGUF with its Prometheus /metrics instead of /slots, a llama-server killed mid-sweep, and a
+server that dies under the CLI with the run still reported."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import httpx
+
+from fleetbench.agent.serving.report import serving_report
+from fleetbench.agent.serving.servers import in_flight
+from fleetbench.agent.serving.sweep import serve_sweep
+from fleetbench.contract.serve_spec import ServeSpec
+from fleetbench.contract.wire import ServingPoint
+from tests.agent.real_servers import llama_cpp_python_server
+from tests.agent.real_servers import llama_server as running_llama_server
+from tests.agent.serving_stub import stub_server
+from tests.factories import DAY0, LiveRegistry, agent, post_report
+
+SMALL = ServeSpec(concurrency=(1, 2), prompt_tokens=16, gen_tokens=8, requests=4)
+
+
+def test_llama_cpp_pythons_server_is_measured_as_an_openai_compatible_one(
+    gemma: Path, tmp_path: Path
+) -> None:
+    with llama_cpp_python_server(gemma, tmp_path / "server.log", interrupt=False) as (url, _):
+        outcome = serve_sweep(url, "gemma-3-270m", SMALL)
+    assert (outcome.server.kind, outcome.prompt_exact) == ("openai-compatible", False)
+    assert "prompt lengths are approximate" in outcome.warnings[0]
+    assert outcome.failures == []
+    one, two = outcome.points
+    for point in (one, two):
+        assert (point.completed, point.output_tokens, point.errors) == (4, 32, {})
+    # it serves one request at a time: a second user waits for the first, and the wait shows
+    # in the time to first token while the throughput stays that of one user
+    assert two.ttft_ms_p90 > 1.5 * one.ttft_ms_p90  # type: ignore[operator]
+    assert two.total_tps < 1.3 * one.total_tps  # type: ignore[operator]
+
+
+def test_a_server_cutting_requests_short_gives_errors_not_tokens(
+    gemma: Path, tmp_path: Path
+) -> None:
+    # llama-cpp-python's server as it starts by default: a new request interrupts the one
+    # streaming, which ends early with finish_reason "length" as if complete
+    with llama_cpp_python_server(gemma, tmp_path / "server.log", interrupt=True) as (url, _):
+        outcome = serve_sweep(url, "gemma-3-270m", SMALL)
+    one, two = outcome.points
+    assert (one.completed, one.errors) == (4, {})  # alone, nothing interrupts it
+    assert two.errors["short output"] >= 1
+    assert two.completed == 4 - two.errors["short output"]
+    assert two.output_tokens < 4 * 8
+
+
+def test_llama_server_without_slots_is_asked_through_its_metrics(
+    llama_server: Path, tiny_llama: Path, tmp_path: Path
+) -> None:
+    with running_llama_server(
+        llama_server,
+        tiny_llama,
+        tmp_path / "server.log",
+        slots=4,
+        ctx_per_slot=256,
+        extra=("--metrics", "--no-slots"),
+    ) as (url, _):
+        with httpx.Client(base_url=url) as client:
+            assert client.get("/slots").status_code != 200  # --no-slots
+            assert in_flight(client) == 0  # llamacpp:requests_processing of /metrics
+        outcome = serve_sweep(
+            url, "tiny", ServeSpec(concurrency=(1, 2, 4), prompt_tokens=32, gen_tokens=16,
+                                   requests=8)
+        )  # fmt: skip
+    assert outcome.server.kind == "llama-server" and outcome.prompt_exact
+    assert outcome.server.slots == 4 and outcome.failures == []
+    assert [(p.concurrency, p.completed, p.output_tokens) for p in outcome.points] == [
+        (1, 8, 128),
+        (2, 8, 128),
+        (4, 8, 128),
+    ]
+
+
+def test_a_llama_server_killed_mid_sweep_keeps_the_points_before_and_records_the_rest(
+    llama_server: Path, tiny_llama: Path, tmp_path: Path, live_registry: LiveRegistry
+) -> None:
+    with running_llama_server(
+        llama_server, tiny_llama, tmp_path / "server.log", slots=4, ctx_per_slot=256
+    ) as (url, process):
+
+        def kill_after_the_first(point: ServingPoint) -> None:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+
+        spec = ServeSpec(concurrency=(1, 2, 4), prompt_tokens=16, gen_tokens=8, requests=4)
+        outcome = serve_sweep(url, "tiny", spec, on_point=kill_after_the_first)
+    assert [p.concurrency for p in outcome.points] == [1]
+    (two, why_two), (four, why_four) = outcome.failures
+    assert (two, four) == (2, 4)
+    assert why_two.startswith("every request failed: ") and "refused" in why_two
+    assert why_four == f"not measured: the server at {url} stopped answering"
+    run = serving_report(
+        outcome, spec, model="tiny", node="gpu-1", started_at=DAY0, finished_at=DAY0,
+        hardware=None,
+    )  # fmt: skip
+    with live_registry.client(live_registry.token("gpu-1")) as client:
+        assert post_report(client, run).status_code == 201
+        detail = client.get(f"/v1/runs/{run.run_id}").json()
+    assert detail["status"] == "partial"
+    assert [(f["b"], f["reason"]) for f in detail["failures"]] == [(2, why_two), (4, why_four)]
+
+
+def test_a_server_dying_under_the_cli_leaves_it_alive_and_the_run_reported(
+    live_registry: LiveRegistry, tmp_path: Path
+) -> None:
+    token = live_registry.token("gpu-2")
+    # 1 warm-up and 4 requests at C=1, then 2 warm-ups at C=2: it dies as C=2 is measured
+    with stub_server(slots=4, die_after=7) as stub:
+        done = agent(
+            "serve-sweep", "--url", stub.url, "--model", "m", "--concurrency", "1,2,4",
+            "--prompt-tokens", "8", "--gen-tokens", "8", "--requests", "4", "--report",
+            FLEETBENCH_NODE="gpu-2", FLEETBENCH_REGISTRY_URL=live_registry.url,
+            FLEETBENCH_TOKEN=token, FLEETBENCH_SPOOL=str(tmp_path / "spool.db"),
+        )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "concurrency 2: every request failed: " in done.stderr
+    assert f"concurrency 4: not measured: the server at {stub.url} stopped answering" in (
+        done.stderr
+    )
+    with live_registry.client() as client:
+        [run] = client.get("/v1/runs", params={"node": "gpu-2"}).json()["data"]
+        detail = client.get(f"/v1/runs/{run['id']}").json()
+    assert (detail["status"], detail["kind"]) == ("partial", "serving")
+    assert [p["concurrency"] for p in detail["serving_points"]] == [1]
+    assert [f["b"] for f in detail["failures"]] == [2, 4]
+
+
+def test_a_level_can_last_seconds_instead_of_requests() -> None:
+    with stub_server(slots=4, token_interval_s=0.01) as stub:
+        done = agent(
+            "serve-sweep", "--url", stub.url, "--model", "m", "--concurrency", "2",
+            "--prompt-tokens", "8", "--gen-tokens", "10", "--duration", "1", "--json",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [point] = json.loads(done.stdout)["points"]
+    # two users, 100 ms a request, for a second: about 10 requests each
+    assert 14 <= point["requests"] <= 24 and point["completed"] == point["requests"]
+    assert 1.0 <= point["seconds"] < 1.5
+    assert point["output_tokens"] == 10 * point["requests"]
