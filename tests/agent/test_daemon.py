@@ -70,10 +70,15 @@ def test_the_example_config_loads_and_a_config_needs_no_agent_table(tmp_path: Pa
         "nemo-nightly",
         "gemma-weekly-long-prompts",
         "nemo-with-the-node-s-own-build",
+        "nemo-server",
+        "nemo-server-slo",
     ]
     binary = example.sweeps[2]
     assert (binary.engine, binary.spec().n_ctx) == ("llama-batched-bench", 20480)
     assert example.settings.registry_url == "http://registry.internal:8787"
+    assert example.settings.plan_serve_urls == ["http://127.0.0.1:8080"]
+    searched = example.sweeps[4]
+    assert searched.spec().slo == "ttft_p90<=2000ms,tps_per_user_p10>=10"  # type: ignore[attr-defined]
     sweeps_alone = load_config(_write(tmp_path, GOOD[GOOD.index("[[sweep]]") :]))
     assert sweeps_alone.settings.jitter_s == 300
 
