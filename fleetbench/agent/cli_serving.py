@@ -15,9 +15,8 @@ from rich.progress import Progress
 from fleetbench.agent.cli_options import RegistryOption, command_settings, int_list
 from fleetbench.agent.display import err, error_line, out, serving_table
 from fleetbench.agent.errors import SpoolUnwritable
-from fleetbench.agent.fingerprint import take_fingerprint
 from fleetbench.agent.handover import hand_over, spool_run
-from fleetbench.agent.serving.report import serving_report
+from fleetbench.agent.serving.report import finished_report
 from fleetbench.agent.serving.sweep import ServingOutcome, serve_sweep
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
@@ -152,15 +151,7 @@ def serve_sweep_command(
     for level, why in outcome.failures:
         err.print(error_line(f"concurrency {level}: {why}"), soft_wrap=True)
     if report:
-        run = serving_report(
-            outcome,
-            spec,
-            model=model,
-            node=node_name,
-            started_at=started_at,
-            finished_at=datetime.now(UTC),
-            hardware=take_fingerprint(),
-        )
+        run = finished_report(outcome, spec, model=model, node=node_name, started_at=started_at)
         spooled = spool_run(run, settings)
         if isinstance(spooled, SpoolUnwritable):
             out.print_json(run.model_dump_json())  # kept on stdout, as hand_over says

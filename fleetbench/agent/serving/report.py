@@ -27,7 +27,7 @@ from fleetbench.contract.wire import (
     SloSearch,
 )
 
-__all__ = ["measure_serving", "serving_report"]
+__all__ = ["finished_report", "measure_serving", "serving_report"]
 
 _BUILD = re.compile(r"^b(\d+)-([0-9a-f]{7,40})")  # llama-server's build_info: b7100-0c1e570
 
@@ -104,13 +104,10 @@ def serving_report(
     )
 
 
-def measure_serving(url: str, model: str, spec: ServeSpec, *, node: str) -> RunReport | str:
-    """A serving sweep as a run report, or why nothing was measured: the server was serving
-    others' requests (to try again later)."""
-    started_at = datetime.now(UTC)
-    outcome = serve_sweep(url, model, spec)
-    if outcome.postponed is not None:
-        return outcome.postponed
+def finished_report(
+    outcome: ServingOutcome, spec: ServeSpec, *, model: str, node: str, started_at: datetime
+) -> RunReport:
+    """The report of a sweep that just ended, with this machine's fingerprint."""
     return serving_report(
         outcome,
         spec,
@@ -120,3 +117,13 @@ def measure_serving(url: str, model: str, spec: ServeSpec, *, node: str) -> RunR
         finished_at=datetime.now(UTC),
         hardware=take_fingerprint(),
     )
+
+
+def measure_serving(url: str, model: str, spec: ServeSpec, *, node: str) -> RunReport | str:
+    """A serving sweep as a run report, or why nothing was measured: the server was serving
+    others' requests (to try again later)."""
+    started_at = datetime.now(UTC)
+    outcome = serve_sweep(url, model, spec)
+    if outcome.postponed is not None:
+        return outcome.postponed
+    return finished_report(outcome, spec, model=model, node=node, started_at=started_at)
