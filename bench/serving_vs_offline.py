@@ -26,6 +26,8 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from bench.common import free_port
 from fleetbench.agent.runners import SweepSpec
 from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner

@@ -65,7 +65,9 @@ def outcome_json(outcome: ServingOutcome) -> dict[str, Any]:
 def serve_sweep_command(
     url: Annotated[str, typer.Option(help="the server, e.g. http://127.0.0.1:8080")],
     model: Annotated[str, typer.Option(help="the model's name (OpenAI servers are asked for it)")],
-    concurrency: Annotated[str, typer.Option(help="requests in flight C, comma list")] = "1,2,4,8",
+    concurrency: Annotated[
+        str | None, typer.Option(help="requests in flight C, comma list [default: 1,2,4,8]")
+    ] = None,
     prompt_tokens: Annotated[int, typer.Option(help="tokens in each prompt")] = 512,
     gen_tokens: Annotated[int, typer.Option(help="tokens each request generates")] = 128,
     requests: Annotated[
@@ -99,9 +101,11 @@ def serve_sweep_command(
     """Measure the server a team runs: at each concurrency, exactly C streaming completions
     in flight, every token timestamped (TTFT, inter-token latency, per-user speed); or, with
     --slo, the largest concurrency that meets an objective."""
+    if slo is not None and concurrency is not None:
+        raise typer.BadParameter("the search chooses the concurrencies", param_hint="--slo")
     spec = _spec(
         {
-            "concurrency": int_list(concurrency, "--concurrency", least=1),
+            "concurrency": int_list(concurrency, "--concurrency", least=1) if concurrency else None,
             "prompt_tokens": prompt_tokens,
             "gen_tokens": gen_tokens,
             "requests": requests,

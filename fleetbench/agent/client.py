@@ -4,6 +4,7 @@ carry the registry's Retry-After when it sent one."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from email.utils import parsedate_to_datetime
@@ -14,10 +15,12 @@ import httpx
 
 from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
 from fleetbench.contract.answers import PlacementAnswer, PlacementKind, RunReceipt
-from fleetbench.contract.plans import NodePlans, NodeStatus
-from fleetbench.contract.wire import RunReport
+from fleetbench.contract.plans import KINDS, NodePlans, NodeStatus
+from fleetbench.contract.wire import SERVING_SCHEMA_VERSION, SLO_SEARCH_SCHEMA_VERSION, RunReport
 
-__all__ = ["RegistryClient"]
+__all__ = ["RegistryClient", "older_version"]
+
+log = logging.getLogger("fleetbench.client")
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 # The longest Retry-After taken, as the spool's own backoff: a proxy's "come back next year"
@@ -48,13 +51,34 @@ class RegistryClient:
         )
 
     def submit_run(self, report: RunReport) -> RunReceipt:
-        response = self._request(
+        """Sends the report. A registry older than the report's schema version (a 422
+        naming `schema_version`) is sent it as the version before, without what only the
+        newer one holds, rather than refused it: a serving run's points outlast its search."""
+        try:
+            response = self._send(report)
+        except RequestRejected as exc:
+            older = older_version(report)
+            if exc.status_code != 422 or "schema_version" not in exc.detail or older is None:
+                raise
+            log.warning(
+                "registry at %s takes no schema version %d: run %s sent as version %d, "
+                "without its SLO search (%s)",
+                self._http.base_url,
+                report.schema_version,
+                report.run_id,
+                older.schema_version,
+                report.slo_search,
+            )
+            response = self._send(older)
+        return RunReceipt.model_validate_json(response.content)
+
+    def _send(self, report: RunReport) -> httpx.Response:
+        return self._request(
             "POST",
             "/v1/runs",
             content=report.model_dump_json(),
             headers={"Content-Type": "application/json"},
         )
-        return RunReceipt.model_validate_json(response.content)
 
     def placement(
         self,
@@ -88,7 +112,8 @@ class RegistryClient:
         """This node's plans and their ETag; (etag, None) when they are unchanged since
         `etag` (a 304)."""
         headers = {"If-None-Match": etag} if etag else {}
-        response = self._request("GET", "/v1/agent/plans", headers=headers)
+        params = {"kind": list(KINDS)}  # every kind this agent runs
+        response = self._request("GET", "/v1/agent/plans", headers=headers, params=params)
         tag = response.headers.get("ETag")
         if response.status_code == 304:
             return tag or etag, None
@@ -143,6 +168,14 @@ class RegistryClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def older_version(report: RunReport) -> RunReport | None:
+    """The report as the schema version before its own holds it (None: there is none it
+    fits): a version 3 serving run without its SLO search."""
+    if report.schema_version != SLO_SEARCH_SCHEMA_VERSION:
+        return None
+    return report.model_copy(update={"schema_version": SERVING_SCHEMA_VERSION, "slo_search": None})
 
 
 def _retry_after(value: str | None) -> float | None:

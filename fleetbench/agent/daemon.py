@@ -161,7 +161,12 @@ class Daemon:
         return status
 
     def _sweep(self, sweep: ScheduledSweep) -> str:
-        report = sweep.measure(self.node, self.sha256_cache)
+        try:
+            report = sweep.measure(self.node, self.sha256_cache)
+        except Exception:  # no sweep may stop the daemon's one thread (nor its next jobs)
+            log.exception("sweep %s failed before it made a run", sweep.name)
+            self._last_runs[sweep.name] = (datetime.now(UTC), "failed")
+            return "failed"
         if isinstance(report, str):  # the server is serving others: measured nothing
             self._postpone(sweep, f"postponed {sweep.name}: {report}")
             return "postponed: " + report

@@ -156,11 +156,17 @@ class ServeSweepConfig(ServeSpec):
         return ServeSpec.model_validate(self.model_dump(include=set(ServeSpec.model_fields)))
 
     def identity(self, sha256_cache: Path) -> dict[str, str] | None:
-        """The server's make and build, as it says them (None: it does not answer)."""
+        """The server as it says it is: its make and build, the model file it serves, its
+        slots and context (None: it does not answer)."""
         server = identify_at(self.url)
         if server is None:
             return None
-        return {"server": f"{server.kind} {server.build or 'unknown'}", "model": self.model}
+        return {
+            "server": f"{server.kind} {server.build or 'unknown'}",
+            "model": self.model,
+            "model_path": str(server.model_path),
+            "slots": f"{server.slots} x {server.ctx_per_slot} of {server.n_ctx}",
+        }
 
     def measure(self, node: str, sha256_cache: Path) -> RunReport | str:
         return measure_serving(self.url, self.model, self.spec(), node=node)

@@ -14,20 +14,30 @@ when it runs next (`NodeStatus`).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from fleetbench.contract.bounds import Int32, Moment, Name, Sha256, Text
 from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
 from fleetbench.contract.sweep_spec import SweepSpec
 
 __all__ = [
+    "KINDS",
     "MAX_PLANS_PER_NODE",
     "REASON_LENGTH",
     "NodePlans",
     "NodeStatus",
     "PlanBody",
+    "PlanKind",
     "PlanModel",
     "PlanState",
     "PlanVersion",
@@ -68,6 +78,15 @@ class PlanModel(_Strict):
 
 
 _DEFAULT_SETTINGS = SweepSpec(repeats=3)  # a schedule has time for the precision
+PlanKind = Literal["offline", "serving"]
+KINDS: tuple[PlanKind, ...] = ("offline", "serving")
+# The fields of one kind of plan, which a plan of the other kind is written without: an
+# offline plan is written as agents that know no serving plans read it, and neither kind's
+# stored body depends on the other's defaults.
+_FIELDS_OF: dict[str, tuple[str, ...]] = {
+    "offline": ("settings", "engine", "binary"),
+    "serving": ("url", "serve"),
+}
 
 
 class PlanBody(_Strict):
@@ -78,7 +97,7 @@ class PlanBody(_Strict):
     labels: dict[LabelText, LabelText] = Field(default_factory=dict, max_length=32)
     model: PlanModel
     cron: str = Field(max_length=200, description="crontab expression (UTC), e.g. '0 3 * * *'")
-    kind: Literal["offline", "serving"] = Field(
+    kind: PlanKind = Field(
         default="offline",
         description="offline: the llama-batched-bench sweep of the engine; serving: a "
         "serving sweep of the server at `url` on each node",
@@ -124,6 +143,17 @@ class PlanBody(_Strict):
             if self.model.path is None and not self.model.search_dirs:
                 raise ValueError("give the model's path, or search_dirs to find it in by sha256")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_the_other_kinds_fields(
+        self, handler: SerializerFunctionWrapHandler
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for kind, fields in _FIELDS_OF.items():
+            if kind != self.kind:
+                for name in fields:
+                    data.pop(name, None)
+        return data
 
     def load(self) -> ServeSpec:
         """A serving plan's load (its `serve`, or the defaults)."""

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fleetbench.contract.bounds import MAX_FIGURE
 from fleetbench.contract.wire import ServingPoint
 
 __all__ = ["OBJECTIVE_METRICS", "Bound", "Objective", "ObjectiveText", "ServeSpec", "ServerUrl"]
@@ -28,7 +29,9 @@ OBJECTIVE_METRICS: dict[str, tuple[str, str, bool]] = {
     **{f"tps_per_user_p{q}": (f"per_user_tps_p{q}", "tokens/s", False) for q in (10, 50, 90)},
     "total_tps": ("total_tps", "tokens/s", False),
 }
-_BOUND = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|t/s)?\s*$")
+_BOUND = re.compile(
+    r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*(ms|s|t/s)?\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,8 @@ class Bound:
 
     def __str__(self) -> str:
         unit = "ms" if OBJECTIVE_METRICS[self.metric][2] else ""
-        return f"{self.metric}{self.op}{self.value:g}{unit}"
+        # 15 significant digits: what the text said, read back as the same number
+        return f"{self.metric}{self.op}{self.value:.15g}{unit}"
 
     def miss(self, point: ServingPoint) -> str | None:
         """Why the point misses this bound, or None when it meets it."""
@@ -94,6 +98,8 @@ class Objective:
             if unit is not None and (unit == "t/s") == latency:
                 raise ValueError(f"{metric} is not measured in {unit}")
             value = float(number) * (1000 if unit == "s" else 1)
+            if not value <= MAX_FIGURE:  # what the figures it bounds can be at most
+                raise ValueError(f"{part.strip()[:60]!r}: at most {MAX_FIGURE:g}")
             bounds.append(Bound(metric, op, value))  # type: ignore[arg-type]
         if not bounds:
             raise ValueError("an objective needs at least one bound, e.g. ttft_p90<=2000ms")
@@ -171,6 +177,13 @@ class ServeSpec(BaseModel):
         if self.requests is not None and self.duration_s is not None:
             raise ValueError("give requests or duration_s per concurrency, not both")
         return self
+
+    @field_validator("concurrency")
+    @classmethod
+    def _each_once(cls, levels: tuple[int, ...]) -> tuple[int, ...]:
+        if len(set(levels)) != len(levels):
+            raise ValueError(f"a concurrency is given twice: {list(levels)}")
+        return levels
 
     def objective(self) -> Objective | None:
         return Objective.parse(self.slo) if self.slo is not None else None

@@ -360,7 +360,9 @@ class SloSearch(_Strict):
 
     objective: Annotated[Text, Field(min_length=1, max_length=500)]
     concurrency: Int32 | None = Field(
-        description="the largest concurrency measured to meet it (None: not even the first)"
+        description="the largest concurrency measured to meet it (None: not even the first); "
+        "a search stopped early (a throughput plateau, the time budget) may not have reached "
+        "the largest that would: see stop_reason"
     )
     stop_reason: Annotated[Text, Field(min_length=1, max_length=1000)] = Field(
         description="objective failed at C, throughput plateau, errors, time budget, ..."

@@ -22,6 +22,7 @@ from fleetbench.registry.models import (
     RUN_NEWEST_FIRST,
     RUN_SUCCESSFUL,
     EngineBuild,
+    LatestServingRun,
     Model,
     Node,
     Run,
@@ -167,17 +168,18 @@ def _serving_curve(
 ) -> ServingCurvePublic | None:
     """The node's latest successful serving run of the models, each concurrency beside the
     engine's S_TG at that B in the newest offline curve of the same PP and TG."""
-    run = session.scalars(
-        select(Run)
+    latest = (
+        select(LatestServingRun.run_id)
         .where(
-            Run.node_id == node.id,
-            Run.model_id.in_([m.id for m in models]),
-            Run.kind == "serving",
-            Run.status != "failed",
+            LatestServingRun.node_id == node.id,
+            LatestServingRun.model_id.in_([m.id for m in models]),
         )
-        .order_by(*RUN_NEWEST_FIRST)
+        .order_by(LatestServingRun.started_at.desc(), LatestServingRun.received_at.desc())
         .limit(1)
-        .options(selectinload(Run.serving_points))
+        .scalar_subquery()
+    )
+    run = session.scalars(
+        select(Run).where(Run.id == latest).options(selectinload(Run.serving_points))
     ).first()
     if run is None or run.server is None:
         return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fleetbench.contract.plans import (
+    KINDS,
     MAX_PLANS_PER_NODE,
     NodePlans,
     NodeStatus,
@@ -177,12 +178,14 @@ def retire_plan(session: Session, name: str, *, by: str | None) -> SavedPlan | N
     return _insert(session, name, head.version + 1, {**head.body, "enabled": False}, by)
 
 
-def node_plans(session: Session, node: Node) -> NodePlans:
-    """The enabled plans that pick the node, and an admin's sweep-now request."""
+def node_plans(session: Session, node: Node, *, kinds: Collection[str] = KINDS) -> NodePlans:
+    """The enabled plans of `kinds` that pick the node, and an admin's sweep-now request
+    (an agent reads only the kinds it says it runs: one that predates serving plans never
+    gets one it could not read)."""
     plans = [
         plan
         for plan in current_plans(session, enabled_only=True)
-        if plan_selects(plan, node.name, node.labels)
+        if plan.kind in kinds and plan_selects(plan, node.name, node.labels)
     ]
     if len(plans) > MAX_PLANS_PER_NODE:
         log.error(

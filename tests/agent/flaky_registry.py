@@ -1,6 +1,8 @@
 """A registry stand-in on loopback for the faults a real registry does not produce on
 demand: a 500 for chosen runs, 503 or 429 with Retry-After for every run, an unhealthy
-/healthz. Runs it is not told to fail get 201 and a receipt, as from the registry."""
+/healthz, a registry older than a report's schema version (FastAPI's 422 naming the field,
+as such a registry answers). Runs it is not told to fail get 201 and a receipt, as from the
+registry."""
 
 from __future__ import annotations
 
@@ -26,7 +28,9 @@ class FlakyRegistry:
     failing: dict[str, Answer] = field(default_factory=dict)  # by run id
     every_run: Answer | None = None  # for every run, when set
     healthy: bool = True
+    newest_version: int | None = None  # the newest schema version it takes
     posted: list[str] = field(default_factory=list)  # run ids, in the order they came
+    bodies: list[dict[str, object]] = field(default_factory=list)
     health_checks: int = 0
 
     def fail(self, run_id: UUID, status: int, body: str = "boom") -> None:
@@ -50,9 +54,17 @@ def flaky_registry() -> Iterator[FlakyRegistry]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            run_id = str(json.loads(body)["run_id"])
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            run_id = str(body["run_id"])
             state.posted.append(run_id)
+            state.bodies.append(body)
+            if state.newest_version is not None and body["schema_version"] > state.newest_version:
+                versions = " or ".join(str(v) for v in range(1, state.newest_version + 1))
+                problem = {"type": "literal_error", "loc": ["body", "schema_version"],
+                           "msg": f"Input should be {versions}"}  # fmt: skip
+                self._send(422, {"Content-Type": "application/json"},
+                           json.dumps({"detail": [problem]}))  # fmt: skip
+                return
             self._send(*state.answer(run_id))
 
         def do_GET(self) -> None:

@@ -28,6 +28,7 @@ class StubServer:
     die_after: int | None = None
     version: str | None = None
     others_in_flight: int | None = None
+    props: object = None  # what GET /props answers, as JSON (None: 404)
     requests: int = 0
     in_flight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -41,7 +42,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         stub: StubServer = self.server.stub  # type: ignore[attr-defined]
-        if self.path == "/version" and stub.version is not None:
+        if self.path == "/props" and stub.props is not None:
+            self._answer(json.dumps(stub.props).encode(), "application/json")
+        elif self.path == "/version" and stub.version is not None:
             self._answer(json.dumps({"version": stub.version}).encode(), "application/json")
         elif self.path == "/metrics" and stub.others_in_flight is not None:
             gauge = (
@@ -113,6 +116,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A client that gave up on a stream (a timeout of its own) closed the connection
+        # this server was still writing to: what the test wants, not an error to print.
+        pass
+
+
 def _die(server: ThreadingHTTPServer) -> None:
     """Stops accepting: new connections are refused from now on."""
     server.shutdown()
@@ -128,8 +140,7 @@ def stub_server(
     die_after: int | None = None,
     version: str | None = None,
 ) -> Iterator[StubServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
+    server = _Server(("127.0.0.1", 0), _Handler)
     stub = StubServer(
         f"http://127.0.0.1:{server.server_address[1]}",
         slots,

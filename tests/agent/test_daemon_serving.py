@@ -184,3 +184,29 @@ def test_bad_serving_plans_are_refused_with_the_field_named(
     refused = _plan(live_registry, admin, "http://127.0.0.1:8080", **body)
     assert refused.status_code == 422
     assert problem in refused.text
+
+
+def test_agents_that_predate_serving_plans_pull_the_offline_ones_as_they_read_them(
+    live_registry: LiveRegistry,
+) -> None:
+    admin = live_registry.scoped_token("admin")
+    token = live_registry.token("old-node")
+    offline = {"cron": "0 3 * * *", "model": {"path": "/models/m.gguf"}}
+    with live_registry.client(admin) as client:
+        assert client.put("/v1/plans/nightly", json=offline).status_code == 201
+        # an objective written with an exponent, and seconds: kept as milliseconds
+        served = _plan(live_registry, admin, "http://127.0.0.1:8080",
+                       serve={"slo": "e2e_p99<=1e3s,total_tps>=1500000"})  # fmt: skip
+        assert served.status_code == 201, served.text
+        assert served.json()["serve"]["slo"] == "e2e_p99<=1000000ms,total_tps>=1500000"
+    with live_registry.client(token) as client:
+        old = client.get("/v1/agent/plans").json()  # no kind: what an older agent asks
+        new = client.get("/v1/agent/plans", params={"kind": ["offline", "serving"]}).json()
+    [nightly] = old["plans"]
+    assert nightly["name"] == "nightly" and nightly["kind"] == "offline"
+    assert not {"url", "serve"} & nightly.keys()  # fields an older agent refuses
+    assert [(p["name"], p["kind"]) for p in new["plans"]] == [
+        ("nightly", "offline"),
+        ("served", "serving"),
+    ]
+    assert not {"settings", "engine", "binary"} & new["plans"][1].keys()

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from fleetbench.agent.serving.report import serving_report
-from fleetbench.agent.serving.servers import in_flight
+from fleetbench.agent.serving.servers import identify_at, in_flight, metrics_in_flight
 from fleetbench.agent.serving.sweep import serve_sweep
 from fleetbench.contract.serve_spec import ServeSpec
 from fleetbench.contract.wire import ServingPoint
@@ -148,3 +148,50 @@ def test_a_level_can_last_seconds_instead_of_requests() -> None:
     assert 14 <= point["requests"] <= 24 and point["completed"] == point["requests"]
     assert 1.0 <= point["seconds"] < 1.5
     assert point["output_tokens"] == 10 * point["requests"]
+
+
+def test_what_a_server_says_that_is_not_what_it_should_be_is_not_known() -> None:
+    with stub_server(slots=2) as stub:
+        stub.props = {"build_info": "b1-abc", "default_generation_settings": [],
+                      "total_slots": True}  # fmt: skip
+        server = identify_at(stub.url)
+    assert server is not None and server.kind == "llama-server"
+    assert (server.slots, server.n_ctx, server.ctx_per_slot) == (None, None, None)
+    for gauge in ("NaN", "+Inf", "-1", "1e40"):
+        assert metrics_in_flight(f"llamacpp:requests_processing {gauge}\n") is None
+    assert metrics_in_flight('vllm:num_requests_running{model_name="a"} 2.0\n'
+                             'vllm:num_requests_running{model_name="b"} 1.0\n') == 3  # fmt: skip
+
+
+def test_a_slow_server_is_not_taken_for_gone() -> None:
+    # every first token later than the client waits: each level fails, but the server still
+    # says what it is, so the next level is measured rather than written off
+    with stub_server(slots=1, token_interval_s=1.0, version="0.6") as stub:
+        outcome = serve_sweep(
+            stub.url, "m", ServeSpec(concurrency=(1, 2), prompt_tokens=8, gen_tokens=4,
+                                     requests=2, first_token_timeout_s=0.3)
+        )  # fmt: skip
+    assert outcome.failures == [
+        (1, "every request failed: 2 timeout"),
+        (2, "every request failed: 2 timeout"),
+    ]
+    assert any("does not say how many requests it is processing" in w for w in outcome.warnings)
+
+
+def test_a_timed_level_stops_sending_to_a_server_that_fails_every_request() -> None:
+    with stub_server(slots=4, refuse_over=0) as stub:  # 503 for everything
+        outcome = serve_sweep(
+            stub.url, "m", ServeSpec(concurrency=(2,), prompt_tokens=8, gen_tokens=4,
+                                     duration_s=2)
+        )  # fmt: skip
+        sent = stub.requests
+    # two users, three failed requests each (after the two warm-ups), not two seconds' worth
+    assert outcome.failures == [(2, "every request failed: 6 http 503")]
+    assert sent == 2 + 6
+
+
+def test_concurrencies_given_twice_are_refused_before_the_server_is_asked() -> None:
+    done = agent("serve-sweep", "--url", "http://127.0.0.1:1", "--model", "m",
+                 "--concurrency", "1,2,1")  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--concurrency" in done.stderr and "given twice" in done.stderr

@@ -265,7 +265,9 @@ def test_the_daemon_keeps_an_unspoolable_run_in_memory_and_delivers_it_directly(
     )
     measured, later = make_report(node="ci-node"), make_report(node="ci-node")
     runs = iter([measured, later])
-    monkeypatch.setattr("fleetbench.agent.daemon.measure_run", lambda *args, **kwargs: next(runs))
+    monkeypatch.setattr(
+        "fleetbench.agent.daemon_config.measure_run", lambda *args, **kwargs: next(runs)
+    )
     small_disk.fill()
 
     with caplog.at_level(logging.INFO, logger="fleetbench.daemon"):

@@ -227,7 +227,19 @@ def test_migration_0010_makes_each_nodes_latest_serving_run_of_those_stored(
             ).order_by(LatestServingRun.model_id)
         ).all()
     assert [tuple(r) for r in rows] == [(1, newer, 512, 4), (2, other, 512, 4)]
+    with engine.begin() as connection:  # a serving regression, which 0009 cannot list
+        connection.execute(
+            text(
+                "INSERT INTO regressions (node_id, model_id, pp, tg, b, metric, before_value,"
+                " after_value, change, noise, confidence, runs_before, runs_after, cause,"
+                " cause_kinds, before_run_id, first_run_id, first_seen_at, detected_at,"
+                " notify_attempts) VALUES (1, 1, 512, 128, 4, 'srv_tps', 1, 0.8, -0.2, 0.01,"
+                " 0.99, 5, 2, 'x', '[]', :before, :first, :day, :day, 0)"
+            ).bindparams(bindparam("before", type_=Uuid()), bindparam("first", type_=Uuid())),
+            {"before": older, "first": newer, "day": DAY0},
+        )
     command.downgrade(alembic_config(engine), "0009")
     with engine.connect() as connection:
         assert "latest_serving_runs" not in inspect(connection).get_table_names()
+        assert connection.execute(text("SELECT count(*) FROM regressions")).scalar() == 0
     engine.dispose()

@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from fleetbench.agent.client import RegistryClient
+from fleetbench.agent.errors import RequestRejected
 from fleetbench.contract import wire
+from tests.agent.flaky_registry import flaky_registry
 from tests.factories import (
     DAY0,
     WOBBLE,
@@ -170,3 +173,24 @@ def test_a_searched_serving_run_keeps_what_the_search_found(live_registry: LiveR
     }
     sent = json.loads(make_serving_report(node="n", points=[(1, 1.0, 1.0, 1.0)]).model_dump_json())
     assert sent["schema_version"] == 2 and "slo_search" not in sent  # an older registry takes it
+
+
+def test_a_searched_run_reaches_a_registry_that_predates_searches_without_its_search() -> None:
+    searched = make_serving_report(
+        node="gpu-5",
+        points=[(1, 50.0, 45.0, 100.0)],
+        schema_version=3,
+        slo_search=wire.SloSearch(objective="ttft_p90<=500ms", concurrency=1, stop_reason="x"),
+    )
+    with flaky_registry() as older, RegistryClient(older.url, token="t") as client:
+        older.newest_version = 2
+        receipt = client.submit_run(searched)
+        older.newest_version = 1  # a registry that predates serving runs refuses it still
+        with pytest.raises(RequestRejected, match="schema_version"):
+            client.submit_run(searched)
+    assert receipt.run_id == searched.run_id
+    sent, resent = older.bodies[:2]
+    assert (sent["schema_version"], resent["schema_version"]) == (3, 2)
+    assert "slo_search" in sent and "slo_search" not in resent
+    assert resent["serving_points"] == sent["serving_points"]
+    assert wire.RunReport.model_validate(resent).slo_search is None

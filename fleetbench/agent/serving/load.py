@@ -73,6 +73,7 @@ async def _request(target: _Target, prompt: Prompt) -> RequestRecord:
 
 
 _STALE_RETRIES = 4
+_GIVE_UP = 3  # failed requests in a row after which a user of a timed level stops
 # A kept-alive connection found closed fails at once; a server that took the request and
 # then fell over takes longer, and is an error of its own, never sent again.
 _STALE_WITHIN_S = 0.05
@@ -175,8 +176,10 @@ async def run_level(
 
         async def user() -> None:
             if load.duration_s is not None:
-                while time.perf_counter() < started + load.duration_s:
-                    records.append(await one())
+                failed = 0  # in a row: a server failing every request is not sent more
+                while time.perf_counter() < started + load.duration_s and failed < _GIVE_UP:
+                    records.append(record := await one())
+                    failed = failed + 1 if record.error is not None else 0
                 return
             for _ in range(rounds):
                 records.append(await one())

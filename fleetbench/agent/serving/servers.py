@@ -11,7 +11,14 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ServerInfo", "identify", "identify_at", "in_flight", "metrics_in_flight"]
+__all__ = [
+    "ServerInfo",
+    "identify",
+    "identify_at",
+    "in_flight",
+    "metrics_in_flight",
+    "server_client",
+]
 
 
 @dataclass(frozen=True)
@@ -37,13 +44,15 @@ def _json(client: httpx.Client, path: str) -> Any:
 
 
 def identify(client: httpx.Client) -> ServerInfo:
-    """What the server says of itself. Raises httpx.TransportError when it does not answer."""
+    """What the server says of itself (anything it says that is not what it should be is
+    not known). Raises httpx.TransportError when it does not answer."""
     props = _json(client, "/props")
     if isinstance(props, dict) and "build_info" in props:
-        settings = props.get("default_generation_settings") or {}
+        settings = props.get("default_generation_settings")
+        n_ctx = _count(settings.get("n_ctx")) if isinstance(settings, dict) else None
         slots = _json(client, "/slots")
         per_slot = (
-            [s.get("n_ctx") for s in slots if isinstance(s, dict)]
+            [_count(s.get("n_ctx")) for s in slots if isinstance(s, dict)]
             if isinstance(slots, list)
             else []
         )
@@ -51,11 +60,9 @@ def identify(client: httpx.Client) -> ServerInfo:
             kind="llama-server",
             build=str(props["build_info"]),
             model_path=_text(props.get("model_path")),
-            n_ctx=_count(settings.get("n_ctx")),
+            n_ctx=n_ctx,
             slots=_count(props.get("total_slots")),
-            ctx_per_slot=min(
-                (n for n in per_slot if isinstance(n, int)), default=settings.get("n_ctx")
-            ),
+            ctx_per_slot=min((n for n in per_slot if n is not None), default=n_ctx),
         )
     version = _json(client, "/version")
     if isinstance(version, dict) and "version" in version:
@@ -66,9 +73,15 @@ def identify(client: httpx.Client) -> ServerInfo:
     return ServerInfo(kind="openai-compatible")
 
 
+def server_client(url: str, timeout_s: float = 5.0) -> httpx.Client:
+    """A client of the server at `url`: bounded waits, and no proxy from the environment
+    between the agent and a server on the node."""
+    return httpx.Client(base_url=url, timeout=timeout_s, trust_env=False)
+
+
 def identify_at(url: str) -> ServerInfo | None:
     """What the server at `url` says of itself, or None when it does not answer."""
-    with httpx.Client(base_url=url, timeout=5, trust_env=False) as client:
+    with server_client(url) as client:
         try:
             return identify(client)
         except httpx.HTTPError:
@@ -77,7 +90,8 @@ def identify_at(url: str) -> ServerInfo | None:
 
 def _count(value: Any) -> int | None:
     """A count the server gave, or None for anything that is not one."""
-    return value if isinstance(value, int) and 0 <= value < 2**31 else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+    return value if ok else None
 
 
 def _text(value: Any) -> str | None:
@@ -112,5 +126,6 @@ def metrics_in_flight(text: str) -> int | None:
             value = float(rest.rsplit("}", 1)[-1].split()[0])
         except (ValueError, IndexError):
             continue
-        total = (total or 0.0) + value
+        if 0 <= value < 2**31:  # not NaN, infinite or negative
+            total = (total or 0.0) + value
     return round(total) if total is not None else None

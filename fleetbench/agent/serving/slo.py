@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fleetbench.agent.serving.stats import describe_errors
 from fleetbench.contract.serve_spec import Objective
 from fleetbench.contract.wire import ServingPoint
 
@@ -49,8 +50,7 @@ def _miss(concurrency: int, result: ServingPoint | LevelFailed, objective: Objec
     if isinstance(result, LevelFailed):
         return f"errors at concurrency {concurrency}: {result.reason}"
     if result.errors:
-        errors = ", ".join(f"{n} {kind}" for kind, n in result.errors.items())
-        return f"errors at concurrency {concurrency}: {errors}"
+        return f"errors at concurrency {concurrency}: {describe_errors(result.errors)}"
     misses = objective.misses(result)
     return f"objective failed at concurrency {concurrency}: {'; '.join(misses)}" if misses else None
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from fleetbench.contract.bounds import storable_text
 from fleetbench.contract.wire import ServingPoint
 
-__all__ = ["RequestRecord", "percentile", "serving_point"]
+__all__ = ["RequestRecord", "describe_errors", "percentile", "serving_point"]
 
 
 @dataclass
@@ -49,6 +49,11 @@ def _spread(
         f"{name}_p{q}": (value * scale if (value := percentile(values, q)) is not None else None)
         for q in qs
     }
+
+
+def describe_errors(errors: dict[str, int]) -> str:
+    """`3 http 503, 1 timeout`."""
+    return ", ".join(f"{count} {kind}" for kind, count in errors.items())
 
 
 def _error_kinds(records: Sequence[RequestRecord]) -> dict[str, int]:

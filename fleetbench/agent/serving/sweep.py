@@ -11,16 +11,23 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
 from fleetbench.agent.serving.dialects import dialect_for
 from fleetbench.agent.serving.load import Limits, Load, Prompt, run_level
-from fleetbench.agent.serving.servers import ServerInfo, identify, in_flight
+from fleetbench.agent.serving.servers import (
+    ServerInfo,
+    identify,
+    identify_at,
+    in_flight,
+    server_client,
+)
 from fleetbench.agent.serving.slo import LevelFailed, SearchResult, search
-from fleetbench.agent.serving.stats import serving_point
+from fleetbench.agent.serving.stats import describe_errors, serving_point
+from fleetbench.contract.bounds import storable_text
 from fleetbench.contract.serve_spec import ServeSpec
 from fleetbench.contract.wire import ServingPoint
 
@@ -72,7 +79,7 @@ def _busy(url: str, *, patience_s: float) -> str | None:
     every half second for `patience_s`: the server may still be finishing requests this
     sweep gave up on."""
     deadline = time.monotonic() + patience_s
-    with httpx.Client(base_url=url, timeout=5, trust_env=False) as client:
+    with server_client(url) as client:
         while True:
             try:
                 busy = in_flight(client)
@@ -85,6 +92,20 @@ def _busy(url: str, *, patience_s: float) -> str | None:
             time.sleep(0.5)
 
 
+def _says_how_busy(url: str) -> bool:
+    with server_client(url) as client:
+        try:
+            return in_flight(client) is not None
+        except httpx.TransportError:
+            return True  # the first level finds out, and says so
+
+
+# A level whose requests all failed so: the server may be gone (asked, it says whether).
+_GONE_ERRORS = {"refused", "timeout", "disconnected"}
+# Errors that leave requests of this sweep behind on the server, still being served.
+_ABANDONED_ERRORS = {"timeout", "stream cut off"}
+
+
 @dataclass
 class _Levels:
     """Measures one concurrency at a time against an identified server."""
@@ -94,19 +115,22 @@ class _Levels:
     spec: ServeSpec
     outcome: ServingOutcome
     next_prompt: Callable[[], Prompt]
-    busy_patience_s: float
+    patience_s: float
     on_point: Callable[[ServingPoint], None] | None
+    current: int | None = None  # the level being measured
+    warned_queue: bool = False
 
     def measure(self, concurrency: int) -> ServingPoint | LevelFailed:
-        server = self.outcome.server
-        if (busy := _busy(self.url, patience_s=self.busy_patience_s)) is not None:
+        self.current = concurrency
+        server, spec = self.outcome.server, self.spec
+        if (busy := _busy(self.url, patience_s=self.patience_s)) is not None:
             return LevelFailed(busy, final=True)  # never load-test a server in use
-        if server.slots is not None and concurrency > server.slots:
+        if server.slots is not None and concurrency > server.slots and not self.warned_queue:
+            self.warned_queue = True
             self.outcome.warnings.append(
-                f"concurrency {concurrency} exceeds the server's {server.slots} slots: "
-                "requests queue, and their TTFT includes the wait"
+                f"concurrency {concurrency} and above exceed the server's {server.slots} "
+                "slots: requests queue, and their TTFT includes the wait"
             )
-        spec = self.spec
         records, started, ended = asyncio.run(
             run_level(
                 self.url,
@@ -122,11 +146,14 @@ class _Levels:
             )
         )
         point = serving_point(concurrency, records, started=started, ended=ended)
+        if set(point.errors) & _ABANDONED_ERRORS:
+            # Requests given up on may still be served: the next level waits for them
+            # before it takes the server for busy with others' requests.
+            self.patience_s = max(self.patience_s, min(spec.request_timeout_s, 600.0))
         if not point.completed:
-            why = ", ".join(f"{count} {kind}" for kind, count in point.errors.items())
-            # refused or hung: the server is gone, and every level after this fails too
-            gone = set(point.errors) <= {"refused", "timeout"}
-            return LevelFailed(f"every request failed: {why}", final=gone)
+            # refused, or not answering even what it is: every level after this fails too
+            gone = set(point.errors) <= _GONE_ERRORS and identify_at(self.url) is None
+            return LevelFailed(f"every request failed: {describe_errors(point.errors)}", gone)
         if self.on_point is not None:
             self.on_point(point)
         return point
@@ -149,15 +176,15 @@ def serve_sweep(
 ) -> ServingOutcome:
     """Measures the server at `url` (serving `model`, as reports and OpenAI-compatible
     servers name it) at each of the spec's concurrencies, or searches for the largest that
-    meets its objective (see the module)."""
-    with httpx.Client(base_url=url, timeout=5, trust_env=False) as client:
+    meets its objective (see the module). Never raises: what went wrong is in the outcome."""
+    planned = (1,) if spec.slo is not None else spec.concurrency  # a search starts at 1
+    with server_client(url) as client:
         try:
             server = identify(client)
             next_prompt, exact = _prompts(client, spec.prompt_tokens, server, seed)
         except httpx.HTTPError as exc:
             outcome = ServingOutcome(ServerInfo(kind="unreachable"), prompt_exact=False)
             reason = f"the server at {url} did not answer: {exc}"
-            planned = (1,) if spec.slo is not None else spec.concurrency  # a search starts at 1
             outcome.failures = [(c, reason) for c in planned]
             return outcome
     outcome = ServingOutcome(server, exact)
@@ -170,10 +197,34 @@ def serve_sweep(
         outcome.warnings.append(
             "prompt lengths are approximate: the server has no tokenizer endpoint"
         )
+    if not _says_how_busy(url):
+        outcome.warnings.append(
+            "the server does not say how many requests it is processing (no /slots, no "
+            "/metrics gauge): whether it serves others' requests meanwhile is not known"
+        )
     if (busy := _busy(url, patience_s=busy_patience_s)) is not None:
         outcome.postponed = busy
         return outcome
     levels = _Levels(url, model, spec, outcome, next_prompt, busy_patience_s, on_point)
+    try:
+        _measure_all(levels, planned)
+    except Exception as exc:  # an answer no rule foresaw: the sweep's end, never the agent's
+        why = storable_text(f"the sweep stopped: {type(exc).__name__}: {exc}", 500)
+        done = {p.concurrency for p in outcome.points} | {c for c, _ in outcome.failures}
+        left = [c for c in (levels.current, *planned) if c is not None and c not in done]
+        outcome.failures.extend((c, why) for c in dict.fromkeys(left))
+        if (objective := spec.objective()) is not None:
+            met = [
+                p.concurrency for p in outcome.points if not p.errors and not objective.misses(p)
+            ]
+            outcome.search = SearchResult(str(objective), max(met, default=None), why)
+    outcome.points.sort(key=lambda p: p.concurrency)
+    return outcome
+
+
+def _measure_all(levels: _Levels, planned: Sequence[int]) -> None:
+    """The spec's concurrencies in turn, or its objective's search."""
+    spec, outcome = levels.spec, levels.outcome
     objective = spec.objective()
     if objective is not None:
         outcome.search = search(
@@ -183,15 +234,12 @@ def serve_sweep(
             budget_s=spec.search_budget_s,
             record=levels.record,
         )
-        outcome.points.sort(key=lambda p: p.concurrency)
-        return outcome
-    for index, concurrency in enumerate(spec.concurrency):
+        return
+    for index, concurrency in enumerate(planned):
         result = levels.measure(concurrency)
         levels.record(concurrency, result)
         if isinstance(result, LevelFailed) and result.final:
-            rest = spec.concurrency[index + 1 :]
-            gone = f"not measured: the server at {url} stopped answering"
+            gone = f"not measured: the server at {levels.url} stopped answering"
             why = result.reason if result.reason.startswith("not measured") else gone
-            outcome.failures.extend((c, why) for c in rest)
-            break
-    return outcome
+            outcome.failures.extend((c, why) for c in planned[index + 1 :])
+            return

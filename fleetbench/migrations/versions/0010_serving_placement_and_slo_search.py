@@ -107,6 +107,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Version 0009 knows the offline metrics alone: serving regressions go with the table.
+    op.execute("DELETE FROM regressions WHERE metric = 'srv_tps'")
     with op.batch_alter_table("latest_serving_runs", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_latest_serving_runs_model_id"))
     op.drop_table("latest_serving_runs")

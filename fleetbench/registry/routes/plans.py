@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Path, Response, status
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Response, status
 
 from fleetbench.contract.bounds import NAME_LENGTH, WITHOUT_NUL, Name
-from fleetbench.contract.plans import NodePlans, NodeStatus, PlanBody, PlanVersion, PlanVersions
+from fleetbench.contract.plans import (
+    KINDS,
+    NodePlans,
+    NodeStatus,
+    PlanBody,
+    PlanKind,
+    PlanVersion,
+    PlanVersions,
+)
 from fleetbench.registry import plans
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.deps import (
@@ -142,13 +150,21 @@ def pull_plans(
     session: SessionDep,
     node: AuthenticatedFirst,
     if_none_match: Annotated[str | None, Header(max_length=2000)] = None,
+    kind: Annotated[
+        list[PlanKind] | None,
+        Query(
+            max_length=len(KINDS),
+            description="the kinds of plan the agent runs [default: offline, what agents "
+            "that predate serving plans read]",
+        ),
+    ] = None,
 ) -> Response:
     """The plans that pick this token's node, with an ETag: polled with If-None-Match, an
     unchanged answer is a bodiless 304 (a proxy's weak form of the tag matches too)."""
     found = session.get(Node, node.id)
     if found is None:  # deleted since its token was checked
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {node.name!r} not found")
-    answer = plans.node_plans(session, found)
+    answer = plans.node_plans(session, found, kinds=kind or ("offline",))
     etag = plans.plan_etag(answer)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     given = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
