@@ -94,8 +94,8 @@ class _Faulty(BaseHTTPRequestHandler):
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
             return
-        if mode == "busy":
-            self.send_response(503)
+        if mode in ("busy", "limited"):  # shedding load, or limiting this client's rate
+            self.send_response(503 if mode == "busy" else 429)
             self.send_header("Retry-After", "1")
             self.end_headers()
             return
@@ -125,7 +125,12 @@ def faulty() -> Iterator[tuple[str, ThreadingHTTPServer]]:
 
 @pytest.mark.parametrize(
     ("mode", "error"),
-    [("busy", "http 503"), ("cut", "stream cut off"), ("silent", "timeout")],
+    [
+        ("busy", "http 503"),
+        ("limited", "http 429"),
+        ("cut", "stream cut off"),
+        ("silent", "timeout"),
+    ],
 )
 def test_a_failing_server_is_recorded_not_waited_for(
     faulty: tuple[str, ThreadingHTTPServer], mode: str, error: str
