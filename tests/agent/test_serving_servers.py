@@ -195,3 +195,24 @@ def test_concurrencies_given_twice_are_refused_before_the_server_is_asked() -> N
                  "--concurrency", "1,2,1")  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--concurrency" in done.stderr and "given twice" in done.stderr
+
+
+def test_the_search_on_a_real_llama_server_ends_where_more_users_add_nothing(
+    llama_server: Path, tiny_llama: Path, tmp_path: Path
+) -> None:
+    with running_llama_server(
+        llama_server, tiny_llama, tmp_path / "server.log", slots=2, ctx_per_slot=256
+    ) as (url, _):
+        spec = ServeSpec(slo="tps_per_user_p10>=1", prompt_tokens=16, gen_tokens=64,
+                         requests=8, max_concurrency=16)  # fmt: skip
+        outcome = serve_sweep(url, "tiny", spec)
+    search = outcome.search
+    assert search is not None and outcome.failures == []
+    measured = [p.concurrency for p in outcome.points]
+    # doubling from 1: every user of a 2-slot server past the second only waits
+    assert measured == [1, 2, 4, 8, 16][: len(measured)] and len(measured) >= 2
+    assert search.concurrency == measured[-1]
+    assert search.stop_reason.startswith(
+        ("throughput plateau: ", "reached the largest concurrency allowed (16)")
+    )
+    assert all(p.output_tokens == 64 * p.requests for p in outcome.points)
