@@ -45,6 +45,7 @@ from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
 from fleetbench.agent.sweep import measure_run
+from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.answers import PlacementKind
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
 
@@ -225,6 +226,8 @@ def sweep(
             sha256_cache=settings.cache_dir / "sha256.json",
             on_point=show,
         )
+    if (why := run_off_accelerator(run)) is not None:
+        err.print(f"warning: {why}", highlight=False, soft_wrap=True)
     spooled = spool_run(run, settings) if report else None
     unspooled = isinstance(spooled, SpoolUnwritable)  # then stdout keeps the run as JSON
     if as_json or unspooled:

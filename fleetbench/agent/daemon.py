@@ -40,6 +40,7 @@ from fleetbench.agent.plans import PLAN_PREFIX, PlanCache, PlannedSweep, pull_pl
 from fleetbench.agent.probes.nvidia import nvml_session
 from fleetbench.agent.spool import RETRYABLE_STATUS
 from fleetbench.agent.sweep_state import SweepState
+from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.plans import NodePlans, NodeStatus, PlanState
 from fleetbench.contract.wire import RunReport
 
@@ -184,6 +185,8 @@ class Daemon:
                 report.model_dump_json(),
             )
         log.info("sweep %s: run %s %s", sweep.name, report.run_id, report.status)
+        if (why := run_off_accelerator(report)) is not None:
+            log.warning("sweep %s measured the CPU, not the GPU: %s", sweep.name, why)
         self._last_runs[sweep.name] = (report.started_at, report.status)
         if report.status != "failed" and (identity := sweep.identity(self.sha256_cache)):
             self._state.record(sweep.name, identity)

@@ -88,6 +88,11 @@ class PlacementCandidate(BaseModel):
         default=None, description="serving: the server's kind (llama-server, vllm, ...)"
     )
     slots: int | None = Field(default=None, description="serving: the server's slots")
+    engine_on_accelerator: bool | None = Field(
+        default=None,
+        description="offline: false when the run measured the CPU of a node with a GPU (the "
+        "engine built for the CPU, or no layer offloaded): its figures are not the GPU's",
+    )
 
 
 class RejectedConcurrency(BaseModel):

@@ -53,6 +53,7 @@ class NodeSummary(NamedTuple):
     status_reported_at: datetime | None
     next_run_at: datetime | None
     sweep_requested_at: datetime | None
+    accelerator_note: str | None  # its latest run measured the CPU on a GPU node: why
 
 
 # --- nodes and tokens ------------------------------------------------------------------
@@ -113,6 +114,7 @@ def _node_summary_statement(one: bool) -> Select[*tuple[Any, ...]]:
             NodePlanStatus.reported_at,
             NodePlanStatus.next_run_at,
             NodePlanStatus.sweep_requested_at,
+            Run.accelerator_note,
         )
         .select_from(Node)
         .outerjoin(NodeActivity, NodeActivity.node_id == Node.id)
@@ -144,6 +146,7 @@ def _node_summaries(session: Session, name: str | None = None) -> list[NodeSumma
             status_reported_at=reported_at,
             next_run_at=next_run_at,
             sweep_requested_at=requested_at,
+            accelerator_note=accelerator_note,
         )
         for (
             node_id,
@@ -163,6 +166,7 @@ def _node_summaries(session: Session, name: str | None = None) -> list[NodeSumma
             reported_at,
             next_run_at,
             requested_at,
+            accelerator_note,
         ) in rows
     ]
 

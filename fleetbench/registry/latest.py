@@ -106,6 +106,7 @@ class LatestCandidate:
     memory_bytes: int | None
     settings: wire.RunSettings
     points: Sequence[wire.Point]
+    engine_on_accelerator: bool | None = None
 
 
 def record_latest(
@@ -132,6 +133,7 @@ def record_latest(
             "cache_type_k": c.settings.cache_type_k,
             "cache_type_v": c.settings.cache_type_v,
             "n_ubatch": c.settings.n_ubatch,
+            "engine_on_accelerator": c.engine_on_accelerator,
         }
         for c in candidates
     ]

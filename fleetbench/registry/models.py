@@ -235,6 +235,10 @@ class Run(Base):
     kind: Mapped[str] = mapped_column(String(16), default="offline", server_default="offline")
     server: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     slo_search: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # wire.SloSearch
+    # Whether it measured the node's accelerator (contract.accelerator; NULL: the node has
+    # none, or what the engine ran on is not known), and why not.
+    engine_on_accelerator: Mapped[bool | None]
+    accelerator_note: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(index=True)
@@ -427,6 +431,7 @@ class LatestRun(Base):
     cache_type_k: Mapped[str | None] = mapped_column(String(16))
     cache_type_v: Mapped[str | None] = mapped_column(String(16))
     n_ubatch: Mapped[int | None]
+    engine_on_accelerator: Mapped[bool | None]  # the run's
 
 
 class LatestPoint(Base):

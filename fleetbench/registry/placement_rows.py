@@ -103,6 +103,7 @@ def _heads(shape: _Shape) -> Any:
         LatestRun.cache_type_k,
         LatestRun.cache_type_v,
         LatestRun.n_ubatch,
+        LatestRun.engine_on_accelerator,
     ]
     if not shape.several_models:
         return select(*columns).where(*conditions).subquery("heads")
@@ -181,6 +182,7 @@ def _placement_statement(
             heads.c.cache_type_k,
             heads.c.cache_type_v,
             heads.c.n_ubatch,
+            heads.c.engine_on_accelerator,
         )
         .select_from(point)
         .join(heads, and_(heads.c.node_id == point.node_id, heads.c.model_id == point.model_id))
@@ -234,6 +236,7 @@ def _placement_statement(
             chosen.c.cache_type_k,
             chosen.c.cache_type_v,
             chosen.c.n_ubatch,
+            chosen.c.engine_on_accelerator,
             func.sum(chosen.c.meets).over().label("qualifying"),
         )
         .select_from(chosen)
@@ -290,6 +293,7 @@ def placement_rows(
         cache_type_k,
         cache_type_v,
         n_ubatch,
+        engine_on_accelerator,
         _,
     ) in rows:
         choices.append(
@@ -304,6 +308,7 @@ def placement_rows(
                 s_pp=s_pp,
                 s_tg=s_tg,  # the query keeps only points with an S_TG
                 past_knee=past_knee,
+                engine_on_accelerator=engine_on_accelerator,
             )
         )
         configs[node] = FitConfig(

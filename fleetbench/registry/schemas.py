@@ -76,6 +76,10 @@ class NodePublic(_Public):
     sweep_requested_at: datetime | None = Field(
         description="an admin asked it to sweep now; it has not said it did yet"
     )
+    accelerator_note: str | None = Field(
+        default=None,
+        description="its latest run measured the CPU although the node has a GPU, and why",
+    )
     health: Health
 
 
@@ -125,6 +129,13 @@ class RunPublic(_Public):
     received_at: datetime
     engine: wire.EngineBuild
     settings: wire.RunSettings
+    engine_on_accelerator: bool | None = Field(
+        default=None,
+        description="whether it measured its node's GPU (false: the engine ran on the CPU "
+        "backend, or offloaded no layer, on a node with one; null: the node has none, or "
+        "what the engine ran on is not known)",
+    )
+    accelerator_note: str | None = Field(default=None, description="why not, when it did not")
 
 
 class RunsPublic(_Public):
@@ -161,6 +172,8 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "received_at": run.received_at,
         "engine": wire.EngineBuild.model_validate(run.build, from_attributes=True),
         "settings": wire.RunSettings.model_validate(run, from_attributes=True),
+        "engine_on_accelerator": run.engine_on_accelerator,
+        "accelerator_note": run.accelerator_note,
     }
 
 

@@ -61,7 +61,7 @@ class ReplayedNVML:
         return int(float(gpu["power_limit_w"]) * 1000)
 
 
-def _h100() -> ReplayedNVML:
+def captured_h100() -> ReplayedNVML:
     """The H100 of nvidia-smi-q.txt, with its compute capability from the query CSV."""
     text = (PROBES / "nvidia-smi-q.txt").read_text()
 
@@ -87,7 +87,7 @@ def _h100() -> ReplayedNVML:
 
 
 def test_nvidia_probe_on_a_captured_h100() -> None:
-    nvml = _h100()
+    nvml = captured_h100()
     collected = NvidiaProbe(nvml).collect()
     assert collected.data == {
         "driver_version": "590.48.01",
@@ -126,7 +126,7 @@ def test_nvidia_probe_on_a_captured_rtx4090() -> None:
 
 
 def test_nvidia_probe_lists_every_gpu_and_a_swapped_card_is_new_hardware() -> None:
-    one = _h100()
+    one = captured_h100()
     two = ReplayedNVML(
         [one.gpus[0], {**one.gpus[0], "uuid": "GPU-11111111-1111-1111-1111-111111111111"}],
         one.driver,

@@ -8,8 +8,10 @@ from typing import Any
 
 from playwright.sync_api import Route
 
+from fleetbench.contract import wire
 from fleetbench.registry.config import RegistrySettings
 from tests.factories import ARTICLE_MODEL, running_registry
+from tests.registry.test_accelerator import h100_fingerprint_data
 from tests.web.conftest import Dashboard, Fleet, apple_m4_pro, hours_ago
 
 
@@ -178,4 +180,18 @@ def test_a_registry_that_needs_a_token_asks_for_one(
         page.click("[role=alert] button[type=submit]")
         dashboard.wait()
         assert [r[0] for r in dashboard.table("#nodes")] == ["m4pro"]
+    dashboard.assert_clean()
+
+
+def test_a_gpu_node_measured_on_its_cpu_stands_out(dashboard: Dashboard, fleet: Fleet) -> None:
+    h100 = wire.HardwareFingerprint(hash="h100-" + "0" * 59, data=h100_fingerprint_data())
+    fleet.report("h100-1", hardware=h100, engine=wire.EngineBuild(build_number=7100,
+                 backend="CPU"), started_at=hours_ago(2))  # fmt: skip
+    fleet.report("m4pro", started_at=hours_ago(3), hardware=apple_m4_pro())
+    dashboard.open("/")
+    rows = {r[0]: r[1] for r in dashboard.table("#nodes")}
+    assert rows == {"h100-1": "off accelerator", "m4pro": "ok"}
+    page = dashboard.open("/nodes/h100-1")
+    facts = page.text_content("#node-facts") or ""
+    assert "off accelerator (the engine ran on llama.cpp's CPU backend" in facts
     dashboard.assert_clean()

@@ -229,6 +229,7 @@ def _latest_and_regressions(
                 memory_bytes=fingerprint.memory_bytes if fingerprint else None,
                 settings=run.report.settings,
                 points=run.report.points,
+                engine_on_accelerator=run.on_accelerator[0],
             )
         )
     record_latest(connection, heads)

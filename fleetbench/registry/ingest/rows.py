@@ -4,6 +4,7 @@ and failed points, and each node's activity."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import uuid
@@ -16,6 +17,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from fleetbench.contract import wire
+from fleetbench.contract.accelerator import on_accelerator
 from fleetbench.contract.wire import model_name_key
 from fleetbench.registry.ingest.answers import IngestLimits, ReportRefused
 from fleetbench.registry.ingest.statements import MODEL_FACTS, Statements
@@ -74,6 +76,13 @@ class IncomingRun:
 
     def __post_init__(self) -> None:
         self.id = self.report.run_id
+
+    @functools.cached_property
+    def on_accelerator(self) -> tuple[bool | None, str | None]:
+        """Whether it measured its node's accelerator, and why not (contract.accelerator)."""
+        report = self.report
+        hardware = report.hardware.data if report.hardware else None
+        return on_accelerator(hardware, report.engine.backend, report.settings.n_gpu_layers)
 
     @property
     def in_series(self) -> bool:
@@ -277,6 +286,7 @@ def insert_runs(
     for run in runs:
         report = run.report
         fingerprint = fingerprint_of(run, fingerprints)
+        on, why = run.on_accelerator
         rows.append(
             {
                 "id": run.id,
@@ -298,6 +308,8 @@ def insert_runs(
                 "slo_search": report.slo_search.model_dump(mode="json")
                 if report.slo_search
                 else None,
+                "engine_on_accelerator": on,
+                "accelerator_note": why,
                 **report.settings.model_dump(),
             }
         )

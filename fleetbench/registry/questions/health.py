@@ -7,7 +7,9 @@ from typing import Literal
 
 __all__ = ["Health", "missed_schedule", "node_health"]
 
-Health = Literal["no runs", "failing", "regressed", "missed schedule", "stale", "ok"]
+Health = Literal[
+    "no runs", "failing", "off accelerator", "regressed", "missed schedule", "stale", "ok"
+]
 
 
 def missed_schedule(next_run_at: datetime | None, *, now: datetime, grace: timedelta) -> bool:
@@ -20,17 +22,21 @@ def node_health(
     *,
     last_run_at: datetime | None,
     last_status: str | None,
+    off_accelerator: bool,
     open_regressions: int,
     missed: bool,
     now: datetime,
     stale_after: timedelta,
 ) -> Health:
-    """The most pressing of: never ran, its latest run failed, a regression nobody has
+    """The most pressing of: never ran, its latest run failed, its latest run measured the
+    CPU of a node with a GPU (its curve is not the GPU's), a regression nobody has
     acknowledged, a planned sweep missed, no run for `stale_after`; else ok."""
     if last_run_at is None:
         return "no runs"
     if last_status == "failed":
         return "failing"
+    if off_accelerator:
+        return "off accelerator"
     if open_regressions:
         return "regressed"
     if missed:

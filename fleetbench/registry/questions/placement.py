@@ -73,6 +73,7 @@ class NodeChoice:
     server: str | None = None  # serving: the server's kind
     slots: int | None = None
     ctx_per_slot: int | None = None
+    engine_on_accelerator: bool | None = None  # offline: did it measure the node's GPU
 
     @property
     def per_user_tps(self) -> float:
@@ -347,6 +348,11 @@ def answer_placement(
             f"; {untimed} node(s) meeting the speed on their offline curves alone are left "
             "out: TTFT is measured by serving sweeps"
         )
+    if off := [c.node for c in qualifying if c.engine_on_accelerator is False]:
+        reason += (
+            f"; {len(off)} listed node(s) measured the engine on the CPU although they have a "
+            f"GPU ({off[0]}): their figures are not their GPU's"
+        )
     if small_slots:
         node, tokens = small_slots[0]
         reason += (
@@ -398,4 +404,5 @@ def _candidate(
         "ttft_ms_p90": choice.ttft_ms_p90,
         "server": choice.server,
         "slots": choice.slots,
+        "engine_on_accelerator": choice.engine_on_accelerator,
     }

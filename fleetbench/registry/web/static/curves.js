@@ -77,7 +77,11 @@ async function showNode(node) {
   const latest = detail.fingerprints?.[0];
   replace(
     document.getElementById("node-facts"),
-    fact("Health", detail.health ? badge(detail.health) : dash()),
+    fact(
+      "Health",
+      detail.health ? badge(detail.health) : dash(),
+      detail.accelerator_note ? ` (${detail.accelerator_note})` : null,
+    ),
     fact("Hardware", detail.hardware ?? dash()),
     fact("Engine", detail.engine ?? dash()),
     fact("Last run", timeElement(detail.last_run_at)),

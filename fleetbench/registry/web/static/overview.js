@@ -14,7 +14,15 @@ import {
   timeElement,
 } from "./common.js";
 
-const HEALTH_ORDER = ["regressed", "failing", "missed schedule", "stale", "no runs", "ok"];
+const HEALTH_ORDER = [
+  "regressed",
+  "failing",
+  "off accelerator",
+  "missed schedule",
+  "stale",
+  "no runs",
+  "ok",
+];
 
 const table = document.getElementById("nodes");
 const tbody = table.querySelector("tbody");

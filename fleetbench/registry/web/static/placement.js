@@ -61,7 +61,9 @@ function candidateRow(candidate, index, model) {
       { class: "nowrap" },
       candidate.source === "serving"
         ? `${candidate.server ?? "server"}${candidate.slots ? ` (${candidate.slots} slots)` : ""}`
-        : "offline curve",
+        : candidate.engine_on_accelerator === false
+          ? h("span", { class: "badge off", title: "its engine ran on the CPU" }, "CPU, not its GPU")
+          : "offline curve",
     ),
     h("td", { class: "num" }, fmt(candidate.prefill_tps)),
     h("td", { class: "num nowrap" }, `${candidate.prompt_tokens} / ${candidate.gen_tokens}`),

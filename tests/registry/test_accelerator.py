@@ -1,0 +1,149 @@
+"""A run that measured the CPU of a node with a GPU: marked on the run, in the node's health
+and in placement, from fingerprints of the probes' output captured on real machines (an H100
+through NVML, an MI250 through rocm-smi: tests/fixtures/probes/SOURCES.md), on SQLite and
+PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from alembic import command
+from sqlalchemy import JSON, Uuid, bindparam, select, text
+
+from fleetbench.agent.probes.amd import parse_rocm_smi
+from fleetbench.agent.probes.nvidia import NvidiaProbe
+from fleetbench.contract import wire
+from fleetbench.contract.accelerator import accelerator_of, off_accelerator
+from fleetbench.registry.db import alembic_config, create_db_engine, upgrade_schema
+from fleetbench.registry.models import LatestRun, Run
+from tests.agent.test_probes_captured import PROBES, captured_h100
+from tests.factories import ARTICLE_MODEL, DAY0, LiveRegistry, make_report, post_report
+
+HOST = {"cpu_model": "AMD EPYC 9654", "memory_bytes": 2 * 2**40}
+
+
+def h100_fingerprint_data() -> dict[str, Any]:
+    return {"probes": {"nvidia": NvidiaProbe(captured_h100()).collect().data, "host": HOST}}
+
+
+def _mi250_data() -> dict[str, Any]:
+    return {"probes": {"amd": parse_rocm_smi((PROBES / "rocm-smi-a.json").read_text())}}
+
+
+def test_which_runs_measured_the_nodes_gpu() -> None:
+    h100 = h100_fingerprint_data()
+    assert accelerator_of(h100) == "NVIDIA H100 80GB HBM3"
+    assert off_accelerator(h100, "CPU", -1) == (
+        "the engine ran on llama.cpp's CPU backend on a node with NVIDIA H100 80GB HBM3: "
+        "install llama.cpp built for it (README, Installing)"
+    )
+    assert off_accelerator(h100, "CUDA", -1) is None
+    assert off_accelerator(h100, "CUDA", 0) == (
+        "no layer was offloaded to NVIDIA H100 80GB HBM3 (n_gpu_layers 0)"
+    )
+    assert off_accelerator(h100, None, -1) is None  # what ran it is not known
+    mi250 = _mi250_data()
+    assert accelerator_of(mi250) is not None and "MI250" in str(accelerator_of(mi250))
+    assert off_accelerator(mi250, "cpu", None) is not None
+    apple = {"probes": {"apple": {"chip": "Apple M4 Pro", "memory_bytes": 24 * 2**30}}}
+    assert off_accelerator(apple, "Metal", -1) is None
+    assert off_accelerator(apple, "CPU", -1) is not None
+    cpu_only = {"probes": {"host": HOST}}
+    assert accelerator_of(cpu_only) is None and off_accelerator(cpu_only, "CPU", -1) is None
+    assert accelerator_of({"probes": "not a section"}) is None
+
+
+def _h100_report(node: str, backend: str, **fields: Any) -> wire.RunReport:
+    return make_report(
+        node=node,
+        engine=wire.EngineBuild(build_number=7100, backend=backend),
+        hardware=wire.HardwareFingerprint(hash="h100-" + "0" * 59, data=h100_fingerprint_data()),
+        **fields,
+    )
+
+
+def test_a_cpu_curve_of_a_gpu_node_is_marked_and_placement_says_so(
+    live_registry: LiveRegistry,
+) -> None:
+    token = live_registry.token("h100-1")
+    on_cpu = _h100_report("h100-1", "CPU", started_at=DAY0)
+    with live_registry.client(token) as client:
+        assert post_report(client, on_cpu).status_code == 201
+    with live_registry.client() as client:
+        run = client.get(f"/v1/runs/{on_cpu.run_id}").json()
+        node = client.get("/v1/nodes/h100-1").json()
+        answer = client.get(
+            "/v1/placement", params={"model": ARTICLE_MODEL, "min_tps_per_user": 15}
+        ).json()
+    assert run["engine_on_accelerator"] is False
+    assert run["accelerator_note"].startswith("the engine ran on llama.cpp's CPU backend")
+    assert node["health"] == "off accelerator"
+    assert node["accelerator_note"] == run["accelerator_note"]
+    [candidate] = answer["candidates"]
+    assert candidate["engine_on_accelerator"] is False
+    assert (
+        "1 listed node(s) measured the engine on the CPU although they have a GPU (h100-1)"
+        in (answer["reason"])
+    )
+    # the node reinstalled with llama.cpp built for CUDA: its next run is the GPU's
+    on_gpu = _h100_report("h100-1", "CUDA", started_at=DAY0 + timedelta(hours=1))
+    with live_registry.client(token) as client:
+        assert post_report(client, on_gpu).status_code == 201
+    with live_registry.client() as client:
+        run = client.get(f"/v1/runs/{on_gpu.run_id}").json()
+        node = client.get("/v1/nodes/h100-1").json()
+        answer = client.get(
+            "/v1/placement", params={"model": ARTICLE_MODEL, "min_tps_per_user": 15}
+        ).json()
+    assert (run["engine_on_accelerator"], run["accelerator_note"]) == (True, None)
+    assert node["health"] != "off accelerator" and node["accelerator_note"] is None
+    assert answer["candidates"][0]["engine_on_accelerator"] is True
+    assert "measured the engine on the CPU" not in answer["reason"]
+
+
+@pytest.mark.parametrize("backend", ["CPU", "CUDA"])
+def test_migration_0011_checks_the_runs_stored_before(
+    empty_database_url: str, backend: str
+) -> None:
+    engine = create_db_engine(empty_database_url)
+    command.upgrade(alembic_config(engine), "0010")
+    run_id = uuid.uuid4()
+    with engine.begin() as connection:
+        for statement in (
+            "INSERT INTO nodes (id, name, labels, created_at) VALUES (1, 'h100', '{}', :day)",
+            "INSERT INTO engine_builds (id, identity, engine, backend) VALUES (1, 'b',"
+            " 'llama.cpp', :backend)",
+            "INSERT INTO models (id, identity, name, name_key) VALUES (1, 'name:m', 'm', 'm')",
+            "INSERT INTO hardware_fingerprints (id, node_id, hash, data, first_seen, last_seen)"
+            " VALUES (1, 1, 'h', :data, :day, :day)",
+            "INSERT INTO runs (id, reported_id, node_id, fingerprint_id, build_id, model_id,"
+            " source, kind, status, started_at, received_at, report_sha256, n_gpu_layers)"
+            " VALUES (:run, :run, 1, 1, 1, 1, 'sweep', 'offline', 'ok', :day, :day, 'd', -1)",
+            "INSERT INTO latest_runs (node_id, model_id, run_id, started_at, received_at,"
+            " build_id) VALUES (1, 1, :run, :day, :day, 1)",
+        ):
+            query = text(statement)
+            if ":run" in statement:
+                query = query.bindparams(bindparam("run", type_=Uuid()))
+            if ":data" in statement:
+                query = query.bindparams(bindparam("data", type_=JSON()))
+            values = {
+                "day": DAY0,
+                "backend": backend,
+                "run": run_id,
+                "data": h100_fingerprint_data(),
+            }
+            connection.execute(query, values)
+    upgrade_schema(engine)
+    with engine.connect() as connection:
+        on, note = connection.execute(
+            select(Run.engine_on_accelerator, Run.accelerator_note).where(Run.id == run_id)
+        ).one()
+        latest = connection.execute(select(LatestRun.engine_on_accelerator)).scalar_one()
+    assert (on, latest) == ((backend == "CUDA"),) * 2
+    assert (note is None) == (backend == "CUDA")
+    command.downgrade(alembic_config(engine), "0010")
+    engine.dispose()
