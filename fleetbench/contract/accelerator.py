@@ -34,34 +34,31 @@ def accelerator_of(hardware_data: dict[str, Any] | None) -> str | None:
     return None
 
 
-def off_accelerator(
-    hardware_data: dict[str, Any] | None, backend: str | None, n_gpu_layers: int | None
-) -> str | None:
-    """Why a run on a node with an accelerator measured its CPU instead, or None: it ran on
-    the accelerator, the node has none, or what the engine ran on is not known (an imported
-    table without a backend line)."""
-    accelerator = accelerator_of(hardware_data)
-    if accelerator is None or backend is None:
-        return None
-    if backend.strip().upper() == "CPU":
-        return (
-            f"the engine ran on llama.cpp's CPU backend on a node with {accelerator}: "
-            "install llama.cpp built for it (README, Installing)"
-        )
-    if n_gpu_layers == 0:
-        return f"no layer was offloaded to {accelerator} (n_gpu_layers 0)"
-    return None
-
-
 def on_accelerator(
     hardware_data: dict[str, Any] | None, backend: str | None, n_gpu_layers: int | None
 ) -> tuple[bool | None, str | None]:
     """(whether the run measured the node's accelerator, and if not why): None when the node
-    has none or what the engine ran on is not known."""
-    if accelerator_of(hardware_data) is None or backend is None:
+    has none or what the engine ran on is not known (an imported table without a backend
+    line). The fingerprint is read once: ingest asks this of every report."""
+    accelerator = accelerator_of(hardware_data)
+    if accelerator is None or backend is None:
         return None, None
-    why = off_accelerator(hardware_data, backend, n_gpu_layers)
-    return why is None, why
+    if backend.strip().upper() == "CPU":
+        return False, (
+            f"the engine ran on llama.cpp's CPU backend on a node with {accelerator}: "
+            "install llama.cpp built for it (README, Installing)"
+        )
+    if n_gpu_layers == 0:
+        return False, f"no layer was offloaded to {accelerator} (n_gpu_layers 0)"
+    return True, None
+
+
+def off_accelerator(
+    hardware_data: dict[str, Any] | None, backend: str | None, n_gpu_layers: int | None
+) -> str | None:
+    """Why a run on a node with an accelerator measured its CPU instead, or None: it ran on
+    the accelerator, the node has none, or what the engine ran on is not known."""
+    return on_accelerator(hardware_data, backend, n_gpu_layers)[1]
 
 
 def run_off_accelerator(report: RunReport) -> str | None:

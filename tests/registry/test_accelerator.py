@@ -65,19 +65,27 @@ def _h100_report(node: str, backend: str, **fields: Any) -> wire.RunReport:
     )
 
 
+def _report_and_read(
+    registry: LiveRegistry, token: str, report: wire.RunReport
+) -> tuple[Any, Any, Any]:
+    """Reports the run; then its detail, its node, and the placement answer for its model."""
+    with registry.client(token) as client:
+        assert post_report(client, report).status_code == 201
+    with registry.client() as client:
+        run = client.get(f"/v1/runs/{report.run_id}").json()
+        node = client.get(f"/v1/nodes/{report.node}").json()
+        answer = client.get(
+            "/v1/placement", params={"model": ARTICLE_MODEL, "min_tps_per_user": 15}
+        ).json()
+    return run, node, answer
+
+
 def test_a_cpu_curve_of_a_gpu_node_is_marked_and_placement_says_so(
     live_registry: LiveRegistry,
 ) -> None:
     token = live_registry.token("h100-1")
     on_cpu = _h100_report("h100-1", "CPU", started_at=DAY0)
-    with live_registry.client(token) as client:
-        assert post_report(client, on_cpu).status_code == 201
-    with live_registry.client() as client:
-        run = client.get(f"/v1/runs/{on_cpu.run_id}").json()
-        node = client.get("/v1/nodes/h100-1").json()
-        answer = client.get(
-            "/v1/placement", params={"model": ARTICLE_MODEL, "min_tps_per_user": 15}
-        ).json()
+    run, node, answer = _report_and_read(live_registry, token, on_cpu)
     assert run["engine_on_accelerator"] is False
     assert run["accelerator_note"].startswith("the engine ran on llama.cpp's CPU backend")
     assert node["health"] == "off accelerator"
@@ -90,14 +98,7 @@ def test_a_cpu_curve_of_a_gpu_node_is_marked_and_placement_says_so(
     )
     # the node reinstalled with llama.cpp built for CUDA: its next run is the GPU's
     on_gpu = _h100_report("h100-1", "CUDA", started_at=DAY0 + timedelta(hours=1))
-    with live_registry.client(token) as client:
-        assert post_report(client, on_gpu).status_code == 201
-    with live_registry.client() as client:
-        run = client.get(f"/v1/runs/{on_gpu.run_id}").json()
-        node = client.get("/v1/nodes/h100-1").json()
-        answer = client.get(
-            "/v1/placement", params={"model": ARTICLE_MODEL, "min_tps_per_user": 15}
-        ).json()
+    run, node, answer = _report_and_read(live_registry, token, on_gpu)
     assert (run["engine_on_accelerator"], run["accelerator_note"]) == (True, None)
     assert node["health"] != "off accelerator" and node["accelerator_note"] is None
     assert answer["candidates"][0]["engine_on_accelerator"] is True
