@@ -44,7 +44,7 @@ from fleetbench.agent.handover import (
 from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
-from fleetbench.agent.sweep import measure_run
+from fleetbench.agent.sweep import measure_run, memory_line
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.answers import PlacementKind
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
@@ -228,6 +228,8 @@ def sweep(
         )
     if (why := run_off_accelerator(run)) is not None:
         err.print(f"warning: {why}", highlight=False, soft_wrap=True)
+    if (memory := memory_line(run)) is not None:
+        err.print(memory, highlight=False, soft_wrap=True)
     spooled = spool_run(run, settings) if report else None
     unspooled = isinstance(spooled, SpoolUnwritable)  # then stdout keeps the run as JSON
     if as_json or unspooled:

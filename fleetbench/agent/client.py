@@ -16,7 +16,13 @@ import httpx
 from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
 from fleetbench.contract.answers import PlacementAnswer, PlacementKind, RunReceipt
 from fleetbench.contract.plans import KINDS, NodePlans, NodeStatus
-from fleetbench.contract.wire import SERVING_SCHEMA_VERSION, SLO_SEARCH_SCHEMA_VERSION, RunReport
+from fleetbench.contract.wire import (
+    BUFFERS_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    SERVING_SCHEMA_VERSION,
+    SLO_SEARCH_SCHEMA_VERSION,
+    RunReport,
+)
 
 __all__ = ["RegistryClient", "older_version"]
 
@@ -62,12 +68,12 @@ class RegistryClient:
                 raise
             log.warning(
                 "registry at %s takes no schema version %d: run %s sent as version %d, "
-                "without its SLO search (%s)",
+                "without its %s",
                 self._http.base_url,
                 report.schema_version,
                 report.run_id,
                 older.schema_version,
-                report.slo_search,
+                "buffers" if report.buffers else f"SLO search ({report.slo_search})",
             )
             response = self._send(older)
         return RunReceipt.model_validate_json(response.content)
@@ -171,11 +177,16 @@ class RegistryClient:
 
 
 def older_version(report: RunReport) -> RunReport | None:
-    """The report as the schema version before its own holds it (None: there is none it
-    fits): a version 3 serving run without its SLO search."""
-    if report.schema_version != SLO_SEARCH_SCHEMA_VERSION:
-        return None
-    return report.model_copy(update={"schema_version": SERVING_SCHEMA_VERSION, "slo_search": None})
+    """The report as an older schema version holds it (None: there is none it fits): a
+    version 3 serving run without its SLO search, a version 4 offline run without the
+    buffers llama.cpp allocated."""
+    if report.schema_version == BUFFERS_SCHEMA_VERSION:
+        return report.model_copy(update={"schema_version": SCHEMA_VERSION, "buffers": []})
+    if report.schema_version == SLO_SEARCH_SCHEMA_VERSION:
+        return report.model_copy(
+            update={"schema_version": SERVING_SCHEMA_VERSION, "slo_search": None}
+        )
+    return None
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -128,6 +128,7 @@ def placement_table(answer: PlacementAnswer) -> Table:
         notes = [
             *(["past the knee"] if c.past_knee else []),
             *(["fit not checked"] if answer.context_tokens and c.fit == "not checked" else []),
+            *(["fit predicted only"] if c.fit_basis == "predicted only" else []),
             *(["measured on the CPU, not the GPU"] if c.engine_on_accelerator is False else []),
         ]
         source = f"{c.server or 'server'} ({c.slots} slots)" if c.slots else c.server

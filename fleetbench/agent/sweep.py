@@ -12,8 +12,14 @@ from pathlib import Path
 from fleetbench.agent.fingerprint import take_fingerprint
 from fleetbench.agent.gguf_model import ModelFileError, describe_gguf, sha256_of
 from fleetbench.agent.runners import PointCallback, Runner, SweepFailed, SweepOutcome, SweepSpec
+from fleetbench.contract.allocation import (
+    allocated_bytes,
+    kv_prediction_error_pct,
+    predicted_kv_bytes,
+)
 from fleetbench.contract.bounds import storable_text
 from fleetbench.contract.wire import (
+    BUFFERS_SCHEMA_VERSION,
     ERROR_LENGTH,
     REASON_LENGTH,
     SCHEMA_VERSION,
@@ -24,7 +30,7 @@ from fleetbench.contract.wire import (
     RunReport,
 )
 
-__all__ = ["measure_run", "run_report"]
+__all__ = ["measure_run", "memory_line", "run_report"]
 
 
 def measure_run(
@@ -93,7 +99,7 @@ def run_report(
         points, failures = outcome.points, outcome.failures
         status = "partial" if failures else "ok"
         error = None
-        settings, engine = outcome.settings, outcome.engine
+        settings, engine, buffers = outcome.settings, outcome.engine, outcome.buffers
     else:
         assert failure is not None
         points = getattr(failure, "points", [])
@@ -114,11 +120,12 @@ def run_report(
         started = getattr(failure, "started", None)
         settings = started.settings if started is not None else spec.run_settings()
         engine = started.engine if started is not None else engine
+        buffers = started.buffers if started is not None else []
     if not points:
         status = "failed"
         error = error or "no point could be measured"
     return RunReport(
-        schema_version=SCHEMA_VERSION,
+        schema_version=BUFFERS_SCHEMA_VERSION if buffers else SCHEMA_VERSION,
         run_id=uuid.uuid4(),
         node=node,
         started_at=started_at,
@@ -132,4 +139,24 @@ def run_report(
         hardware=hardware,
         points=points,
         failures=failures,
+        buffers=buffers,
     )
+
+
+def memory_line(report: RunReport) -> str | None:
+    """What llama.cpp allocated, beside the KV cache the maths predicted (None: it logged
+    no buffers), e.g. "weights 241.1 MiB, KV cache 18.0 MiB (predicted 18.0, +0.0%)"."""
+    if not report.buffers:
+        return None
+    parts = []
+    for kind, label in (("model", "weights"), ("kv", "KV cache"), ("compute", "compute")):
+        size = allocated_bytes(report.buffers, kind)
+        if size is None:
+            continue
+        part = f"{label} {size / 2**20:.1f} MiB"
+        predicted = predicted_kv_bytes(report) if kind == "kv" else None
+        if (error := kv_prediction_error_pct(predicted, size)) is not None:
+            assert predicted is not None
+            part += f" (predicted {predicted / 2**20:.1f}, {error:+.1f}%)"
+        parts.append(part)
+    return "memory llama.cpp allocated: " + ", ".join(parts)

@@ -13,6 +13,7 @@ from fleetbench.contract.bounds import Moment
 
 __all__ = [
     "FactsSource",
+    "FitBasis",
     "PlacementAnswer",
     "PlacementCandidate",
     "PlacementKind",
@@ -22,6 +23,7 @@ __all__ = [
 
 FactsSource = Literal["node", "most nodes", "none"]
 PlacementKind = Literal["offline", "serving", "any"]
+FitBasis = Literal["measured buffers", "predicted only", "server slots"]
 
 
 class RunReceipt(BaseModel):
@@ -68,6 +70,13 @@ class PlacementCandidate(BaseModel):
     )
     fit: Literal["fits", "not checked"] = Field(
         default="not checked", description="whether weights + KV cache were checked to fit"
+    )
+    fit_basis: FitBasis | None = Field(
+        default=None,
+        description="what a checked fit added to the predicted KV cache: the weights, compute "
+        "and output buffers llama.cpp allocated in the node's latest run (measured buffers), "
+        "or the model file's size alone (predicted only, when that run logged no buffers); "
+        "server slots: the serving run's server holds the context in each slot",
     )
     facts_from: FactsSource = Field(
         default="none",

@@ -2,7 +2,9 @@
 
 llama.cpp allocates the KV cache for the whole context when it creates it: every layer that
 attends globally keeps K and V for every cell; a sliding-window layer (with swa_full off, as
-the CLI runs) keeps only its window plus one micro-batch per sequence. Pure arithmetic.
+the CLI runs) keeps only its window plus one micro-batch, per sequence (per cache when the
+cache is unified), in multiples of 256 cells (llama-kv-cache-iswa.cpp). Pure arithmetic,
+checked against what llama.cpp allocates (tests/agent/test_buffers.py).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def kv_cache_bytes(
     n_ubatch: int = 512,
     cache_type_k: str = "f16",
     cache_type_v: str = "f16",
+    unified: bool = False,
 ) -> int | None:
     """KV bytes of a context of `n_ctx` cells for `n_seq` sequences; None when the model
     lacks the numbers (layers, KV heads, head sizes) to say, or a cache type is unknown."""
@@ -61,8 +64,19 @@ def kv_cache_bytes(
     full_layers = model.n_layer - swa_layers
     swa_cells = n_ctx
     if swa_layers and model.sliding_window:
-        swa_cells = min(n_ctx, n_seq * model.sliding_window + n_ubatch)
+        window = model.sliding_window
+        if unified:
+            swa_cells = _window_cells(n_ctx, window * n_seq + n_ubatch)
+        else:
+            per_seq = n_ctx // max(n_seq, 1)
+            swa_cells = max(n_seq, 1) * _window_cells(per_seq, window + n_ubatch)
     return round(per_cell_per_layer * (full_layers * n_ctx + swa_layers * swa_cells))
+
+
+def _window_cells(cells: int, window: int) -> int:
+    """A sliding-window cache's cells beside a full cache of `cells`: the window, rounded up
+    to 256 cells as llama.cpp allocates, never more than the full cache."""
+    return min(cells, -(-min(cells, window) // 256) * 256)
 
 
 def fits(
@@ -74,9 +88,11 @@ def fits(
     cache_type_k: str,
     cache_type_v: str,
     free_bytes: int | None,
+    beside_bytes: int | None = None,
 ) -> str | None:
-    """Why a context of `n_ctx` cells cannot fit in `free_bytes` beside the model's weights,
-    or None when it fits (or when the numbers to tell are missing)."""
+    """Why a context of `n_ctx` cells cannot fit in `free_bytes` beside the model's weights
+    (`beside_bytes` when measured: the weights, compute and output buffers llama.cpp
+    allocated; else the file's size), or None when it fits (or the numbers are missing)."""
     if model is None or free_bytes is None:
         return None
     kv = kv_cache_bytes(
@@ -89,10 +105,11 @@ def fits(
     )
     if kv is None:
         return None
-    weights = model.file_size or 0
-    if kv + weights <= free_bytes:
+    beside = beside_bytes if beside_bytes is not None else model.file_size or 0
+    if kv + beside <= free_bytes:
         return None
+    what = "weights and compute buffers as allocated" if beside_bytes is not None else "weights"
     return (
         f"its KV cache for {n_ctx} cells needs {kv / 2**30:.2f} GiB beside "
-        f"{weights / 2**30:.2f} GiB of weights; {free_bytes / 2**30:.2f} GiB is free"
+        f"{beside / 2**30:.2f} GiB of {what}; {free_bytes / 2**30:.2f} GiB is free"
     )

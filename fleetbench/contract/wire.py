@@ -6,7 +6,8 @@ registry validates the same class on `POST /v1/runs`.
 Versioning: `schema_version` is a literal. A change that old registries could misread
 gets a new version; the registry answers 422 for a version it does not know. Version 2
 added serving runs (`kind: serving`, the server's identity and one `ServingPoint` per
-concurrency); version 3 a serving run's SLO search (`slo_search`). A report is sent as the
+concurrency); version 3 a serving run's SLO search (`slo_search`); version 4 the memory
+llama.cpp allocated for an offline run (`buffers`). A report is sent as the
 oldest version that holds it (offline runs as version 1, which every registry takes), so
 agents may be upgraded before the registry.
 """
@@ -45,11 +46,13 @@ from fleetbench.contract.bounds import (
 )
 
 __all__ = [
+    "BUFFERS_SCHEMA_VERSION",
     "ERROR_LENGTH",
     "REASON_LENGTH",
     "SCHEMA_VERSION",
     "SERVING_SCHEMA_VERSION",
     "SLO_SEARCH_SCHEMA_VERSION",
+    "AllocatedBuffer",
     "EngineBuild",
     "FailedPoint",
     "HardwareData",
@@ -68,6 +71,7 @@ __all__ = [
 SCHEMA_VERSION = 1  # offline runs
 SERVING_SCHEMA_VERSION = 2
 SLO_SEARCH_SCHEMA_VERSION = 3
+BUFFERS_SCHEMA_VERSION = 4
 
 # S_TG and B·TG/T_TG may differ by rounding, never by more than this share.
 S_TG_TOLERANCE = 0.01
@@ -155,6 +159,20 @@ class EngineBuild(_Strict):
         default=None, max_length=100, description="e.g. llama-batched-bench, llama-cpp-python"
     )
     binding_version: Text | None = Field(default=None, max_length=100)
+
+
+class AllocatedBuffer(_Strict):
+    """One buffer llama.cpp logged allocating for the sweep's model or context, e.g.
+    "CUDA0 KV buffer size = 288.00 MiB" (to the nearest 10 KiB: it logs MiB to 2 decimals)."""
+
+    kind: Literal["model", "kv", "compute", "output"] = Field(
+        description="model: weights; kv: the KV cache; compute: the graph's scratch; output: "
+        "logits and embeddings"
+    )
+    device: Text = Field(
+        max_length=64, description="llama.cpp's buffer type: CPU, CPU_Mapped, CUDA0, Metal, ..."
+    )
+    bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]
 
 
 class ModelInfo(_Strict):
@@ -370,7 +388,8 @@ class SloSearch(_Strict):
 
 
 # The version that introduced each field a report of an older version leaves out.
-_FIELD_VERSIONS = {"kind": 2, "server": 2, "serving_points": 2, "slo_search": 3}
+_FIELD_VERSIONS = {"kind": 2, "server": 2, "serving_points": 2, "slo_search": 3, "buffers": 4}
+_SERVING_FIELDS = ("kind", "server", "serving_points", "slo_search")
 
 
 class RunReport(_Strict):
@@ -384,7 +403,7 @@ class RunReport(_Strict):
     points per node lower than the schema does (FLEETBENCH_MAX_POINTS_PER_REPORT,
     FLEETBENCH_MAX_SERIES_PER_NODE): over them it answers 422 saying which."""
 
-    schema_version: Literal[1, 2, 3]
+    schema_version: Literal[1, 2, 3, 4]
     run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
     node: Name
     started_at: UTCDateTime
@@ -408,6 +427,12 @@ class RunReport(_Strict):
     slo_search: SloSearch | None = Field(
         default=None, description="a serving run's SLO search (schema version 3)"
     )
+    buffers: list[AllocatedBuffer] = Field(
+        default_factory=list,
+        max_length=256,
+        description="an offline run's memory as llama.cpp allocated it, one entry per buffer "
+        "it logged (schema version 4)",
+    )
 
     @field_validator("points")
     @classmethod
@@ -423,11 +448,12 @@ class RunReport(_Strict):
     @model_serializer(mode="wrap")
     def _as_its_version(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # A report is written as the oldest version that holds it wrote it: an offline run
-        # without the serving fields, a serving run without a search without slo_search. An
+        # without the serving fields, a run without a search or buffers without those. An
         # older registry takes it, and its digest (a retry's identity) is what it was.
         data: dict[str, Any] = handler(self)
         for name, since in _FIELD_VERSIONS.items():
-            if self.kind == "offline" or (since > self.schema_version and data.get(name) is None):
+            serving_only = self.kind == "offline" and name in _SERVING_FIELDS
+            if serving_only or (since > self.schema_version and not data.get(name)):
                 data.pop(name, None)
         return data
 
@@ -445,6 +471,8 @@ class RunReport(_Strict):
             raise ValueError("server, serving_points and slo_search belong to serving runs")
         if self.slo_search is not None and self.schema_version < SLO_SEARCH_SCHEMA_VERSION:
             raise ValueError("slo_search came with schema version 3")
+        if self.buffers and (self.kind == "serving" or self.schema_version < 4):
+            raise ValueError("buffers came with schema version 4, for offline runs")
         return self
 
     @model_validator(mode="after")

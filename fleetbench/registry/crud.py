@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import ColumnElement, Select, bindparam, func, or_, select
 from sqlalchemy.orm import Session, aliased, selectinload
 
+from fleetbench.contract.allocation import kv_prediction_error_pct
 from fleetbench.contract.wire import model_name_key
 from fleetbench.registry.labels import build_label
 from fleetbench.registry.models import (
@@ -54,6 +55,7 @@ class NodeSummary(NamedTuple):
     next_run_at: datetime | None
     sweep_requested_at: datetime | None
     accelerator_note: str | None  # its latest run measured the CPU on a GPU node: why
+    kv_prediction_error_pct: float | None  # its latest run's: contract.allocation
 
 
 # --- nodes and tokens ------------------------------------------------------------------
@@ -115,6 +117,8 @@ def _node_summary_statement(one: bool) -> Select[*tuple[Any, ...]]:
             NodePlanStatus.next_run_at,
             NodePlanStatus.sweep_requested_at,
             Run.accelerator_note,
+            Run.kv_predicted_bytes,
+            Run.kv_allocated_bytes,
         )
         .select_from(Node)
         .outerjoin(NodeActivity, NodeActivity.node_id == Node.id)
@@ -147,6 +151,7 @@ def _node_summaries(session: Session, name: str | None = None) -> list[NodeSumma
             next_run_at=next_run_at,
             sweep_requested_at=requested_at,
             accelerator_note=accelerator_note,
+            kv_prediction_error_pct=kv_prediction_error_pct(kv_predicted, kv_allocated),
         )
         for (
             node_id,
@@ -167,6 +172,8 @@ def _node_summaries(session: Session, name: str | None = None) -> list[NodeSumma
             next_run_at,
             requested_at,
             accelerator_note,
+            kv_predicted,
+            kv_allocated,
         ) in rows
     ]
 

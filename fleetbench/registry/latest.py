@@ -107,6 +107,7 @@ class LatestCandidate:
     settings: wire.RunSettings
     points: Sequence[wire.Point]
     engine_on_accelerator: bool | None = None
+    beside_kv_bytes: int | None = None  # weights, compute and outputs, as allocated
 
 
 def record_latest(
@@ -134,6 +135,7 @@ def record_latest(
             "cache_type_v": c.settings.cache_type_v,
             "n_ubatch": c.settings.n_ubatch,
             "engine_on_accelerator": c.engine_on_accelerator,
+            "beside_kv_bytes": c.beside_kv_bytes,
         }
         for c in candidates
     ]

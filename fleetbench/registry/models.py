@@ -239,6 +239,11 @@ class Run(Base):
     # none, or what the engine ran on is not known), and why not.
     engine_on_accelerator: Mapped[bool | None]
     accelerator_note: Mapped[str | None] = mapped_column(Text)
+    # What llama.cpp allocated (wire.AllocatedBuffer list), and the KV cache predicted and
+    # allocated in all: contract.allocation
+    buffers: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    kv_predicted_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(index=True)
@@ -432,6 +437,8 @@ class LatestRun(Base):
     cache_type_v: Mapped[str | None] = mapped_column(String(16))
     n_ubatch: Mapped[int | None]
     engine_on_accelerator: Mapped[bool | None]  # the run's
+    # weights, compute and outputs as the run's llama.cpp allocated them (None: not logged)
+    beside_kv_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class LatestPoint(Base):

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from fleetbench.contract.answers import (
     FactsSource,
+    FitBasis,
     PlacementAnswer,
     PlacementKind,
     RejectedConcurrency,
@@ -109,7 +110,13 @@ def place(
         uncapped = rows()
         found = rows(caps) if caps else uncapped
         rejected = _rejected(uncapped, caps, facts, context_tokens)
-    offline_fits = {c.node for c in found.qualifying if found.configs[c.node] in caps}
+    offline_fits: dict[str, FitBasis] = {
+        c.node: "measured buffers"
+        if found.configs[c.node].beside_kv_bytes is not None
+        else "predicted only"
+        for c in found.qualifying
+        if found.configs[c.node] in caps
+    }
     return answer_placement(
         model=models[0].name,
         min_tps_per_user=min_tps_per_user,
@@ -147,12 +154,12 @@ def _fastest(offline: NodeChoice | None, served: ServingChoices) -> NodeChoice |
     return max(offered, key=lambda c: c.per_user_tps, default=None)
 
 
-def _serving_fits(served: ServingChoices, context_tokens: int | None) -> set[str]:
+def _serving_fits(served: ServingChoices, context_tokens: int | None) -> dict[str, FitBasis]:
     """The serving candidates whose server holds the context asked for in each slot (its
     own allocation: those with smaller slots are left out)."""
     if context_tokens is None:
-        return set()
-    return {c.node for c in served.qualifying if c.ctx_per_slot is not None}
+        return {}
+    return {c.node: "server slots" for c in served.qualifying if c.ctx_per_slot is not None}
 
 
 def _facts_sources(found: PlacementRows, facts: FleetFacts) -> dict[str, FactsSource]:

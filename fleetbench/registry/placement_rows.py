@@ -52,6 +52,7 @@ class FitConfig:
     cache_type_k: str | None
     cache_type_v: str | None
     n_ubatch: int | None
+    beside_kv_bytes: int | None  # weights, compute and outputs as allocated (None: not logged)
 
 
 class PlacementRows(NamedTuple):
@@ -103,6 +104,7 @@ def _heads(shape: _Shape) -> Any:
         LatestRun.cache_type_k,
         LatestRun.cache_type_v,
         LatestRun.n_ubatch,
+        LatestRun.beside_kv_bytes,
         LatestRun.engine_on_accelerator,
     ]
     if not shape.several_models:
@@ -134,6 +136,7 @@ def _cap_expression(heads: Any, caps: Mapping[FitConfig, int]) -> ColumnElement[
                 _same(heads.c.cache_type_k, config.cache_type_k),
                 _same(heads.c.cache_type_v, config.cache_type_v),
                 _same(heads.c.n_ubatch, config.n_ubatch),
+                _same(heads.c.beside_kv_bytes, config.beside_kv_bytes),
             ),
             cap,
         )
@@ -182,6 +185,7 @@ def _placement_statement(
             heads.c.cache_type_k,
             heads.c.cache_type_v,
             heads.c.n_ubatch,
+            heads.c.beside_kv_bytes,
             heads.c.engine_on_accelerator,
         )
         .select_from(point)
@@ -236,6 +240,7 @@ def _placement_statement(
             chosen.c.cache_type_k,
             chosen.c.cache_type_v,
             chosen.c.n_ubatch,
+            chosen.c.beside_kv_bytes,
             chosen.c.engine_on_accelerator,
             func.sum(chosen.c.meets).over().label("qualifying"),
         )
@@ -293,6 +298,7 @@ def placement_rows(
         cache_type_k,
         cache_type_v,
         n_ubatch,
+        beside_kv_bytes,
         engine_on_accelerator,
         _,
     ) in rows:
@@ -312,7 +318,7 @@ def placement_rows(
             )
         )
         configs[node] = FitConfig(
-            model_id, facts_id, memory_bytes, cache_type_k, cache_type_v, n_ubatch
+            model_id, facts_id, memory_bytes, cache_type_k, cache_type_v, n_ubatch, beside_kv_bytes
         )
     count = int(rows[0].qualifying) if rows else 0
     if count:
@@ -358,6 +364,7 @@ def _fit_config_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
         heads.c.cache_type_k,
         heads.c.cache_type_v,
         heads.c.n_ubatch,
+        heads.c.beside_kv_bytes,
     )
     return (
         select(*keys, func.count(), func.min(Node.name))
@@ -375,6 +382,7 @@ def memory_of(config: FitConfig, facts: FleetFacts, *, node: str = "") -> NodeMe
         cache_type_k=config.cache_type_k,
         cache_type_v=config.cache_type_v,
         n_ubatch=config.n_ubatch,
+        beside_kv_bytes=config.beside_kv_bytes,
     )
 
 
@@ -386,6 +394,6 @@ def fit_configs(
     statement = _fit_config_statement(_shape(model_ids, since, None))
     rows = session.connection().execute(statement, _params(model_ids, since))
     return [
-        (FitConfig(model_id, facts_id, memory, cache_k, cache_v, ubatch), count, first)
-        for model_id, facts_id, memory, cache_k, cache_v, ubatch, count, first in rows
+        (FitConfig(model_id, facts_id, memory, cache_k, cache_v, ubatch, beside), count, first)
+        for model_id, facts_id, memory, cache_k, cache_v, ubatch, beside, count, first in rows
     ]

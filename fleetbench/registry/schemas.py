@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleetbench.contract import bounds as wire_bounds
 from fleetbench.contract import wire
+from fleetbench.contract.allocation import kv_prediction_error_pct
 from fleetbench.contract.bounds import Text
 from fleetbench.contract.plans import PlanState
 from fleetbench.registry.models import Regression, Run, Token
@@ -80,6 +81,10 @@ class NodePublic(_Public):
         default=None,
         description="its latest run measured the CPU although the node has a GPU, and why",
     )
+    kv_prediction_error_pct: float | None = Field(
+        default=None,
+        description="its latest run's KV cache: (predicted - allocated) / allocated, in %",
+    )
     health: Health
 
 
@@ -136,6 +141,19 @@ class RunPublic(_Public):
         "what the engine ran on is not known)",
     )
     accelerator_note: str | None = Field(default=None, description="why not, when it did not")
+    kv_predicted_bytes: int | None = Field(
+        default=None,
+        description="the KV cache the maths predicts for the run's context (what placement's "
+        "fit check uses)",
+    )
+    kv_allocated_bytes: int | None = Field(
+        default=None, description="the KV cache llama.cpp allocated (null: not logged)"
+    )
+    kv_prediction_error_pct: float | None = Field(
+        default=None,
+        description="(predicted - allocated) / allocated, in %: how far placement's fit "
+        "maths was from what llama.cpp allocated for this run",
+    )
 
 
 class RunsPublic(_Public):
@@ -153,6 +171,9 @@ class RunDetail(RunPublic):
         default=None,
         description="a serving run's search for the largest concurrency meeting "
         "an objective: what it found and why it stopped",
+    )
+    buffers: list[wire.AllocatedBuffer] = Field(
+        default_factory=list, description="every buffer llama.cpp logged allocating"
     )
 
 
@@ -174,6 +195,11 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "settings": wire.RunSettings.model_validate(run, from_attributes=True),
         "engine_on_accelerator": run.engine_on_accelerator,
         "accelerator_note": run.accelerator_note,
+        "kv_predicted_bytes": run.kv_predicted_bytes,
+        "kv_allocated_bytes": run.kv_allocated_bytes,
+        "kv_prediction_error_pct": kv_prediction_error_pct(
+            run.kv_predicted_bytes, run.kv_allocated_bytes
+        ),
     }
 
 
@@ -192,6 +218,7 @@ def run_detail(run: Run) -> RunDetail:
             ],
             "server": run.server,
             "slo_search": run.slo_search,
+            "buffers": run.buffers or [],
             "serving_points": [
                 wire.ServingPoint.model_validate(p, from_attributes=True)
                 for p in run.serving_points

@@ -10,8 +10,9 @@ from playwright.sync_api import Route
 
 from fleetbench.contract import wire
 from fleetbench.registry.config import RegistrySettings
-from tests.factories import ARTICLE_MODEL, running_registry
+from tests.factories import ARTICLE_MODEL, ARTICLE_MODEL_INFO, running_registry
 from tests.registry.test_accelerator import h100_fingerprint_data
+from tests.registry.test_allocation import BUFFERS, SETTINGS
 from tests.web.conftest import Dashboard, Fleet, apple_m4_pro, hours_ago
 
 
@@ -194,4 +195,23 @@ def test_a_gpu_node_measured_on_its_cpu_stands_out(dashboard: Dashboard, fleet: 
     page = dashboard.open("/nodes/h100-1")
     facts = page.text_content("#node-facts") or ""
     assert "off accelerator (the engine ran on llama.cpp's CPU backend" in facts
+    dashboard.assert_clean()
+
+
+def test_the_node_page_checks_the_kv_maths_against_what_llama_cpp_allocated(
+    dashboard: Dashboard, fleet: Fleet
+) -> None:
+    fleet.report(
+        "m4pro",
+        schema_version=4,
+        model=ARTICLE_MODEL_INFO,
+        settings=SETTINGS,
+        buffers=BUFFERS,
+        hardware=apple_m4_pro(),
+    )
+    page = dashboard.open("/nodes/m4pro")
+    facts = page.text_content("#node-facts") or ""
+    assert "KV-cache maths+4.2% of what llama.cpp allocated in the latest run" in facts
+    [row] = dashboard.table("#models")
+    assert row[5] == "3072.0 MiB (predicted +4.2%)"
     dashboard.assert_clean()

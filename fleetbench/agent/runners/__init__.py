@@ -18,7 +18,14 @@ from typing import Protocol
 
 from fleetbench.contract.kv_cache import fits
 from fleetbench.contract.sweep_spec import LLAMA_CPP_NAMES, SweepSpec, needed_cells
-from fleetbench.contract.wire import EngineBuild, FailedPoint, ModelInfo, Point, RunSettings
+from fleetbench.contract.wire import (
+    AllocatedBuffer,
+    EngineBuild,
+    FailedPoint,
+    ModelInfo,
+    Point,
+    RunSettings,
+)
 
 __all__ = [
     "LLAMA_CPP_NAMES",
@@ -41,6 +48,7 @@ class SweepOutcome:
     points: list[Point] = field(default_factory=list)
     failures: list[FailedPoint] = field(default_factory=list)
     model: ModelInfo | None = None  # what the engine read from the model, when it did
+    buffers: list[AllocatedBuffer] = field(default_factory=list)  # what llama.cpp allocated
 
 
 def plan_grid(

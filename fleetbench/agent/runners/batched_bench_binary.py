@@ -5,6 +5,7 @@ printed; the points it never printed are failures with the reason.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from fleetbench.agent.runners import (
     SweepSpec,
     point_from_samples,
 )
+from fleetbench.agent.runners.llama_buffers import VERBOSE_ENV, buffers_in
 from fleetbench.contract.wire import EngineBuild, FailedPoint, Point, RunSettings
 
 __all__ = ["BINARY", "BatchedBenchBinaryRunner", "argv", "binary_build", "find_binary"]
@@ -98,9 +100,10 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
     engine = binary_build(binary)
     samples: dict[tuple[int, int, int], list[Point]] = {}
     settings = RunSettings()
+    log: list[str] = []  # the last run's stderr, where llama.cpp logs its buffers
     for repeat in range(spec.repeats):
         last = repeat == spec.repeats - 1
-        for point, point_settings in _one_run(binary, model, spec, samples):
+        for point, point_settings in _one_run(binary, model, spec, samples, log):
             settings = point_settings
             samples.setdefault((point.pp, point.tg, point.b), []).append(point)
             if last:
@@ -111,7 +114,7 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
         "cache_type_k": spec.cache_type_k,
         "cache_type_v": spec.cache_type_v,
     }
-    outcome = SweepOutcome(engine, settings.model_copy(update=known))
+    outcome = SweepOutcome(engine, settings.model_copy(update=known), buffers=buffers_in(log))
     for pp, tg, pl in spec.grid():
         measured = samples.get((pp, tg, pl))
         if measured:
@@ -127,10 +130,18 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
 
 
 def _one_run(
-    binary: Path, model: Path, spec: SweepSpec, measured: dict[tuple[int, int, int], list[Point]]
+    binary: Path,
+    model: Path,
+    spec: SweepSpec,
+    measured: dict[tuple[int, int, int], list[Point]],
+    log: list[str],
 ) -> Iterator[tuple[Point, RunSettings]]:
     process = subprocess.Popen(
-        argv(binary, model, spec), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv(binary, model, spec),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **VERBOSE_ENV},
     )
     assert process.stdout is not None and process.stderr is not None
     try:
@@ -143,6 +154,7 @@ def _one_run(
                 continue
             yield run.points[0], run.settings
         stderr = process.stderr.read()
+        log[:] = stderr.splitlines()
     finally:
         process.stdout.close()
         process.stderr.close()

@@ -18,7 +18,14 @@ from pathlib import Path
 
 from fleetbench.agent.errors import EngineUnavailable
 from fleetbench.agent.runners import PointCallback, SweepFailed, SweepOutcome, SweepSpec
-from fleetbench.contract.wire import EngineBuild, FailedPoint, ModelInfo, Point, RunSettings
+from fleetbench.contract.wire import (
+    AllocatedBuffer,
+    EngineBuild,
+    FailedPoint,
+    ModelInfo,
+    Point,
+    RunSettings,
+)
 
 __all__ = ["BINDING", "LlamaCppPythonRunner"]
 
@@ -82,7 +89,9 @@ class LlamaCppPythonRunner:
                 if kind == "start":
                     started = told
                 else:
-                    outcome = SweepOutcome(told.engine, told.settings, points, failures, told.model)
+                    outcome = SweepOutcome(
+                        told.engine, told.settings, points, failures, told.model, told.buffers
+                    )
             else:
                 error = payload
         child.join()
@@ -99,19 +108,21 @@ def _version() -> str:
         return "unknown"
 
 
-def _outcome(engine: str, settings: str, model: str | None) -> SweepOutcome:
+def _outcome(engine: str, settings: str, model: str | None, buffers: list[str]) -> SweepOutcome:
     return SweepOutcome(
         EngineBuild.model_validate_json(engine),
         RunSettings.model_validate_json(settings),
         model=ModelInfo.model_validate_json(model) if model else None,
+        buffers=[AllocatedBuffer.model_validate_json(b) for b in buffers],
     )
 
 
-def _told(outcome: SweepOutcome) -> tuple[str, str, str | None]:
+def _told(outcome: SweepOutcome) -> tuple[str, str, str | None, list[str]]:
     return (
         outcome.engine.model_dump_json(),
         outcome.settings.model_dump_json(),
         outcome.model.model_dump_json() if outcome.model else None,
+        [b.model_dump_json() for b in outcome.buffers],
     )
 
 
@@ -122,9 +133,10 @@ def _death(exitcode: int | None) -> str:
 
 
 def _child(model_path: str, spec: SweepSpec, free_bytes: int | None, sender: Connection) -> None:
-    from fleetbench.agent.runners.llama_inprocess import quiet_llama_logs, run_sweep
+    from fleetbench.agent.runners.llama_buffers import BufferLog
+    from fleetbench.agent.runners.llama_inprocess import capture_llama_log, run_sweep
 
-    quiet_llama_logs()
+    capture_llama_log(BufferLog())
 
     def send(result: Point | FailedPoint) -> None:
         sender.send(("point" if isinstance(result, Point) else "failure", result.model_dump_json()))

@@ -32,11 +32,12 @@ from fleetbench.agent.runners import (
     plan_grid,
     point_from_samples,
 )
+from fleetbench.agent.runners.llama_buffers import BufferLog
 from fleetbench.agent.runners.llama_cpp_python import BINDING
 from fleetbench.contract.kv_cache import kv_cells
 from fleetbench.contract.wire import EngineBuild, FailedPoint, Point
 
-__all__ = ["quiet_llama_logs", "run_sweep"]
+__all__ = ["capture_llama_log", "run_sweep"]
 
 _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 _WARMUP_TOKENS = 16
@@ -96,6 +97,7 @@ def run_sweep(
         ctx = llama.llama_init_from_model(model, ctx_params) if grid else None
         if grid and not ctx:
             raise SweepFailed(f"llama.cpp could not create a context of {n_ctx} cells")
+        buffers = _log.buffers() if _log is not None else []
         outcome = SweepOutcome(
             engine=EngineBuild(
                 backend=_backend(llama),
@@ -112,8 +114,11 @@ def run_sweep(
                 n_threads_batch=threads,
             ),
             model=info,
+            buffers=buffers,
         )
-        on_start(SweepOutcome(outcome.engine, outcome.settings, model=outcome.model))
+        on_start(
+            SweepOutcome(outcome.engine, outcome.settings, model=outcome.model, buffers=buffers)
+        )
         for failure in skipped:
             outcome.failures.append(failure)
             on_point(failure)
@@ -189,16 +194,22 @@ def _free_memory(llama: Any, n_gpu_layers: int) -> int | None:
     return int(psutil.virtual_memory().available)
 
 
-def quiet_llama_logs() -> None:
-    """llama.cpp logs every tensor it loads to stderr; a sweep shows its own progress."""
+def capture_llama_log(log: BufferLog) -> None:
+    """llama.cpp logs every tensor it loads to stderr; a sweep shows its own progress, and
+    keeps from the log only the buffers llama.cpp allocated."""
     import llama_cpp.llama_cpp as llama
 
-    global _silence  # the callback must outlive this call: llama.cpp keeps the pointer
-    _silence = llama.llama_log_callback(lambda level, text, user_data: None)
-    llama.llama_log_set(_silence, None)
+    def keep(_level: int, text: bytes, _user_data: Any) -> None:
+        log.write(text.decode(errors="replace"))
+
+    global _callback, _log  # the callback must outlive this call: llama.cpp keeps the pointer
+    _log = log
+    _callback = llama.llama_log_callback(keep)
+    llama.llama_log_set(_callback, None)
 
 
-_silence: Any = None
+_callback: Any = None
+_log: BufferLog | None = None
 
 
 def _ggml_type(llama: Any, name: str) -> int:

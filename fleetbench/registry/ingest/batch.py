@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from fleetbench.contract import wire
+from fleetbench.contract.allocation import beside_kv_bytes
 from fleetbench.registry.ingest.answers import (
     IngestLimits,
     ReportRefused,
@@ -230,6 +231,7 @@ def _latest_and_regressions(
                 settings=run.report.settings,
                 points=run.report.points,
                 engine_on_accelerator=run.on_accelerator[0],
+                beside_kv_bytes=beside_kv_bytes(run.report.buffers),
             )
         )
     record_latest(connection, heads)

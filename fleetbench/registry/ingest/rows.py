@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 
 from fleetbench.contract import wire
 from fleetbench.contract.accelerator import on_accelerator
+from fleetbench.contract.allocation import allocated_bytes, predicted_kv_bytes
 from fleetbench.contract.wire import model_name_key
 from fleetbench.registry.ingest.answers import IngestLimits, ReportRefused
 from fleetbench.registry.ingest.statements import MODEL_FACTS, Statements
@@ -310,6 +311,9 @@ def insert_runs(
                 else None,
                 "engine_on_accelerator": on,
                 "accelerator_note": why,
+                "buffers": [b.model_dump(mode="json") for b in report.buffers] or None,
+                "kv_predicted_bytes": predicted_kv_bytes(report),
+                "kv_allocated_bytes": allocated_bytes(report.buffers, "kv"),
                 **report.settings.model_dump(),
             }
         )

@@ -18,7 +18,7 @@ Decided here, over those rows: the answer, and why no node qualifies.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -26,6 +26,7 @@ from uuid import UUID
 
 from fleetbench.contract.answers import (
     FactsSource,
+    FitBasis,
     PlacementAnswer,
     PlacementKind,
     RejectedConcurrency,
@@ -184,6 +185,9 @@ class NodeMemory:
     cache_type_k: str | None
     cache_type_v: str | None
     n_ubatch: int | None
+    # the weights, compute and output buffers of the node's latest run as llama.cpp allocated
+    # them; None: not logged, the fit is checked with the file's size (predicted only)
+    beside_kv_bytes: int | None = None
 
     def _cache(self, concurrency: int, tokens_per_user: int) -> dict[str, Any]:
         return {
@@ -208,6 +212,7 @@ class NodeMemory:
             self.model,
             **self._cache(concurrency, tokens_per_user),
             free_bytes=self.memory_bytes,
+            beside_bytes=self.beside_kv_bytes,
         )
 
 
@@ -269,7 +274,7 @@ def answer_placement(
     rejected: Sequence[RejectedConcurrency] = (),
     unchecked: Sequence[tuple[str, str, int]] = (),
     kv_cache_bytes: Mapping[str, int | None] | None = None,
-    fit_checked: Collection[str] = (),
+    fit_checked: Mapping[str, FitBasis] | None = None,
     facts_from: Mapping[str, FactsSource] | None = None,
     kind: PlacementKind = "any",
     max_ttft_ms: float | None = None,
@@ -281,10 +286,11 @@ def answer_placement(
     user, or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt`.
     `unchecked`: (a node, why its fit is not checked, how many nodes alike).
     `kv_cache_bytes`: each listed node's users' KV cache at its concurrency;
-    `fit_checked`: the nodes whose fit was checked; `facts_from`: whose model facts each
-    listed node's figures used. `small_slots`: serving nodes left out, their server holding
-    fewer tokens per slot than `context_tokens`; `untimed`: nodes meeting the speed on their
-    offline curves alone, left out for want of a TTFT to check `max_ttft_ms` against."""
+    `fit_checked`: the nodes whose fit was checked, and against what; `facts_from`: whose
+    model facts each listed node's figures used. `small_slots`: serving nodes left out,
+    their server holding fewer tokens per slot than `context_tokens`; `untimed`: nodes
+    meeting the speed on their offline curves alone, left out for want of a TTFT to check
+    `max_ttft_ms` against."""
     asked = f"{min_tps_per_user:g} tokens/s per user"
     if max_ttft_ms is not None:
         asked += f" with a first token within {max_ttft_ms:g} ms (p90)"
@@ -353,6 +359,13 @@ def answer_placement(
             f"; {len(off)} listed node(s) measured the engine on the CPU although they have a "
             f"GPU ({off[0]}): their figures are not their GPU's"
         )
+    predicted = [c.node for c in qualifying if (fit_checked or {}).get(c.node) == "predicted only"]
+    if predicted:
+        reason += (
+            f"; the fit of {len(predicted)} listed node(s) is predicted only ({predicted[0]}: "
+            "its latest run logged no buffers, so the model file's size stands for the "
+            "weights and compute)"
+        )
     if small_slots:
         node, tokens = small_slots[0]
         reason += (
@@ -371,7 +384,7 @@ def answer_placement(
                 _candidate(
                     c,
                     (kv_cache_bytes or {}).get(c.node),
-                    c.node in fit_checked,
+                    (fit_checked or {}).get(c.node),
                     (facts_from or {}).get(c.node, "none"),
                 )
                 for c in qualifying
@@ -383,7 +396,10 @@ def answer_placement(
 
 
 def _candidate(
-    choice: NodeChoice, kv_bytes: int | None, fit_checked: bool, facts_from: FactsSource
+    choice: NodeChoice,
+    kv_bytes: int | None,
+    fit_basis: FitBasis | None,
+    facts_from: FactsSource,
 ) -> dict[str, object]:
     return {
         "node": choice.node,
@@ -398,7 +414,8 @@ def _candidate(
         "run_id": choice.run_id,
         "past_knee": choice.past_knee,
         "kv_cache_gib": kv_bytes / GIB if kv_bytes is not None else None,
-        "fit": "fits" if fit_checked else "not checked",
+        "fit": "fits" if fit_basis is not None else "not checked",
+        "fit_basis": fit_basis,
         "facts_from": facts_from,
         "source": choice.source,
         "ttft_ms_p90": choice.ttft_ms_p90,

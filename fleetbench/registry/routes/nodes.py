@@ -37,6 +37,7 @@ def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, 
         "missed_schedule": missed,
         "sweep_requested_at": summary.sweep_requested_at,
         "accelerator_note": summary.accelerator_note,
+        "kv_prediction_error_pct": summary.kv_prediction_error_pct,
         "health": node_health(
             last_run_at=summary.last_run_at,
             last_status=summary.last_status,

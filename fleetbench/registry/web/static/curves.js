@@ -84,6 +84,12 @@ async function showNode(node) {
     ),
     fact("Hardware", detail.hardware ?? dash()),
     fact("Engine", detail.engine ?? dash()),
+    fact(
+      "KV-cache maths",
+      detail.kv_prediction_error_pct == null
+        ? dash()
+        : `${detail.kv_prediction_error_pct >= 0 ? "+" : ""}${detail.kv_prediction_error_pct.toFixed(1)}% of what llama.cpp allocated in the latest run`,
+    ),
     fact("Last run", timeElement(detail.last_run_at)),
     fact("Runs", String(detail.runs)),
     fact(
@@ -131,6 +137,7 @@ async function showNode(node) {
         h("td", {}, timeElement(run.started_at)),
         h("td", {}, h("span", { class: `badge ${run.status}` }, run.status)),
         h("td", {}, engineText(run.engine) ?? dash()),
+        h("td", { class: "kv-check" }, kvCheckText(run) ?? dash()),
       ),
     ),
   );
@@ -142,6 +149,15 @@ async function showNode(node) {
     return;
   }
   done();
+}
+
+/** "18.0 MiB (predicted +0.4%)": the KV cache llama.cpp allocated against the fit maths. */
+function kvCheckText(run) {
+  if (run.kv_allocated_bytes == null) return null;
+  const allocated = `${(run.kv_allocated_bytes / 2 ** 20).toFixed(1)} MiB`;
+  const error = run.kv_prediction_error_pct;
+  if (error == null) return allocated;
+  return `${allocated} (predicted ${error >= 0 ? "+" : ""}${error.toFixed(1)}%)`;
 }
 
 function curveNames(curves) {

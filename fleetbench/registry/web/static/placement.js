@@ -78,7 +78,14 @@ function candidateRow(candidate, index, model) {
       "td",
       {},
       orDash(candidate.fit, (fit) =>
-        h("span", { class: fit === "fits" ? "badge fits" : "badge" }, fit),
+        h(
+          "span",
+          {
+            class: fit === "fits" ? "badge fits" : "badge",
+            title: candidate.fit_basis ? `checked against ${candidate.fit_basis}` : null,
+          },
+          fit === "fits" && candidate.fit_basis === "predicted only" ? "fits (predicted)" : fit,
+        ),
       ),
     ),
     h("td", {}, timeElement(candidate.measured_at)),

@@ -1,0 +1,167 @@
+"""What llama.cpp allocated, as the registry keeps it: the KV-cache prediction checked on the
+run and the node, placement's fit checked against the measured weights and compute buffers,
+the report's schema version 4 and its way to an older registry, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from alembic import command
+from sqlalchemy import inspect
+
+from fleetbench.agent.client import RegistryClient
+from fleetbench.contract import wire
+from fleetbench.registry.db import alembic_config, create_db_engine, upgrade_schema
+from tests.agent.flaky_registry import flaky_registry
+from tests.factories import (
+    ARTICLE_MODEL,
+    ARTICLE_MODEL_INFO,
+    LiveRegistry,
+    make_report,
+    post_report,
+)
+
+MIB = 2**20
+M4PRO_24GB = wire.HardwareFingerprint(
+    hash="a" * 64,
+    data={"probes": {"apple": {"chip": "Apple M4 Pro", "memory_bytes": 24 * 2**30}}},
+)
+# The article's sweep (B up to 32, PP 512 + TG 128): 32 x 640 cells of 160 KiB = 3,200 MiB
+# predicted; this llama.cpp allocated 3,072 MiB of KV cache, 7,131 MiB of weights and
+# 2,000 MiB of compute scratch on Metal.
+SETTINGS = wire.RunSettings(n_ctx=32 * 640, n_ubatch=512, cache_type_k="f16", cache_type_v="f16")
+BUFFERS = [
+    wire.AllocatedBuffer(kind="model", device="Metal_Mapped", bytes=7_131 * MIB),
+    wire.AllocatedBuffer(kind="output", device="CPU", bytes=4 * MIB),
+    wire.AllocatedBuffer(kind="kv", device="Metal", bytes=3_072 * MIB),
+    wire.AllocatedBuffer(kind="compute", device="Metal", bytes=2_000 * MIB),
+]
+
+
+def _report(node: str, **fields: Any) -> wire.RunReport:
+    return make_report(node=node, model=ARTICLE_MODEL_INFO, hardware=M4PRO_24GB, **fields)
+
+
+def _placement(registry: LiveRegistry) -> dict[str, Any]:
+    with registry.client() as client:
+        answer: dict[str, Any] = client.get(
+            "/v1/placement",
+            params={"model": ARTICLE_MODEL, "min_tps_per_user": 6, "context_tokens": 8000},
+        ).json()
+    return answer
+
+
+def test_a_run_s_buffers_check_the_kv_prediction_on_the_run_and_its_node(
+    live_registry: LiveRegistry,
+) -> None:
+    sent = _report("m4pro", schema_version=4, settings=SETTINGS, buffers=BUFFERS)
+    with live_registry.client(live_registry.token("m4pro")) as client:
+        assert post_report(client, sent).status_code == 201
+    with live_registry.client() as client:
+        run = client.get(f"/v1/runs/{sent.run_id}").json()
+        listed = client.get("/v1/runs", params={"node": "m4pro"}).json()["data"][0]
+        node = client.get("/v1/nodes/m4pro").json()
+    assert run["kv_predicted_bytes"] == 3_200 * MIB
+    assert run["kv_allocated_bytes"] == 3_072 * MIB
+    assert run["kv_prediction_error_pct"] == pytest.approx(100 * 128 / 3072)  # +4.17%
+    assert [b["kind"] for b in run["buffers"]] == ["model", "output", "kv", "compute"]
+    assert run["buffers"][0] == {"kind": "model", "device": "Metal_Mapped", "bytes": 7_131 * MIB}
+    assert listed["kv_prediction_error_pct"] == pytest.approx(4.1667, abs=1e-3)
+    assert node["kv_prediction_error_pct"] == pytest.approx(4.1667, abs=1e-3)
+
+
+def test_a_run_without_buffers_has_a_prediction_and_nothing_to_check_it_with(
+    live_registry: LiveRegistry,
+) -> None:
+    sent = _report("old-agent", settings=SETTINGS)
+    assert json.loads(sent.model_dump_json())["schema_version"] == 1
+    with live_registry.client(live_registry.token("old-agent")) as client:
+        assert post_report(client, sent).status_code == 201
+    with live_registry.client() as client:
+        run = client.get(f"/v1/runs/{sent.run_id}").json()
+    assert run["kv_predicted_bytes"] == 3_200 * MIB
+    assert (run["kv_allocated_bytes"], run["kv_prediction_error_pct"]) == (None, None)
+    assert run["buffers"] == []
+
+
+def test_placement_fits_users_beside_the_measured_weights_and_compute_buffers(
+    live_registry: LiveRegistry,
+) -> None:
+    """Predicted only (the file's 6.96 GiB stands for everything beside the KV cache), 9 users
+    of 8,000 tokens fit the M4 Pro's GPU share: concurrency 8. Measured, the weights and
+    the compute scratch take 8.88 GiB: 7 users fit, and the largest measured B below is 4."""
+    with live_registry.client(live_registry.token("m4pro")) as client:
+        assert post_report(client, _report("m4pro", settings=SETTINGS)).status_code == 201
+    predicted = _placement(live_registry)
+    measured_run = _report("m4pro", schema_version=4, settings=SETTINGS, buffers=BUFFERS)
+    measured_run = measured_run.model_copy(
+        update={"started_at": measured_run.started_at.replace(hour=13)}
+    )
+    with live_registry.client(live_registry.token("m4pro")) as client:
+        assert post_report(client, measured_run).status_code == 201
+    measured = _placement(live_registry)
+    [before] = predicted["candidates"]
+    assert (before["concurrency"], before["fit"], before["fit_basis"]) == (
+        8,
+        "fits",
+        "predicted only",
+    )
+    assert "the fit of 1 listed node(s) is predicted only (m4pro" in predicted["reason"]
+    [after] = measured["candidates"]
+    assert (after["concurrency"], after["fit"], after["fit_basis"]) == (
+        4,
+        "fits",
+        "measured buffers",
+    )
+    assert "predicted only" not in measured["reason"]
+    [refused] = measured["rejected"]  # 32 users, the fastest in all
+    assert "at most 7 users fit" in refused["reason"]
+    assert "weights and compute buffers as allocated" in refused["reason"]
+
+
+def test_buffers_came_with_schema_version_4_for_offline_runs(live_registry: LiveRegistry) -> None:
+    body = _report("m4pro", schema_version=4, buffers=BUFFERS).model_dump(mode="json")
+    with live_registry.client(live_registry.token("m4pro")) as client:
+        older = post_report(client, body | {"schema_version": 1, "run_id": str(uuid.uuid4())})
+        huge = body | {"run_id": str(uuid.uuid4())}
+        huge["buffers"] = [{"kind": "kv", "device": "CPU", "bytes": 2**60}]
+        unknown = body | {"run_id": str(uuid.uuid4())}
+        unknown["buffers"] = [{"kind": "weights", "device": "CPU", "bytes": 1}]
+        assert post_report(client, body).status_code == 201
+        refused = [post_report(client, b) for b in (older, huge, unknown)]
+    assert older.status_code == 422
+    assert "buffers came with schema version 4, for offline runs" in older.text
+    assert [r.status_code for r in refused[1:]] == [422, 422]
+
+
+def test_a_run_with_buffers_reaches_a_registry_that_predates_them_without_them() -> None:
+    sent = _report("m4pro", schema_version=4, settings=SETTINGS, buffers=BUFFERS)
+    with flaky_registry() as older, RegistryClient(older.url, token="t") as client:
+        older.newest_version = 3
+        receipt = client.submit_run(sent)
+    assert receipt.run_id == sent.run_id
+    first, resent = older.bodies[:2]
+    assert (first["schema_version"], resent["schema_version"]) == (4, 1)
+    assert "buffers" in first and "buffers" not in resent
+    assert resent["points"] == first["points"]
+
+
+def test_the_buffer_columns_go_with_a_downgrade_and_come_back(database_url: str) -> None:
+    engine = create_db_engine(database_url)
+
+    def columns(table: str) -> set[str]:
+        return {c["name"] for c in inspect(engine).get_columns(table)}
+
+    try:
+        command.downgrade(alembic_config(engine), "0011")
+        gone = columns("runs"), columns("latest_runs")
+        upgrade_schema(engine)
+        back = columns("runs"), columns("latest_runs")
+    finally:
+        engine.dispose()
+    added = {"buffers", "kv_predicted_bytes", "kv_allocated_bytes"}
+    assert not added & gone[0] and "beside_kv_bytes" not in gone[1]
+    assert added <= back[0] and "beside_kv_bytes" in back[1]
