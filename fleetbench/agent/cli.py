@@ -15,7 +15,6 @@ from rich.progress import Progress
 from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError
 from fleetbench.agent.cli_options import RegistryOption, command_settings, int_list
 from fleetbench.agent.cli_serving import serve_sweep_command
-from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.config import open_spool
 from fleetbench.agent.display import (
     SPOOL_UNWRITABLE_EXIT,
@@ -39,12 +38,13 @@ from fleetbench.agent.gguf_model import ModelFileError, describe_gguf
 from fleetbench.agent.handover import (
     hand_over,
     import_through_the_spool,
+    registry_client,
     spool_run,
 )
 from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
-from fleetbench.agent.sweep import measure_run, memory_line
+from fleetbench.agent.sweep import measure_run, memory_line, sweep_lock
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.answers import PlacementKind
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
@@ -141,7 +141,13 @@ def sweep(
     threads: Annotated[int | None, typer.Option("--threads", "-t")] = None,
     cache_type_k: Annotated[str, typer.Option("--cache-type-k", "-ctk")] = "f16",
     cache_type_v: Annotated[str, typer.Option("--cache-type-v", "-ctv")] = "f16",
-    repeats: Annotated[int, typer.Option(min=1, help="measure each point N times")] = 1,
+    repeats: Annotated[
+        str,
+        typer.Option(
+            help="measure each point N times, or auto: until the standard error of its S_TG "
+            "is under 1.5% (3 to 10 times, no new round after 15 minutes)"
+        ),
+    ] = "1",
     engine: Annotated[
         str | None,
         typer.Option(help="llama-cpp-python or llama-batched-bench [default: as --binary says]"),
@@ -164,6 +170,10 @@ def sweep(
 ) -> None:
     """Measure the batching curve of a model on this machine (llama.cpp in-process, or the
     node's llama-batched-bench with --binary)."""
+    if repeats != "auto" and not repeats.strip().isdigit():
+        raise typer.BadParameter(
+            f"{repeats!r}: give a number of times, or auto", param_hint="--repeats"
+        )
     try:
         spec = SweepSpec.model_validate(
             {
@@ -194,8 +204,6 @@ def sweep(
         raise typer.BadParameter(str(exc), param_hint="--engine") from None
     except EngineUnavailable as exc:
         raise fail(str(exc), code=2) from None
-    from fleetbench.agent.daemon import sweep_lock
-
     settings = command_settings()
     name = model_name or model.name.removesuffix(".gguf")
     lock = settings.spool.with_name("sweep.lock")
@@ -206,7 +214,9 @@ def sweep(
         raise fail(f"cannot make the sweep lock {lock}: {exc}") from exc
     with (
         sweep_lock(lock) as acquired,
-        Progress(console=err, transient=True) as progress,
+        # drawn when a point is done, never by a refresh thread waking while the engine
+        # measures on the same cores
+        Progress(console=err, transient=True, auto_refresh=False) as progress,
     ):
         if not acquired:
             raise fail("another sweep is running on this machine; try again later")
@@ -214,6 +224,7 @@ def sweep(
 
         def show(result: Point | FailedPoint) -> None:
             progress.advance(task)
+            progress.refresh()
             if isinstance(result, FailedPoint):
                 progress.console.print(f"B={result.b} PP={result.pp}: {result.reason}")
 
@@ -323,7 +334,7 @@ def flush(registry: RegistryOption = None) -> None:
     except SpoolError as exc:
         raise fail(str(exc)) from exc
     with (
-        RegistryClient(registry or settings.registry_url, token=settings.current_token()) as client,
+        registry_client(registry or settings.registry_url, settings.current_token()) as client,
         Progress(console=err, transient=True) as progress,
     ):
         task = progress.add_task(f"delivering {queued} run(s)", total=queued)
@@ -379,7 +390,7 @@ def placement(
     a time to first token, from serving runs)."""
     settings = command_settings()
     url = registry or settings.registry_url
-    with RegistryClient(url, token=token or settings.current_token()) as client:
+    with registry_client(url, token or settings.current_token()) as client:
         try:
             answer = client.placement(
                 model=model,

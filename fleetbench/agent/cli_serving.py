@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import TypeAdapter, ValidationError
@@ -16,11 +16,12 @@ from fleetbench.agent.cli_options import RegistryOption, command_settings, int_l
 from fleetbench.agent.display import err, error_line, out, serving_table
 from fleetbench.agent.errors import SpoolUnwritable
 from fleetbench.agent.handover import hand_over, spool_run
-from fleetbench.agent.serving.report import finished_report
-from fleetbench.agent.serving.sweep import ServingOutcome, serve_sweep
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
 from fleetbench.contract.wire import ModelInfo
+
+if TYPE_CHECKING:  # the serving sweep (aiohttp) is imported by the command that runs it
+    from fleetbench.agent.serving.sweep import ServingOutcome
 
 __all__ = ["outcome_json", "serve_sweep_command"]
 
@@ -127,6 +128,9 @@ def serve_sweep_command(
         node_name = TypeAdapter(Name).validate_python(node or settings.node)
     except ValidationError as exc:
         raise typer.BadParameter(exc.errors()[0]["msg"], param_hint="--model or --node") from None
+    from fleetbench.agent.serving.report import finished_report
+    from fleetbench.agent.serving.sweep import serve_sweep
+
     started_at = datetime.now(UTC)
     steps = 1 + spec.max_concurrency.bit_length() * 2 if spec.slo else len(spec.concurrency)
     with Progress(console=err, transient=True, disable=as_json) as progress:

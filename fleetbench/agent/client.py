@@ -118,7 +118,8 @@ class RegistryClient:
         """This node's plans and their ETag; (etag, None) when they are unchanged since
         `etag` (a 304)."""
         headers = {"If-None-Match": etag} if etag else {}
-        params = {"kind": list(KINDS)}  # every kind this agent runs
+        # every kind this agent runs, and plans' repeats as written (auto included)
+        params: dict[str, Any] = {"kind": list(KINDS), "auto_repeats": True}
         response = self._request("GET", "/v1/agent/plans", headers=headers, params=params)
         tag = response.headers.get("ETag")
         if response.status_code == 304:

@@ -14,13 +14,10 @@ polluted by it.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -39,6 +36,7 @@ from fleetbench.agent.errors import ClientError, RequestRejected, SpoolUnwritabl
 from fleetbench.agent.plans import PLAN_PREFIX, PlanCache, PlannedSweep, pull_plans, resolve_plan
 from fleetbench.agent.probes.nvidia import nvml_session
 from fleetbench.agent.spool import RETRYABLE_STATUS
+from fleetbench.agent.sweep import sweep_lock
 from fleetbench.agent.sweep_state import SweepState
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.plans import NodePlans, NodeStatus, PlanState
@@ -51,30 +49,12 @@ __all__ = [
     "ServeSweepConfig",
     "SweepConfig",
     "load_config",
-    "sweep_lock",
 ]
 
 log = logging.getLogger("fleetbench.daemon")
 # Scheduler job ids: a sweep's, and its postponed retry's (the daemon's own jobs, "flush"
 # and "plans", cannot meet a sweep's name).
 _SWEEP_JOB, _RETRY_JOB = "sweep:", "retry:"
-
-
-@contextmanager
-def sweep_lock(path: Path) -> Iterator[bool]:
-    """Holds an exclusive lock on `path` (never waits): True if this process got it. A lock
-    file, so that two daemons (or a daemon and a manual sweep) never measure at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def busy_reason(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, ClassVar, Protocol
+from typing import Annotated, ClassVar, Literal, Protocol
 
 from pydantic import (
     AfterValidator,
@@ -95,7 +95,8 @@ class SweepConfig(SweepSpec):
     model: Path
     model_name: str | None = None
     cron: Cron
-    repeats: int = Field(default=3, ge=1, le=1000)  # a schedule has time for the precision
+    # a schedule has time for the precision
+    repeats: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] = "auto"
     engine: str | None = Field(
         default=None, description="a runner's name [default: llama-cpp-python, or the binary's]"
     )

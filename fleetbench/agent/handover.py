@@ -5,16 +5,35 @@ stdout, and the exit status says so."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.config import AgentSettings, open_spool
 from fleetbench.agent.display import SPOOL_UNWRITABLE_EXIT, err, fail, out
 from fleetbench.agent.errors import ClientError, SpoolError, SpoolUnwritable
 from fleetbench.agent.spool import Spool
 from fleetbench.contract.wire import RunReport
 
-__all__ = ["deliver", "deliver_unspooled", "hand_over", "import_through_the_spool", "spool_run"]
+if TYPE_CHECKING:
+    from fleetbench.agent.client import RegistryClient
+
+__all__ = [
+    "deliver",
+    "deliver_unspooled",
+    "hand_over",
+    "import_through_the_spool",
+    "registry_client",
+    "spool_run",
+]
+
+
+def registry_client(url: str, token: str | None) -> RegistryClient:
+    """A client of the registry at `url`. httpx is loaded here, when something is delivered:
+    a sweep that only spools or prints starts without it."""
+    from fleetbench.agent.client import RegistryClient
+
+    return RegistryClient(url, token=token)
 
 
 def import_through_the_spool(
@@ -36,7 +55,7 @@ def import_through_the_spool(
             except ValueError as exc:  # delivered before with another measurement time
                 raise fail(f"{exc}: {_IMPORTED_BEFORE}") from exc
         ids = {str(r.run_id) for r in reports}
-        with RegistryClient(url, token=token) as client:
+        with registry_client(url, token=token) as client:
             result = spool.flush(client, every_queued=True, only=ids)
         states = {r.run_id: r for r in spool.runs() if r.run_id in ids}
     except SpoolError as exc:  # unreadable, or the disk filled meanwhile
@@ -99,7 +118,7 @@ def hand_over(
 
 
 def deliver(run: RunReport, spool: Spool, settings: AgentSettings, registry: str | None) -> None:
-    with RegistryClient(
+    with registry_client(
         registry or settings.registry_url, token=settings.current_token()
     ) as client:
         try:
@@ -130,7 +149,7 @@ def deliver_unspooled(
     is lost silently: `sweep --report > run.json` keeps the run."""
     url = registry or settings.registry_url
     try:
-        with RegistryClient(url, token=settings.current_token()) as client:
+        with registry_client(url, token=settings.current_token()) as client:
             client.submit_run(run)
     except ClientError as exc:
         raise fail(

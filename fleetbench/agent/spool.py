@@ -34,11 +34,10 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import ValidationError
 
-from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.errors import (
     ClientError,
     RegistryUnavailable,
@@ -48,6 +47,9 @@ from fleetbench.agent.errors import (
 )
 from fleetbench.contract.answers import RunReceipt
 from fleetbench.contract.wire import RunReport
+
+if TYPE_CHECKING:  # httpx is loaded by what delivers, not by every command that spools
+    from fleetbench.agent.client import RegistryClient
 
 __all__ = ["FlushResult", "Spool", "SpooledRun"]
 

@@ -4,8 +4,11 @@ model, a dead engine and a crash part-way are failed or partial runs, never exce
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,7 +33,24 @@ from fleetbench.contract.wire import (
     RunReport,
 )
 
-__all__ = ["measure_run", "memory_line", "run_report"]
+__all__ = ["measure_run", "memory_line", "run_report", "sweep_lock"]
+
+
+@contextmanager
+def sweep_lock(path: Path) -> Iterator[bool]:
+    """Holds an exclusive lock on `path` (never waits): True if this process got it. A lock
+    file, so that two daemons (or a daemon and a manual sweep) never measure at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def measure_run(

@@ -34,6 +34,7 @@ __all__ = [
     "KINDS",
     "MAX_PLANS_PER_NODE",
     "REASON_LENGTH",
+    "SCHEDULED_FIXED_REPEATS",
     "NodePlans",
     "NodeStatus",
     "PlanBody",
@@ -77,7 +78,9 @@ class PlanModel(_Strict):
         return self
 
 
-_DEFAULT_SETTINGS = SweepSpec(repeats=3)  # a schedule has time for the precision
+# A schedule has time for the precision: repeats until each point is precise.
+_DEFAULT_SETTINGS = SweepSpec(repeats="auto")
+SCHEDULED_FIXED_REPEATS = 3  # what agents that predate auto repeats ran a schedule with
 PlanKind = Literal["offline", "serving"]
 KINDS: tuple[PlanKind, ...] = ("offline", "serving")
 # The fields of one kind of plan, which a plan of the other kind is written without: an
@@ -162,9 +165,9 @@ class PlanBody(_Strict):
     @field_validator("settings", mode="before")
     @classmethod
     def _scheduled_repeats(cls, settings: object) -> object:
-        # A schedule has time for the precision: 3 repeats, as a [[sweep]] table's default.
+        # A schedule has time for the precision, as a [[sweep]] table's default.
         if isinstance(settings, dict) and "repeats" not in settings:
-            return {**settings, "repeats": 3}
+            return {**settings, "repeats": "auto"}
         return settings
 
     @field_validator("cron")

@@ -69,7 +69,19 @@ class SweepSpec(BaseModel):
     )
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"
-    repeats: int = Field(default=1, ge=1, le=1000, description="measure each point N times")
+    repeats: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] = Field(
+        default=1,
+        description="measure each point N times, or (auto) until the standard error of its "
+        "S_TG is under `repeat_target`: at least 3 and at most `max_repeats` times, and no "
+        "new round after `repeat_budget_s`; repeats go round the grid, so drift spreads evenly",
+    )
+    repeat_target: float = Field(
+        default=0.015, gt=0, le=1, description="auto: the relative standard error aimed at"
+    )
+    max_repeats: int = Field(default=10, ge=3, le=1000, description="auto: the most repeats")
+    repeat_budget_s: float = Field(
+        default=900, gt=0, le=86_400, description="auto: no new round after this many seconds"
+    )
 
     def grid(self) -> list[tuple[int, int, int]]:
         return [(pp, tg, pl) for pp in self.npp for tg in self.ntg for pl in self.npl]

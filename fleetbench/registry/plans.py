@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from fleetbench.contract.plans import (
     KINDS,
     MAX_PLANS_PER_NODE,
+    SCHEDULED_FIXED_REPEATS,
     NodePlans,
     NodeStatus,
     PlanBody,
@@ -178,12 +179,18 @@ def retire_plan(session: Session, name: str, *, by: str | None) -> SavedPlan | N
     return _insert(session, name, head.version + 1, {**head.body, "enabled": False}, by)
 
 
-def node_plans(session: Session, node: Node, *, kinds: Collection[str] = KINDS) -> NodePlans:
+def node_plans(
+    session: Session,
+    node: Node,
+    *,
+    kinds: Collection[str] = KINDS,
+    auto_repeats: bool = True,
+) -> NodePlans:
     """The enabled plans of `kinds` that pick the node, and an admin's sweep-now request
     (an agent reads only the kinds it says it runs: one that predates serving plans never
-    gets one it could not read)."""
+    gets one it could not read; one that predates `repeats = "auto"` gets 3 instead)."""
     plans = [
-        plan
+        plan if auto_repeats else fixed_repeats(plan)
         for plan in current_plans(session, enabled_only=True)
         if plan.kind in kinds and plan_selects(plan, node.name, node.labels)
     ]
@@ -198,6 +205,15 @@ def node_plans(session: Session, node: Node, *, kinds: Collection[str] = KINDS) 
     status = session.get(NodePlanStatus, node.id)
     requested = status.sweep_requested_at if status is not None else None
     return NodePlans(node=node.name, plans=plans, sweep_now=requested)
+
+
+def fixed_repeats(plan: PlanVersion) -> PlanVersion:
+    """The plan as an agent that predates `repeats = "auto"` can run it: 3 repeats, the
+    default those agents had."""
+    if plan.kind != "offline" or plan.settings.repeats != "auto":
+        return plan
+    settings = plan.settings.model_copy(update={"repeats": SCHEDULED_FIXED_REPEATS})
+    return plan.model_copy(update={"settings": settings})
 
 
 def plan_etag(plans: NodePlans) -> str:

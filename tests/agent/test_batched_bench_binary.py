@@ -81,6 +81,32 @@ def test_points_the_binary_skips_are_failures(batched_bench: Path, gemma: Path) 
     )
 
 
+def test_a_point_whose_output_was_lost_is_not_called_skipped(
+    batched_bench: Path, gemma: Path, tmp_path: Path
+) -> None:
+    """A very short run of the real binary (the tiny llama: milliseconds) at times exits
+    before its log thread writes its last JSONL lines; seen here as the real binary's output
+    without its last point, and an exit status of 0."""
+    wrapper = tmp_path / "loses-its-last-line"
+    wrapper.write_text(
+        f"""#!{sys.executable}
+import subprocess, sys
+done = subprocess.run([{str(batched_bench)!r}, *sys.argv[1:]], capture_output=True, text=True)
+lines = [line for line in done.stdout.splitlines() if line.startswith("{{")]
+print("\\n".join(lines[:-1]) if "--version" not in sys.argv else done.stdout, end="")
+print(done.stderr, file=sys.stderr, end="")
+"""
+    )
+    wrapper.chmod(0o755)
+    outcome = BatchedBenchBinaryRunner(wrapper).run(gemma, SMALL)
+    assert [p.b for p in outcome.points] == [1]
+    [lost] = outcome.failures
+    assert (lost.b, lost.reason) == (
+        2,
+        "llama-batched-bench printed no result for it (72 KV cells of 512 fit)",
+    )
+
+
 def test_a_binary_that_dies_part_way_keeps_its_points(
     batched_bench: Path, gemma: Path, tmp_path: Path
 ) -> None:

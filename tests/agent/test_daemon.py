@@ -22,8 +22,8 @@ from fleetbench.agent.daemon import (
     SweepConfig,
     busy_reason,
     load_config,
-    sweep_lock,
 )
+from fleetbench.agent.sweep import sweep_lock
 from tests.factories import LiveRegistry, a_daemon
 
 GOOD = """
@@ -58,7 +58,7 @@ def test_config_reads_agent_and_sweeps(tmp_path: Path) -> None:
     assert (spec.npl, spec.flash_attn, spec.repeats, spec.npp) == (
         (1, 2, 4, 8, 16),
         "on",
-        3,
+        "auto",  # a schedule has time for the precision
         (128,),
     )
     assert (spec.n_ctx, spec.n_threads) == (4096, 4)  # by llama.cpp's flag names
@@ -139,7 +139,7 @@ def test_the_sweep_lock_holds_across_processes(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path\n"
-            "from fleetbench.agent.daemon import sweep_lock\n"
+            "from fleetbench.agent.sweep import sweep_lock\n"
             "with sweep_lock(Path(sys.argv[1])) as got:\n"
             "    print(got, flush=True); time.sleep(30)",
             str(lock),

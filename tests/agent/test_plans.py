@@ -69,8 +69,16 @@ def test_nodes_pull_the_plans_their_labels_pick_and_each_change_at_the_next_poll
     etag = east.plan_cache.load()[0]  # type: ignore[index]
     with live_registry.client(east.settings.current_token()) as client:
         for tag in (etag, f"W/{etag}"):
-            again = client.get("/v1/agent/plans", headers={"If-None-Match": tag})
+            again = client.get(
+                "/v1/agent/plans",
+                headers={"If-None-Match": tag},
+                params={"kind": ["offline", "serving"], "auto_repeats": True},  # as agents ask
+            )
             assert (again.status_code, again.content) == (304, b"")
+        # An agent that predates auto repeats runs the plan 3 times a point, as it used to.
+        older = client.get("/v1/agent/plans", params={"kind": ["offline", "serving"]}).json()
+    assert east.planned["pool-a"].plan.settings.repeats == "auto"
+    assert [p["settings"]["repeats"] for p in older["plans"]] == [3]
     assert east.scheduler.get_job("sweep:plan:pool-a") is not None
     assert west.scheduler.get_job("sweep:plan:pool-a") is None
     nodes = _nodes(live_registry)
@@ -324,7 +332,7 @@ def test_the_registry_cli_applies_lists_and_retires_plans(
     assert (listed["version"], listed["settings"]["npl"], listed["settings"]["flash_attn"]) == (
         1, [1, 8], "on",
     )  # fmt: skip
-    assert listed["settings"]["repeats"] == 3  # a schedule's default
+    assert listed["settings"]["repeats"] == "auto"  # a schedule's default
     bad = tmp_path / "bad.toml"
     bad.write_text('cron = "nightly"\nmodel = { sha256 = "abc" }\nsettings = { npl = [0] }\n')
     refused = _plan_cli(database_url, "apply", "nightly", str(bad))

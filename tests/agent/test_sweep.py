@@ -3,6 +3,7 @@ mechanics, Gemma 3 270M Q4_K_M where a real model's numbers matter."""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -80,8 +81,9 @@ def test_a_killed_engine_keeps_what_it_measured(gemma: Path) -> None:
 
     def kill_after_first(_: Point | FailedPoint) -> None:
         for child in psutil.Process().children():
-            if "spawn_main" in " ".join(child.cmdline()):  # the engine, not the resource tracker
-                child.kill()
+            with contextlib.suppress(psutil.Error):  # one that ended meanwhile
+                if "resource_tracker" not in " ".join(child.cmdline()):  # the engine (forked
+                    child.kill()  # or spawned), not multiprocessing's resource tracker
 
     with pytest.raises(SweepFailed, match="died of SIGKILL") as caught:
         LlamaCppPythonRunner().run(gemma, spec, on_point=kill_after_first)

@@ -55,7 +55,7 @@ def test_plans_and_where_they_run(dashboard: Dashboard, fleet: Fleet) -> None:
     assert row[2] == "pool=a"
     assert row[3] == "nemo (/models/nemo.gguf)"
     assert row[4] == "30 4 * * * UTC"
-    assert row[5] == "PP 128 · TG 128 · B 1,2,4,8 · 3 repeats"
+    assert row[5] == "PP 128 · TG 128 · B 1,2,4,8 · repeats until ±1.5%"  # auto: the default
     assert (row[6], row[7]) == ("gpu-1 v2", "gpu-2 v2")
     assert row[8].endswith("by ops")
     assert serving[0:4] == ["served", "1", "every node", "nemo (served at http://127.0.0.1:8080)"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from fleetbench.agent.runners import (
     point_from_samples,
 )
 from fleetbench.agent.runners.llama_buffers import VERBOSE_ENV, buffers_in
+from fleetbench.agent.runners.repeats import Key, still_to_measure
+from fleetbench.contract.kv_cache import kv_cells
 from fleetbench.contract.wire import EngineBuild, FailedPoint, Point, RunSettings
 
 __all__ = ["BINARY", "BatchedBenchBinaryRunner", "argv", "binary_build", "find_binary"]
@@ -96,18 +99,26 @@ class BatchedBenchBinaryRunner:
 
 
 def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallback) -> SweepOutcome:
-    """`spec.repeats` runs of the binary; each point is the median of its repeats."""
+    """Runs of the binary, each over the points still to measure (runners/repeats.py: N
+    runs, or with auto until each point is precise); each point is the median of its
+    repeats, told as soon as it is done."""
     engine = binary_build(binary)
-    samples: dict[tuple[int, int, int], list[Point]] = {}
+    samples: dict[Key, list[Point]] = {}
     settings = RunSettings()
     log: list[str] = []  # the last run's stderr, where llama.cpp logs its buffers
-    for repeat in range(spec.repeats):
-        last = repeat == spec.repeats - 1
-        for point, point_settings in _one_run(binary, model, spec, samples, log):
+    started = time.monotonic()
+    todo = spec.grid()
+    told: set[Key] = set()
+    while todo:
+        for point, point_settings in _one_run(binary, model, _narrowed(spec, todo), samples, log):
             settings = point_settings
             samples.setdefault((point.pp, point.tg, point.b), []).append(point)
-            if last:
-                on_point(_combined(samples[(point.pp, point.tg, point.b)], spec))
+        timings = {key: [(p.t_pp or 0.0, p.t_tg or 0.0) for p in measured]
+                   for key, measured in samples.items()}  # fmt: skip
+        todo = still_to_measure(spec, timings, elapsed_s=time.monotonic() - started)
+        for key in [k for k in samples if k not in todo and k not in told]:
+            told.add(key)
+            on_point(_combined(samples[key], spec))
     # The JSONL records carry most settings; these it does not print.
     known = {
         "kv_unified": spec.kv_unified,
@@ -121,12 +132,22 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
             outcome.points.append(_combined(measured, spec))
         else:
             failure = FailedPoint(
-                pp=pp, tg=tg, b=pl,
-                reason="llama-batched-bench skipped it: more KV cells than the context has",
-            )  # fmt: skip
+                pp=pp, tg=tg, b=pl, reason=_why_missing(pp, tg, pl, spec, settings)
+            )
             outcome.failures.append(failure)
             on_point(failure)
     return outcome
+
+
+def _why_missing(pp: int, tg: int, pl: int, spec: SweepSpec, settings: RunSettings) -> str:
+    """Why a run that ended well printed no result for a point: batched-bench skips a point
+    that needs more KV cells than its context has; otherwise its output was lost (its log
+    thread may not write the last lines of a very short run before it exits)."""
+    cells = kv_cells(pp, tg, pl, shared=spec.pp_shared, unified=spec.kv_unified)  # its rule
+    context = settings.n_ctx or spec.context_size()
+    if cells > context:
+        return "llama-batched-bench skipped it: more KV cells than the context has"
+    return f"llama-batched-bench printed no result for it ({cells} KV cells of {context} fit)"
 
 
 def _one_run(
@@ -166,6 +187,21 @@ def _one_run(
             f"{BINARY} exited with status {returncode}: {lines[-1] if lines else 'no message'}",
             points,
         )
+
+
+def _narrowed(spec: SweepSpec, todo: list[Key]) -> SweepSpec:
+    """The spec of a run over the points of `todo` (the smallest grid holding them), in the
+    context the whole grid had: points measured again in a smaller context would differ."""
+    if todo == spec.grid():
+        return spec
+    return spec.model_copy(
+        update={
+            "npp": tuple(sorted({pp for pp, _, _ in todo})),
+            "ntg": tuple(sorted({tg for _, tg, _ in todo})),
+            "npl": tuple(sorted({b for _, _, b in todo})),
+            "n_ctx": spec.context_size(),
+        }
+    )
 
 
 def _combined(samples: list[Point], spec: SweepSpec) -> Point:

@@ -12,9 +12,12 @@ starts; between steps only the tokens and positions change, copied with memmove.
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.util
 import json
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,8 @@ from fleetbench.agent.runners import (
     point_from_samples,
 )
 from fleetbench.agent.runners.llama_buffers import BufferLog
-from fleetbench.agent.runners.llama_cpp_python import BINDING
+from fleetbench.agent.runners.llama_cpp_python import BINDING, binding_version
+from fleetbench.agent.runners.repeats import Key, Timing, needs_more
 from fleetbench.contract.kv_cache import kv_cells
 from fleetbench.contract.wire import EngineBuild, FailedPoint, Point
 
@@ -59,9 +63,7 @@ def run_sweep(
     """Loads the model, reads its architecture from llama.cpp, skips the points whose KV
     cache cannot fit in `free_bytes` (default: the memory free now) and measures the rest.
     `on_start` is told the engine, the settings the context took and the model first."""
-    import llama_cpp
-    import llama_cpp.llama_cpp as llama
-
+    llama = llama_bindings()
     rng = random.Random(0)  # the same tokens every sweep, as batched-bench's unseeded rand()
     llama.llama_backend_init()
     model_params = llama.llama_model_default_params()
@@ -102,7 +104,7 @@ def run_sweep(
             engine=EngineBuild(
                 backend=_backend(llama),
                 binding=BINDING,
-                binding_version=llama_cpp.__version__,
+                binding_version=binding_version(),
             ),
             settings=spec.run_settings(
                 n_ctx=llama.llama_n_ctx(ctx) if ctx else n_ctx,
@@ -128,26 +130,69 @@ def run_sweep(
         assert outcome.settings.n_batch is not None and outcome.settings.n_ctx is not None
         bench = _Bench(llama, ctx, n_batch=outcome.settings.n_batch, n_vocab=n_vocab, rng=rng)
         bench.warm_up()
-        for pp, tg, pl in grid:
-            result = bench.point(
-                pp,
-                tg,
-                pl,
-                shared=spec.pp_shared,
-                unified=spec.kv_unified,
-                n_kv_max=outcome.settings.n_ctx,
-                repeats=spec.repeats,
-            )
-            if isinstance(result, Point):
-                outcome.points.append(result)
-            else:
-                outcome.failures.append(result)
-            on_point(result)
+        results = _measure_grid(
+            bench, grid, spec, n_kv_max=outcome.settings.n_ctx, on_point=on_point
+        )
+        outcome.points.extend(r for r in results if isinstance(r, Point))
+        outcome.failures.extend(r for r in results if isinstance(r, FailedPoint))
         return outcome
     finally:
         if ctx:
             llama.llama_free(ctx)
         llama.llama_model_free(model)
+
+
+def _measure_grid(
+    bench: _Bench,
+    grid: list[Key],
+    spec: SweepSpec,
+    *,
+    n_kv_max: int,
+    on_point: PointCallback,
+) -> list[Point | FailedPoint]:
+    """Measures the grid round after round (runners/repeats.py) and tells each point as soon
+    as it is done; returns them in the grid's order."""
+    done: dict[Key, Point | FailedPoint] = {}
+    measured: dict[Key, list[Timing]] = {}
+    for pp, tg, pl in grid:
+        n_kv = kv_cells(pp, tg, pl, shared=spec.pp_shared, unified=spec.kv_unified)
+        if n_kv > n_kv_max:
+            reason = f"needs {n_kv} KV cells, the context has {n_kv_max}"
+            done[(pp, tg, pl)] = failure = FailedPoint(pp=pp, tg=tg, b=pl, reason=reason)
+            on_point(failure)
+        else:
+            measured[(pp, tg, pl)] = []
+    started = time.monotonic()
+    while measured:
+        for key in list(measured):  # one round; a point is told once it needs no more
+            pp, tg, pl = key
+            timed = bench.measure(pp, tg, pl, shared=spec.pp_shared, unified=spec.kv_unified)
+            if isinstance(timed, str):
+                done[key] = FailedPoint(pp=pp, tg=tg, b=pl, reason=timed)
+            else:
+                measured[key].append(timed)
+                if needs_more(spec, key, measured[key], time.monotonic() - started):
+                    continue
+                n_kv = kv_cells(pp, tg, pl, shared=spec.pp_shared, unified=spec.kv_unified)
+                done[key] = point_from_samples(
+                    pp, tg, pl, n_kv, measured[key], shared=spec.pp_shared
+                )
+            del measured[key]
+            on_point(done[key])
+    return [done[key] for key in grid]
+
+
+def llama_bindings() -> Any:
+    """llama-cpp-python's ctypes bindings (`llama_cpp.llama_cpp`) without its package's
+    `__init__`, which also loads the high-level API (numpy and jinja2 among others): 0.2 s
+    of every sweep's start, in the engine's own process, for nothing this loop uses."""
+    if "llama_cpp" not in sys.modules:
+        found = importlib.util.find_spec("llama_cpp")
+        if found is None or found.submodule_search_locations is None:
+            raise SweepFailed("llama-cpp-python is not installed")
+        package = importlib.util.module_from_spec(found)  # not executed: its __init__ is skipped
+        sys.modules["llama_cpp"] = package
+    return importlib.import_module("llama_cpp.llama_cpp")
 
 
 def _metadata(llama: Any, model: Any) -> dict[str, Any]:
@@ -197,7 +242,7 @@ def _free_memory(llama: Any, n_gpu_layers: int) -> int | None:
 def capture_llama_log(log: BufferLog) -> None:
     """llama.cpp logs every tensor it loads to stderr; a sweep shows its own progress, and
     keeps from the log only the buffers llama.cpp allocated."""
-    import llama_cpp.llama_cpp as llama
+    llama = llama_bindings()
 
     def keep(_level: int, text: bytes, _user_data: Any) -> None:
         log.write(text.decode(errors="replace"))
@@ -223,9 +268,7 @@ def _backend(llama: Any) -> str:
     """The backend that runs the model: the first GPU device ggml registered (CUDA0 -> CUDA,
     Metal, Vulkan0 -> Vulkan, ROCm0 -> ROCm), else CPU. llama-cpp-python does not bind ggml's
     device registry, so it is read from the libggml it ships."""
-    import llama_cpp
-
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    lib_dir = Path(llama.__file__).parent / "lib"
     found = [p for name in ("libggml.so", "libggml.dylib") if (p := lib_dir / name).exists()]
     if not found:
         return "GPU" if llama.llama_supports_gpu_offload() else "CPU"
@@ -317,25 +360,8 @@ class _Bench:
             raise SweepFailed(f"warm-up decode failed: {_reason(status)}")
         self.llama.llama_memory_clear(self.memory, False)
 
-    def point(
-        self, pp: int, tg: int, pl: int, *, shared: bool, unified: bool, n_kv_max: int, repeats: int
-    ) -> Point | FailedPoint:
-        n_kv = kv_cells(pp, tg, pl, shared=shared, unified=unified)
-        if n_kv > n_kv_max:
-            return FailedPoint(
-                pp=pp, tg=tg, b=pl, reason=f"needs {n_kv} KV cells, the context has {n_kv_max}"
-            )
-        samples = []
-        for _ in range(repeats):
-            timed = self._measure(pp, tg, pl, shared=shared, unified=unified)
-            if isinstance(timed, str):
-                return FailedPoint(pp=pp, tg=tg, b=pl, reason=timed)
-            samples.append(timed)
-        return point_from_samples(pp, tg, pl, n_kv, samples, shared=shared)
-
-    def _measure(
-        self, pp: int, tg: int, pl: int, *, shared: bool, unified: bool
-    ) -> tuple[float, float] | str:
+    def measure(self, pp: int, tg: int, pl: int, *, shared: bool, unified: bool) -> Timing | str:
+        """One measurement of a point: (T_PP, T_TG), or why it failed."""
         llama = self.llama
         prompts = 1 if shared else pl
         prompt = self._batch(

@@ -158,13 +158,20 @@ def pull_plans(
             "that predate serving plans read]",
         ),
     ] = None,
+    auto_repeats: Annotated[
+        bool,
+        Query(
+            description='the agent takes repeats = "auto" (agents that predate it are sent a '
+            "plan's auto repeats as 3)"
+        ),
+    ] = False,
 ) -> Response:
     """The plans that pick this token's node, with an ETag: polled with If-None-Match, an
     unchanged answer is a bodiless 304 (a proxy's weak form of the tag matches too)."""
     found = session.get(Node, node.id)
     if found is None:  # deleted since its token was checked
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {node.name!r} not found")
-    answer = plans.node_plans(session, found, kinds=kind or ("offline",))
+    answer = plans.node_plans(session, found, kinds=kind or ("offline",), auto_repeats=auto_repeats)
     etag = plans.plan_etag(answer)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     given = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}

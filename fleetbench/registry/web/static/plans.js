@@ -31,7 +31,11 @@ function model(plan) {
 }
 
 function grid(s) {
-  return `PP ${s.npp.join(",")} · TG ${s.ntg.join(",")} · B ${s.npl.join(",")} · ${s.repeats} repeats`;
+  const repeats =
+    s.repeats === "auto"
+      ? `repeats until ±${(s.repeat_target * 100).toFixed(1)}%`
+      : `${s.repeats} repeats`;
+  return `PP ${s.npp.join(",")} · TG ${s.ntg.join(",")} · B ${s.npl.join(",")} · ${repeats}`;
 }
 
 function load(plan) {
