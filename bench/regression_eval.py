@@ -28,6 +28,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from fleetbench.agent.runners.repeats import needs_more
+from fleetbench.contract.sweep_spec import SweepSpec
 from fleetbench.registry.questions.regressions import DetectionSettings, SeriesRun, find_steps
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -46,7 +48,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--block", type=int, default=1, help="consecutive sweeps replayed together (1: iid)"
     )
     parser.add_argument(
-        "--repeats", type=int, default=1, help="sweeps per run, median kept (agent --repeats)"
+        "--repeats",
+        default="1",
+        help="sweeps per run, median kept (agent --repeats): N, or auto (agent --repeats auto: "
+        "until the standard error of the mean is under 1.5%%, 3 to 10 sweeps)",
     )
     return parser.parse_args(argv)
 
@@ -78,6 +83,23 @@ def replay(deviations: list[float], n: int, block: int, rng: random.Random) -> l
     return out[:n]
 
 
+def auto_repeats(noise: list[float], rng: random.Random) -> float:
+    """One run's deviation under `repeats = "auto"` (agent/runners/repeats.py): sweeps drawn
+    until the relative standard error of their mean is at most 1.5% (3 to 10 of them), the
+    median kept. The sweeps of one run are drawn independently: closer in time than runs,
+    a real run's repeats share some drift, so this errs on the side of noise."""
+    spec = SweepSpec(repeats="auto")
+    draws: list[float] = []
+    while not draws or needs_more(spec, KEY, [(1.0, 1 / (1 + d)) for d in draws], 0.0):
+        draws.append(rng.choice(noise))
+    REPEATS_USED.append(len(draws))
+    return statistics.median(draws)
+
+
+KEY = (0, 1, 1)  # a point whose S_TG is 1 / T_TG: the deviation's own scale
+REPEATS_USED: list[int] = []
+
+
 def make_series(builds: list[str], values: list[float], hardware: str = "node") -> list[SeriesRun]:
     return [
         SeriesRun(
@@ -102,12 +124,15 @@ def trial(
     build_change: bool,
     settings: DetectionSettings,
     block: int,
-    repeats: int,
+    repeats: str,
     rng: random.Random,
 ) -> tuple[bool, bool]:
     """(detected the drop at the change, reported anything else)."""
-    draws = [replay(noise, before + after, block, rng) for _ in range(repeats)]
-    deviations = [statistics.median(d) for d in zip(*draws, strict=True)]
+    if repeats == "auto":
+        deviations = [auto_repeats(noise, rng) for _ in range(before + after)]
+    else:
+        draws = [replay(noise, before + after, block, rng) for _ in range(int(repeats))]
+        deviations = [statistics.median(d) for d in zip(*draws, strict=True)]
     centre = 100.0
     values = [centre * (1 + d) * (1 - drop if i >= before else 1) for i, d in enumerate(deviations)]
     builds = ["b1"] * before + (["b2"] * after if build_change else ["b1"] * after)
@@ -172,6 +197,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                 hits += hit if count == "hit" else (hit or other)
             cells.append(f"{100 * hits / args.series:15.1f}%")
         print(f"{label:<38}{''.join(cells)}")
+    if REPEATS_USED:
+        print(
+            f"\nrepeats auto: {statistics.mean(REPEATS_USED):.1f} sweeps per run on average "
+            f"(median {statistics.median(REPEATS_USED):g}, "
+            f"{100 * sum(n == 10 for n in REPEATS_USED) / len(REPEATS_USED):.0f}% at the cap of 10)"
+        )
     print("\ntargets: 10% drops >= 95% detected; noise-only false alarms <= 1%")
 
 

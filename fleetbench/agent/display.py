@@ -129,6 +129,11 @@ def placement_table(answer: PlacementAnswer) -> Table:
             *(["past the knee"] if c.past_knee else []),
             *(["fit not checked"] if answer.context_tokens and c.fit == "not checked" else []),
             *(["fit predicted only"] if c.fit_basis == "predicted only" else []),
+            *(
+                [f"its series shows steps of {c.min_detectable_change_pct:.0f}% and more"]
+                if (c.min_detectable_change_pct or 0) > 10
+                else []
+            ),
             *(["measured on the CPU, not the GPU"] if c.engine_on_accelerator is False else []),
         ]
         source = f"{c.server or 'server'} ({c.slots} slots)" if c.slots else c.server

@@ -71,6 +71,12 @@ class PlacementCandidate(BaseModel):
     fit: Literal["fits", "not checked"] = Field(
         default="not checked", description="whether weights + KV cache were checked to fit"
     )
+    min_detectable_change_pct: float | None = Field(
+        default=None,
+        description="offline: the smallest lasting S_TG step at a new build that the "
+        "regression check finds in this point's series with 95% probability, % (null: not "
+        "known yet); above 10 the reason says the node's regressions may go unseen",
+    )
     fit_basis: FitBasis | None = Field(
         default=None,
         description="what a checked fit added to the predicted KV cache: the weights, compute "

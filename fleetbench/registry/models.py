@@ -464,6 +464,9 @@ class LatestPoint(Base):
     s_pp: Mapped[float | None]
     s_tg: Mapped[float | None]
     past_knee: Mapped[bool | None]
+    # the smallest S_TG step its series shows with 95% probability at a new build
+    # (questions.regressions.min_detectable_change), as of the latest check; None: unknown
+    min_detectable_change: Mapped[float | None]
 
 
 class LatestServingRun(Base):

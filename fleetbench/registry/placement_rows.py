@@ -176,6 +176,7 @@ def _placement_statement(
             point.s_pp,
             point.s_tg,
             point.past_knee,
+            point.min_detectable_change,
             heads.c.model_id,
             heads.c.run_id,
             heads.c.started_at,
@@ -234,6 +235,7 @@ def _placement_statement(
             chosen.c.s_pp,
             chosen.c.s_tg,
             chosen.c.past_knee,
+            chosen.c.min_detectable_change,
             chosen.c.model_id,
             chosen.c.facts_id,
             chosen.c.memory_bytes,
@@ -292,6 +294,7 @@ def placement_rows(
         s_pp,
         s_tg,
         past_knee,
+        min_detectable_change,
         model_id,
         facts_id,
         memory_bytes,
@@ -315,6 +318,7 @@ def placement_rows(
                 s_tg=s_tg,  # the query keeps only points with an S_TG
                 past_knee=past_knee,
                 engine_on_accelerator=engine_on_accelerator,
+                min_detectable_change=min_detectable_change,
             )
         )
         configs[node] = FitConfig(

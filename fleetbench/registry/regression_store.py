@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from sqlalchemy import ColumnElement, bindparam, func, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from fleetbench.registry.models import Node, Regression
+from fleetbench.registry.questions.knee_shifts import KNEE_METRIC, find_knee_shifts, knee_series
 from fleetbench.registry.questions.regressions import (
     DetectionSettings,
     SeriesRun,
@@ -24,7 +25,7 @@ from fleetbench.registry.questions.regressions import (
     describe_cause,
     find_steps,
 )
-from fleetbench.registry.series import Cell, Metric, series_of_pairs
+from fleetbench.registry.series import Cell, StepCell, StepMetric, series_of_pairs
 
 __all__ = [
     "NewRuns",
@@ -70,17 +71,17 @@ def refresh_regressions(
                 session, {pair: runs.cells for pair, runs in new_runs.items()}
             ).items()
         }
-    stored: dict[tuple[int, int], dict[Cell, dict[uuid.UUID, Regression]]] = defaultdict(
+    stored: dict[tuple[int, int], dict[StepCell, dict[uuid.UUID, Regression]]] = defaultdict(
         lambda: defaultdict(dict)
     )
     for row in session.scalars(_STORED_STEPS, {"pairs": sorted(new_runs)}):
-        cell = (row.pp, row.tg, row.b, cast(Metric, row.metric))
+        cell = (row.pp, row.tg, row.b, cast(StepMetric, row.metric))
         if (row.pp, row.tg) in new_runs[(row.node_id, row.model_id)].cells:
             stored[(row.node_id, row.model_id)][cell][row.first_run_id] = row
     regressed: set[tuple[int, int]] = set()
     for (node_id, model_id), pair_runs in new_runs.items():
         new = set(pair_runs.run_ids)
-        for (pp, tg, b, metric), runs in histories.get((node_id, model_id), {}).items():
+        for (pp, tg, b, metric), runs, detect in _judged(histories.get((node_id, model_id), {})):
             index = {r.run_id: i for i, r in enumerate(runs)}
             positions = [i for run_id, i in index.items() if run_id in new]
             if not positions:
@@ -90,9 +91,7 @@ def refresh_regressions(
             known_steps = [index[k] for k in rows if k in index and index[k] < judge_from]
             found = {
                 step.first.run_id: step
-                for step in find_steps(
-                    runs, settings, judge_from=judge_from, known_steps=known_steps
-                )
+                for step in detect(runs, settings, judge_from=judge_from, known_steps=known_steps)
             }
             for first_run_id, row in rows.items():
                 judged = index.get(first_run_id, -1) >= judge_from
@@ -114,6 +113,33 @@ def refresh_regressions(
                 )
     session.flush()
     return regressed
+
+
+class _Detector(Protocol):
+    def __call__(
+        self,
+        runs: Sequence[SeriesRun],
+        settings: DetectionSettings | None = None,
+        *,
+        judge_from: int = 0,
+        known_steps: Iterable[int] = (),
+    ) -> list[Step]: ...
+
+
+def _judged(
+    cells: Mapping[Cell, Sequence[SeriesRun]],
+) -> Iterator[tuple[StepCell, Sequence[SeriesRun], _Detector]]:
+    """Every series to judge, with its detector: each point's S_TG and S_PP (or a server's
+    throughput) for lasting steps, and each PP x TG's knee (at B 0: it is the curve's) for
+    moves at known changes."""
+    curves: dict[tuple[int, int], dict[int, Sequence[SeriesRun]]] = defaultdict(dict)
+    for (pp, tg, b, metric), runs in cells.items():
+        yield (pp, tg, b, metric), runs, find_steps
+        if metric == "s_tg":
+            curves[(pp, tg)][b] = runs
+    for (pp, tg), by_b in curves.items():
+        if len(by_b) > 1:
+            yield (pp, tg, 0, KNEE_METRIC), knee_series(by_b), find_knee_shifts
 
 
 def _store_step(session: Session, row: Regression | None, step: Step, **series: Any) -> None:

@@ -11,10 +11,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from sqlalchemy import bindparam, update
 from sqlalchemy.orm import Session
 
+from fleetbench.registry.models import LatestPoint
+from fleetbench.registry.questions.regressions import SeriesRun, min_detectable_change
 from fleetbench.registry.regression_store import NewRuns, refresh_regressions
 from fleetbench.registry.series import (
+    Cell,
     RecentRun,
     RecentSeries,
     Values,
@@ -59,10 +63,38 @@ def check_new_runs(
         pair.run_ids.append(run.run_id)
         pair.cells.update(run.cells)
     series = _recent_series(session, runs, new_runs, node_changes_before, series_cache)
-    regressed = refresh_regressions(
-        session, new_runs, {pair: recent.as_lists() for pair, recent in series.items()}
-    )
+    histories = {pair: recent.as_lists() for pair, recent in series.items()}
+    regressed = refresh_regressions(session, new_runs, histories)
+    _record_detectable_changes(session, histories)
     return Checked(regressed, series)
+
+
+def _record_detectable_changes(
+    session: Session, histories: Mapping[tuple[int, int], Mapping[Cell, Sequence[SeriesRun]]]
+) -> None:
+    """Each latest point's minimum detectable change, from its S_TG series as it stands
+    with the batch's runs: what placement says of a candidate's series. One statement."""
+    rows = [
+        {"node": node_id, "model": model_id, "at_pp": pp, "at_tg": tg, "at_b": b, "change": change}
+        for (node_id, model_id), cells in histories.items()
+        for (pp, tg, b, metric), runs in cells.items()
+        if metric == "s_tg" and (change := min_detectable_change(runs)) is not None
+    ]
+    if rows:
+        session.connection().execute(_SET_DETECTABLE, rows)
+
+
+_SET_DETECTABLE = (
+    update(LatestPoint)
+    .where(
+        LatestPoint.node_id == bindparam("node"),
+        LatestPoint.model_id == bindparam("model"),
+        LatestPoint.pp == bindparam("at_pp"),
+        LatestPoint.tg == bindparam("at_tg"),
+        LatestPoint.b == bindparam("at_b"),
+    )
+    .values(min_detectable_change=bindparam("change"))
+)
 
 
 def _recent_series(

@@ -16,7 +16,9 @@ from fleetbench.contract.bounds import Text
 from fleetbench.contract.plans import PlanState
 from fleetbench.registry.models import Regression, Run, Token
 from fleetbench.registry.questions.health import Health
-from fleetbench.registry.series import Metric
+from fleetbench.registry.questions.knee_shifts import KNEE_METRIC
+from fleetbench.registry.questions.regressions import detectable_change
+from fleetbench.registry.series import Metric, StepMetric
 from fleetbench.registry.tokens import Scope, TokenState, node_rule, token_state
 
 __all__ = [
@@ -239,7 +241,11 @@ class SeriesKey(BaseModel):
 
 
 class RegressionPublic(SeriesKey):
-    """A lasting step in one series; `change_pct` is negative when it got slower."""
+    """A lasting step in one series; `change_pct` is negative when it got slower. Metric
+    `knee`: the knee of the PP x TG curve moved at a known change (B is 0; before and after
+    are the knees: from 8 streams to 4 is -50%)."""
+
+    metric: StepMetric  # type: ignore[assignment]  # a series' metric, or a curve's knee
 
     id: int
     kind: Literal["regression", "improvement"]
@@ -247,6 +253,10 @@ class RegressionPublic(SeriesKey):
     after: float = Field(description="mean of the runs after it")
     change_pct: float
     noise_pct: float = Field(description="the series' run-to-run standard deviation, %")
+    min_detectable_change_pct: float | None = Field(
+        description="the smallest step this series could show with 95% probability at a new "
+        "build, with this noise and these runs on each side, % (null for a knee's move)"
+    )
     confidence: float = Field(description="1 - p of the step under the series' noise")
     runs_before: int
     runs_after: int
@@ -341,12 +351,17 @@ def regression_public(row: Regression) -> RegressionPublic:
         pp=row.pp,
         tg=row.tg,
         b=row.b,
-        metric=cast(Metric, row.metric),
+        metric=cast(StepMetric, row.metric),
         kind="regression" if row.change < 0 else "improvement",
         before=row.before_value,
         after=row.after_value,
         change_pct=round(100 * row.change, 3),
         noise_pct=round(100 * row.noise, 3),
+        min_detectable_change_pct=(
+            round(100 * detectable_change(row.noise, row.runs_before, row.runs_after), 3)
+            if row.metric != KNEE_METRIC
+            else None
+        ),
         confidence=row.confidence,
         runs_before=row.runs_before,
         runs_after=row.runs_after,
@@ -435,3 +450,9 @@ class SeriesPointPublic(BaseModel):
 class SeriesPublic(SeriesKey):
     points: list[SeriesPointPublic]
     regressions: list[RegressionPublic]
+    min_detectable_change_pct: float | None = Field(
+        default=None,
+        description="the smallest lasting step at a new build that the regression check finds "
+        "in this series with 95% probability, from its own run-to-run noise and its runs per "
+        "build, % (null: fewer than 3 runs)",
+    )

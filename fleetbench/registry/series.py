@@ -44,6 +44,8 @@ __all__ = [
     "OrderKey",
     "RecentRun",
     "RecentSeries",
+    "StepCell",
+    "StepMetric",
     "Values",
     "order_key",
     "point_values",
@@ -65,6 +67,9 @@ HISTORY_RUNS = 32
 
 
 Cell = tuple[int, int, int, Metric]  # PP, TG, B, metric: one series of a node's model
+# What a stored step is of: a series, or the knee of a PP x TG's curves (B 0, questions.knee_shifts)
+StepMetric = Literal["s_tg", "s_pp", "srv_tps", "knee"]
+StepCell = tuple[int, int, int, StepMetric]
 
 # Oldest first: the exact reverse of RUN_NEWEST_FIRST.
 _RUN_OLDEST_FIRST = (Run.started_at, Run.received_at, Run.id.desc())

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from alembic import command
 from sqlalchemy import JSON, Uuid, bindparam, select, text
+from typer.testing import CliRunner
 
+from fleetbench.agent import sweep as sweep_module
+from fleetbench.agent.cli import app
 from fleetbench.agent.probes.amd import parse_rocm_smi
 from fleetbench.agent.probes.nvidia import NvidiaProbe
 from fleetbench.contract import wire
@@ -148,3 +152,22 @@ def test_migration_0011_checks_the_runs_stored_before(
     assert (note is None) == (backend == "CUDA")
     command.downgrade(alembic_config(engine), "0010")
     engine.dispose()
+
+
+def test_the_sweep_command_warns_when_it_measured_the_cpu_of_a_gpu_node(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_llama: Path
+) -> None:
+    """This machine has no GPU: the fingerprint is the captured H100's (NVML's real output),
+    the engine the CPU build llama-cpp-python has here."""
+    h100 = wire.HardwareFingerprint(hash="h100-" + "0" * 59, data=h100_fingerprint_data())
+    monkeypatch.setattr(sweep_module, "take_fingerprint", lambda: h100)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    done = CliRunner().invoke(
+        app, ["sweep", "-m", str(tiny_llama), "--npp", "8", "--ntg", "4", "--npl", "1", "--json"]
+    )
+    assert done.exit_code == 0, done.output
+    assert (
+        "warning: the engine ran on llama.cpp's CPU backend on a node with NVIDIA H100 80GB "
+        "HBM3: install llama.cpp built for it (README, Installing)"
+    ) in " ".join(done.output.split())

@@ -75,6 +75,8 @@ class NodeChoice:
     slots: int | None = None
     ctx_per_slot: int | None = None
     engine_on_accelerator: bool | None = None  # offline: did it measure the node's GPU
+    # offline: the smallest step its S_TG series shows at a new build (None: not known yet)
+    min_detectable_change: float | None = None
 
     @property
     def per_user_tps(self) -> float:
@@ -260,6 +262,11 @@ def largest_fitting_concurrency(memory: NodeMemory, *, tokens_per_user: int) -> 
     return low
 
 
+# A series that cannot show a step this large with 95% probability is called out: a
+# regression of this size on that node would go unseen.
+BLIND_ABOVE = 0.10
+
+
 def answer_placement(
     *,
     model: str,
@@ -359,6 +366,14 @@ def answer_placement(
             f"; {len(off)} listed node(s) measured the engine on the CPU although they have a "
             f"GPU ({off[0]}): their figures are not their GPU's"
         )
+    blind = [c for c in qualifying if (c.min_detectable_change or 0) > BLIND_ABOVE]
+    if blind:
+        reason += (
+            f"; the series of {len(blind)} listed node(s) cannot show a "
+            f"{100 * BLIND_ABOVE:g}% slowdown ({blind[0].node}: "
+            f"{100 * (blind[0].min_detectable_change or 0):.0f}% at the least): sweep with "
+            "repeats = auto, or more often"
+        )
     predicted = [c.node for c in qualifying if (fit_checked or {}).get(c.node) == "predicted only"]
     if predicted:
         reason += (
@@ -422,4 +437,9 @@ def _candidate(
         "server": choice.server,
         "slots": choice.slots,
         "engine_on_accelerator": choice.engine_on_accelerator,
+        "min_detectable_change_pct": (
+            round(100 * choice.min_detectable_change, 2)
+            if choice.min_detectable_change is not None
+            else None
+        ),
     }

@@ -40,11 +40,14 @@ from uuid import UUID
 
 __all__ = [
     "CAUSE_KINDS",
+    "DETECTION_POWER_Z",
     "DetectionSettings",
     "SeriesRun",
     "Step",
     "describe_cause",
+    "detectable_change",
     "find_steps",
+    "min_detectable_change",
 ]
 
 CauseKind = Literal["llama.cpp build", "binding", "hardware", "settings"]
@@ -54,6 +57,9 @@ CAUSE_KINDS: tuple[CauseKind, ...] = ("llama.cpp build", "binding", "hardware", 
 # mean 1.1284 sigma (2 / sqrt(pi)).
 _MEDIAN_DIFF_TO_SIGMA = 1 / 0.9539
 _MEAN_DIFF_TO_SIGMA = math.sqrt(math.pi) / 2
+# A step found with 95% probability clears the threshold by this many standard errors more
+# (the one-sided normal quantile of 0.95).
+DETECTION_POWER_Z = 1.645
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +245,35 @@ def _series_noise(
     repeats = [r.repeat_noise for r in runs[:end] if r.repeat_noise is not None]
     repeat = statistics.median(repeats) if repeats else 0.0
     return max(spread, repeat, s.noise_floor)
+
+
+def detectable_change(
+    noise: float, runs_before: int, runs_after: int, settings: DetectionSettings | None = None
+) -> float:
+    """The smallest lasting relative step at a known change (a new build) that the detector
+    finds with 95% probability, for a series of this run-to-run `noise` with these runs on
+    each side: z_known + 1.645 standard errors of a difference of means, and never below
+    `min_change` (the detector reports nothing smaller)."""
+    s = settings or DetectionSettings()
+    error = noise * math.sqrt(1 / max(runs_before, 1) + 1 / max(runs_after, 1))
+    return max(s.min_change, (s.z_known + DETECTION_POWER_Z) * error)
+
+
+def min_detectable_change(
+    runs: Sequence[SeriesRun], settings: DetectionSettings | None = None
+) -> float | None:
+    """What `detectable_change` says of this series (`runs` oldest first): its own noise
+    (as the detector estimates it), the runs it keeps per build (the median stretch between
+    known changes, the latest included) on each side, within the detector's look-back and
+    window. None with fewer than 3 runs: no noise to tell by."""
+    s = settings or DetectionSettings()
+    if len(runs) < 3:
+        return None
+    starts = [0] + [j for j in range(1, len(runs)) if runs[j].changes_from(runs[j - 1])]
+    stretches = [end - start for start, end in itertools.pairwise([*starts, len(runs)])]
+    per_build = max(1, round(statistics.median(stretches)))
+    noise = _series_noise(runs, _log_moves(runs), len(runs), set(starts[1:]), s)
+    return detectable_change(noise, min(per_build, s.lookback), min(per_build, s.window), s)
 
 
 def describe_cause(kinds: Sequence[CauseKind], before: SeriesRun, after: SeriesRun) -> str:

@@ -21,7 +21,7 @@ from fleetbench.registry.export import export_response
 from fleetbench.registry.models import Model, Node
 from fleetbench.registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
 from fleetbench.registry.questions.knee import KNEE_THRESHOLD
-from fleetbench.registry.questions.regressions import describe_cause
+from fleetbench.registry.questions.regressions import describe_cause, min_detectable_change
 from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
 from fleetbench.registry.schemas import (
     Acknowledgement,
@@ -178,6 +178,9 @@ def read_series(
         metric=metric,
         points=points,
         regressions=[regression_public(r) for r in rows],
+        min_detectable_change_pct=(
+            round(100 * change, 3) if (change := min_detectable_change(runs)) is not None else None
+        ),
     )
     if format == "csv":
         return _series_csv(answer)

@@ -182,6 +182,7 @@ export function timeElement(iso) {
 export const METRICS = {
   s_tg: "decode tokens/s (S_TG)",
   s_pp: "prefill tokens/s (S_PP)",
+  knee: "the curve's knee: the most streams worth running",
 };
 
 // --- links between pages -------------------------------------------------------------

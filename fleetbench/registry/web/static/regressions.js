@@ -2,6 +2,7 @@
 import {
   api,
   curvesUrl,
+  dash,
   done,
   fmt,
   fmtPct,
@@ -26,6 +27,7 @@ const table = document.getElementById("regressions");
 const countLine = document.getElementById("count");
 
 function regressionRow(r) {
+  const knee = r.metric === "knee";
   const metric = r.metric === "s_pp" ? "prefill" : "decode";
   return h(
     "tr",
@@ -36,11 +38,15 @@ function regressionRow(r) {
     h(
       "td",
       { title: METRICS[r.metric] ?? r.metric },
-      `PP ${r.pp} · TG ${r.tg} · B ${r.b} · ${metric}`,
+      knee ? `PP ${r.pp} · TG ${r.tg} · knee` : `PP ${r.pp} · TG ${r.tg} · B ${r.b} · ${metric}`,
     ),
     h("td", { class: "num" }, h("span", { class: `badge ${r.kind}` }, fmtPct(r.change_pct))),
-    h("td", { class: "num nowrap" }, `${fmt(r.before)} → ${fmt(r.after)}`),
-    h("td", { class: "num" }, `±${fmt(r.noise_pct, 1)} %`),
+    h(
+      "td",
+      { class: "num nowrap" },
+      knee ? `B ${r.before} → B ${r.after}` : `${fmt(r.before)} → ${fmt(r.after)}`,
+    ),
+    h("td", { class: "num" }, knee ? dash() : `±${fmt(r.noise_pct, 1)} %`),
     h("td", { class: "num" }, `${fmt(r.confidence * 100, 0)} %`),
     h(
       "td",
@@ -63,11 +69,9 @@ function regressionRow(r) {
     h(
       "td",
       {},
-      h(
-        "a",
-        { href: seriesUrl(r) },
-        "timeline",
-      ),
+      knee
+        ? h("a", { href: curvesUrl(r.node, r.model) }, "curves")
+        : h("a", { href: seriesUrl(r) }, "timeline"),
     ),
   );
 }

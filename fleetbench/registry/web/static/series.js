@@ -152,9 +152,13 @@ async function load(q) {
   const title = `${series.node} × ${series.model}`;
   document.getElementById("title").textContent = title;
   document.title = `${title} · series · fleetbench`;
+  const detectable =
+    series.min_detectable_change_pct == null
+      ? ""
+      : ` · shows steps of ${series.min_detectable_change_pct.toFixed(1)}% and more at a new build`;
   document.getElementById("subtitle").textContent =
     `PP ${series.pp} · TG ${series.tg} · B ${series.b} · ${metric} tokens/s · ` +
-    `${series.points.length} run(s)`;
+    `${series.points.length} run(s)${detectable}`;
   const csv = new URLSearchParams({ ...q, format: "csv" });
   replace(
     document.getElementById("links"),
