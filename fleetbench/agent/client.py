@@ -58,8 +58,9 @@ class RegistryClient:
 
     def submit_run(self, report: RunReport) -> RunReceipt:
         """Sends the report. A registry older than the report's schema version (a 422
-        naming `schema_version`) is sent it as the version before, without what only the
-        newer one holds, rather than refused it: a serving run's points outlast its search."""
+        naming `schema_version`) is sent it as the older version `older_version` says,
+        without what only the newer one holds, rather than refused it: a serving run's
+        points outlast its search, an offline run's its buffers."""
         try:
             response = self._send(report)
         except RequestRejected as exc:

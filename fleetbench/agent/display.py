@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetbench.agent.spool import SpooledRun
-from fleetbench.contract.answers import PlacementAnswer
+from fleetbench.contract.answers import BLIND_ABOVE_PCT, PlacementAnswer
 from fleetbench.contract.wire import Point, ServingPoint
 
 __all__ = [
@@ -131,7 +131,7 @@ def placement_table(answer: PlacementAnswer) -> Table:
             *(["fit predicted only"] if c.fit_basis == "predicted only" else []),
             *(
                 [f"its series shows steps of {c.min_detectable_change_pct:.0f}% and more"]
-                if (c.min_detectable_change_pct or 0) > 10
+                if (c.min_detectable_change_pct or 0) > BLIND_ABOVE_PCT
                 else []
             ),
             *(["measured on the CPU, not the GPU"] if c.engine_on_accelerator is False else []),

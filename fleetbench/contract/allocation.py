@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from fleetbench.contract.bounds import MAX_MEMORY_BYTES
 from fleetbench.contract.kv_cache import kv_cache_bytes
 from fleetbench.contract.wire import AllocatedBuffer, RunReport
 
@@ -24,23 +25,37 @@ def allocated_bytes(buffers: Iterable[AllocatedBuffer], kind: str) -> int | None
 
 
 def beside_kv_bytes(buffers: Iterable[AllocatedBuffer]) -> int | None:
-    """What the context needs besides its KV cache, as measured: weights, compute scratch
-    and outputs; None unless both the weights and the compute buffer were logged."""
+    """What the context needs besides its KV cache in the memory a node's fit is checked
+    against, as measured: weights, compute scratch and outputs; None unless both the weights
+    and the compute buffer were logged. That memory is a discrete GPU's where buffers went
+    to one (CUDA0, ROCm0, Vulkan0: the host's buffers beside them, CPU_Mapped or CUDA_Host,
+    are not in it), else the memory everything shares (a CPU's RAM, Apple's unified memory).
+    Repacked weights (CPU_REPACK) count beside the mapped file they were copied from: both
+    take memory."""
     buffers = list(buffers)
+    on_device = [b for b in buffers if not _shared(b.device)]
+    if on_device:
+        buffers = on_device
     model, compute = allocated_bytes(buffers, "model"), allocated_bytes(buffers, "compute")
     if model is None or compute is None:
         return None
     return model + compute + (allocated_bytes(buffers, "output") or 0)
 
 
+def _shared(device: str) -> bool:
+    """Whether a buffer type lies in memory the whole node shares: the host's, or Apple's."""
+    return device.startswith(("CPU", "Metal")) or device.endswith("_Host")
+
+
 def predicted_kv_bytes(report: RunReport) -> int | None:
     """The KV cache the maths predicts for the context the run created (its n_ctx, as many
-    sequences as its largest B, its cache types), or None when the numbers are missing."""
+    sequences as its largest B, its cache types), or None when the numbers are missing or
+    give more than any memory holds (architecture numbers within their bounds can)."""
     settings = report.settings
     batches = [p.b for p in report.points] + [f.b for f in report.failures]
     if settings.n_ctx is None or not batches:
         return None
-    return kv_cache_bytes(
+    predicted = kv_cache_bytes(
         report.model,
         n_ctx=settings.n_ctx,
         n_seq=max(batches),
@@ -49,6 +64,7 @@ def predicted_kv_bytes(report: RunReport) -> int | None:
         cache_type_v=settings.cache_type_v or "f16",
         unified=bool(settings.kv_unified),
     )
+    return predicted if predicted is not None and predicted <= MAX_MEMORY_BYTES else None
 
 
 def kv_prediction_error_pct(predicted: int | None, allocated: int | None) -> float | None:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from fleetbench.contract.bounds import Moment
 
 __all__ = [
+    "BLIND_ABOVE_PCT",
     "FactsSource",
     "FitBasis",
     "PlacementAnswer",
@@ -24,6 +25,9 @@ __all__ = [
 FactsSource = Literal["node", "most nodes", "none"]
 PlacementKind = Literal["offline", "serving", "any"]
 FitBasis = Literal["measured buffers", "predicted only", "server slots"]
+# A candidate whose series cannot show a slowdown this large (with 95% probability) is
+# called out: a regression of this size on its node would go unseen.
+BLIND_ABOVE_PCT = 10.0
 
 
 class RunReceipt(BaseModel):
@@ -75,7 +79,8 @@ class PlacementCandidate(BaseModel):
         default=None,
         description="offline: the smallest lasting S_TG step at a new build that the "
         "regression check finds in this point's series with 95% probability, % (null: not "
-        "known yet); above 10 the reason says the node's regressions may go unseen",
+        "known yet); above BLIND_ABOVE_PCT (10) the reason says the node's slowdowns may go "
+        "unseen",
     )
     fit_basis: FitBasis | None = Field(
         default=None,

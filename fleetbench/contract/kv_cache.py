@@ -76,7 +76,7 @@ def kv_cache_bytes(
 def _window_cells(cells: int, window: int) -> int:
     """A sliding-window cache's cells beside a full cache of `cells`: the window, rounded up
     to 256 cells as llama.cpp allocates, never more than the full cache."""
-    return min(cells, -(-min(cells, window) // 256) * 256)
+    return min(cells, -(-window // 256) * 256)
 
 
 def fits(
@@ -89,6 +89,7 @@ def fits(
     cache_type_v: str,
     free_bytes: int | None,
     beside_bytes: int | None = None,
+    unified: bool = False,
 ) -> str | None:
     """Why a context of `n_ctx` cells cannot fit in `free_bytes` beside the model's weights
     (`beside_bytes` when measured: the weights, compute and output buffers llama.cpp
@@ -102,6 +103,7 @@ def fits(
         n_ubatch=n_ubatch,
         cache_type_k=cache_type_k,
         cache_type_v=cache_type_v,
+        unified=unified,
     )
     if kv is None:
         return None

@@ -12,7 +12,10 @@ from fleetbench.contract.bounds import INT32_MAX
 from fleetbench.contract.kv_cache import CacheType, kv_cells
 from fleetbench.contract.wire import RunSettings
 
-__all__ = ["LLAMA_CPP_NAMES", "SweepSpec", "needed_cells"]
+__all__ = ["AUTO_REPEAT_FIELDS", "LLAMA_CPP_NAMES", "SweepSpec", "needed_cells"]
+
+# The settings of repeats = "auto" alone
+AUTO_REPEAT_FIELDS = ("repeat_target", "max_repeats", "repeat_budget_s")
 
 
 # llama.cpp's long flag names where they differ from the settings they set.

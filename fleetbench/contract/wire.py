@@ -8,8 +8,10 @@ gets a new version; the registry answers 422 for a version it does not know. Ver
 added serving runs (`kind: serving`, the server's identity and one `ServingPoint` per
 concurrency); version 3 a serving run's SLO search (`slo_search`); version 4 the memory
 llama.cpp allocated for an offline run (`buffers`). A report is sent as the
-oldest version that holds it (offline runs as version 1, which every registry takes), so
-agents may be upgraded before the registry.
+oldest version that holds it (offline runs as version 1, which every registry takes, or 4
+with their buffers), and an agent whose registry refuses a version (422 naming
+`schema_version`) sends the run again without what only that version holds, so agents may
+be upgraded before the registry.
 """
 
 from __future__ import annotations

@@ -24,15 +24,20 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import Regression
-from fleetbench.registry.schemas import SeriesKey, regression_public
+from fleetbench.registry.questions.knee_shifts import KNEE_METRIC
+from fleetbench.registry.schemas import RegressionPublic, SeriesKey, regression_public
 
 __all__ = ["WebhookNotifier", "series_link"]
 
 log = logging.getLogger("fleetbench.registry.notify")
 
 
-def series_link(public_url: str, series: SeriesKey) -> str:
-    """The dashboard page of a series."""
+def series_link(public_url: str, series: RegressionPublic) -> str:
+    """The dashboard page of a regression's series; of a knee's move, the node's curves of
+    the model."""
+    if series.metric == KNEE_METRIC:
+        query = urlencode({"node": series.node, "model": series.model})
+        return f"{public_url.rstrip('/')}/curves?{query}"
     query = urlencode(series.model_dump(include=set(SeriesKey.model_fields)))
     return f"{public_url.rstrip('/')}/series?{query}"
 

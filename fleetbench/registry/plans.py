@@ -11,6 +11,7 @@ the highest, and the unique (name, version) key lets one of them win; the other 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from fleetbench.contract.plans import (
     PlanVersion,
     plan_selects,
 )
+from fleetbench.contract.sweep_spec import AUTO_REPEAT_FIELDS
 from fleetbench.registry.models import Node, NodePlanStatus, SweepPlan
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "plan_etag",
     "plan_history",
     "plan_version",
+    "plans_body",
     "record_status",
     "request_sweep",
     "retire_plan",
@@ -184,13 +187,12 @@ def node_plans(
     node: Node,
     *,
     kinds: Collection[str] = KINDS,
-    auto_repeats: bool = True,
 ) -> NodePlans:
     """The enabled plans of `kinds` that pick the node, and an admin's sweep-now request
     (an agent reads only the kinds it says it runs: one that predates serving plans never
-    gets one it could not read; one that predates `repeats = "auto"` gets 3 instead)."""
+    gets one it could not read)."""
     plans = [
-        plan if auto_repeats else fixed_repeats(plan)
+        plan
         for plan in current_plans(session, enabled_only=True)
         if plan.kind in kinds and plan_selects(plan, node.name, node.labels)
     ]
@@ -207,19 +209,28 @@ def node_plans(
     return NodePlans(node=node.name, plans=plans, sweep_now=requested)
 
 
-def fixed_repeats(plan: PlanVersion) -> PlanVersion:
-    """The plan as an agent that predates `repeats = "auto"` can run it: 3 repeats, the
-    default those agents had."""
-    if plan.kind != "offline" or plan.settings.repeats != "auto":
-        return plan
-    settings = plan.settings.model_copy(update={"repeats": SCHEDULED_FIXED_REPEATS})
-    return plan.model_copy(update={"settings": settings})
+def plans_body(plans: NodePlans, *, auto_repeats: bool) -> str:
+    """What a node pulls, as JSON. An agent that predates `repeats = "auto"` (it does not
+    say `auto_repeats`) refuses a sweep spec naming auto's target and caps, or auto itself:
+    it is sent each offline plan with the 3 repeats those agents ran schedules with."""
+    if auto_repeats:
+        return plans.model_dump_json()
+    body = plans.model_dump(mode="json")
+    for plan in body["plans"]:
+        settings = plan.get("settings")
+        if plan.get("kind", "offline") != "offline" or not isinstance(settings, dict):
+            continue
+        if settings.get("repeats") == "auto":
+            settings["repeats"] = SCHEDULED_FIXED_REPEATS
+        for name in AUTO_REPEAT_FIELDS:
+            settings.pop(name, None)
+    return json.dumps(body, separators=(",", ":"))
 
 
-def plan_etag(plans: NodePlans) -> str:
-    """The strong ETag of what a node pulls: the same plans give the same tag in every
-    registry process, so a poll answers 304 whichever process it reaches."""
-    return '"' + hashlib.sha256(plans.model_dump_json().encode()).hexdigest()[:32] + '"'
+def plan_etag(body: str) -> str:
+    """The strong ETag of what a node pulls (plans_body): the same plans give the same tag
+    in every registry process, so a poll answers 304 whichever process it reaches."""
+    return '"' + hashlib.sha256(body.encode()).hexdigest()[:32] + '"'
 
 
 def _upsert_status(session: Session, node_id: int, values: dict[str, Any]) -> None:

@@ -107,6 +107,33 @@ print(done.stderr, file=sys.stderr, end="")
     )
 
 
+def test_repeats_end_even_when_a_point_s_line_is_lost_every_time_after_the_first(
+    batched_bench: Path, gemma: Path, tmp_path: Path
+) -> None:
+    """A point asked for N times is asked no more, measured or not: the sweep ends."""
+    runs = tmp_path / "runs"
+    wrapper = tmp_path / "loses-b2-after-the-first-run"
+    wrapper.write_text(
+        f"""#!{sys.executable}
+import json, pathlib, subprocess, sys
+done = subprocess.run([{str(batched_bench)!r}, *sys.argv[1:]], capture_output=True, text=True)
+if "--version" in sys.argv:
+    print(done.stdout, end=""); print(done.stderr, file=sys.stderr, end=""); sys.exit(0)
+runs = pathlib.Path({str(runs)!r})
+count = int(runs.read_text()) if runs.exists() else 0
+runs.write_text(str(count + 1))
+for line in done.stdout.splitlines():
+    if line.startswith("{{") and (count == 0 or json.loads(line)["pl"] != 2):
+        print(line)
+"""
+    )
+    wrapper.chmod(0o755)
+    spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2), repeats=3)
+    outcome = BatchedBenchBinaryRunner(wrapper).run(gemma, spec)
+    assert [(p.b, p.repeats) for p in outcome.points] == [(1, 3), (2, 1)]
+    assert runs.read_text() == "3"
+
+
 def test_a_binary_that_dies_part_way_keeps_its_points(
     batched_bench: Path, gemma: Path, tmp_path: Path
 ) -> None:

@@ -42,6 +42,14 @@ def test_the_buffer_lines_of_a_log_are_read() -> None:
     assert beside_kv_bytes(buffers[:1]) is None  # no compute buffer logged: not measured
 
 
+def test_a_buffer_line_the_report_cannot_carry_is_left_out() -> None:
+    lines = [
+        "llama_kv_cache: " + "RPC[" + "x" * 80 + "] KV buffer size =     6.00 MiB",
+        "llama_kv_cache:        CPU KV buffer size =    30.00 MiB",
+    ]
+    assert buffers_in(lines) == [AllocatedBuffer(kind="kv", device="CPU", bytes=30 * 2**20)]
+
+
 def test_a_log_handed_over_in_pieces_is_joined_into_lines() -> None:
     log = BufferLog()
     for piece in ("llama_kv_cache:        CUDA0 KV buf", "fer size =   288.00 MiB\nllama_", "x\n"):

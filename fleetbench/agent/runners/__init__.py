@@ -68,6 +68,7 @@ def plan_grid(
             cache_type_k=spec.cache_type_k,
             cache_type_v=spec.cache_type_v,
             free_bytes=free_bytes,
+            unified=spec.kv_unified,
         )
         if reason is None:
             runnable.append((pp, tg, pl))

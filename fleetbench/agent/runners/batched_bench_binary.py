@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from fleetbench.agent.runners import (
 from fleetbench.agent.runners.llama_buffers import VERBOSE_ENV, buffers_in
 from fleetbench.agent.runners.repeats import Key, still_to_measure
 from fleetbench.contract.kv_cache import kv_cells
-from fleetbench.contract.wire import EngineBuild, FailedPoint, Point, RunSettings
+from fleetbench.contract.wire import AllocatedBuffer, EngineBuild, FailedPoint, Point, RunSettings
 
 __all__ = ["BINARY", "BatchedBenchBinaryRunner", "argv", "binary_build", "find_binary"]
 
@@ -105,17 +107,27 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
     engine = binary_build(binary)
     samples: dict[Key, list[Point]] = {}
     settings = RunSettings()
-    log: list[str] = []  # the last run's stderr, where llama.cpp logs its buffers
+    buffers: list[AllocatedBuffer] | None = None  # the first run's: the whole grid's context
+    # Runs asked for each point: one whose line a run lost is not asked for for ever
+    cap = spec.max_repeats if spec.repeats == "auto" else spec.repeats
+    asked: Counter[Key] = Counter()
     started = time.monotonic()
     todo = spec.grid()
     told: set[Key] = set()
     while todo:
+        asked.update(todo)
+        log: list[str] = []
         for point, point_settings in _one_run(binary, model, _narrowed(spec, todo), samples, log):
-            settings = point_settings
-            samples.setdefault((point.pp, point.tg, point.b), []).append(point)
+            key = (point.pp, point.tg, point.b)
+            if key in todo:  # a narrowed grid also holds points already done: left alone
+                settings = point_settings
+                samples.setdefault(key, []).append(point)
+        if buffers is None:
+            buffers = buffers_in(log)
         timings = {key: [(p.t_pp or 0.0, p.t_tg or 0.0) for p in measured]
                    for key, measured in samples.items()}  # fmt: skip
-        todo = still_to_measure(spec, timings, elapsed_s=time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        todo = [k for k in still_to_measure(spec, timings, elapsed_s=elapsed) if asked[k] < cap]
         for key in [k for k in samples if k not in todo and k not in told]:
             told.add(key)
             on_point(_combined(samples[key], spec))
@@ -125,7 +137,7 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
         "cache_type_k": spec.cache_type_k,
         "cache_type_v": spec.cache_type_v,
     }
-    outcome = SweepOutcome(engine, settings.model_copy(update=known), buffers=buffers_in(log))
+    outcome = SweepOutcome(engine, settings.model_copy(update=known), buffers=buffers or [])
     for pp, tg, pl in spec.grid():
         measured = samples.get((pp, tg, pl))
         if measured:
@@ -151,38 +163,37 @@ def _why_missing(pp: int, tg: int, pl: int, spec: SweepSpec, settings: RunSettin
 
 
 def _one_run(
-    binary: Path,
-    model: Path,
-    spec: SweepSpec,
-    measured: dict[tuple[int, int, int], list[Point]],
-    log: list[str],
+    binary: Path, model: Path, spec: SweepSpec, measured: dict[Key, list[Point]], log: list[str]
 ) -> Iterator[tuple[Point, RunSettings]]:
-    process = subprocess.Popen(
-        argv(binary, model, spec),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **VERBOSE_ENV},
-    )
-    assert process.stdout is not None and process.stderr is not None
-    try:
-        for line in process.stdout:
-            if not line.startswith("{"):
-                continue
-            try:
-                [run] = parse_batched_bench_output(line)
-            except BatchedBenchOutputError:
-                continue
-            yield run.points[0], run.settings
-        stderr = process.stderr.read()
-        log[:] = stderr.splitlines()
-    finally:
-        process.stdout.close()
-        process.stderr.close()
-        returncode = process.wait()
+    """The points of one run of the binary as it prints them; `log` is given its stderr,
+    kept in a file meanwhile (a pipe read only at the end would stop a binary whose log
+    outgrows the pipe's buffer)."""
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        process = subprocess.Popen(
+            argv(binary, model, spec),
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env={**os.environ, **VERBOSE_ENV},
+        )
+        assert process.stdout is not None
+        try:
+            for line in process.stdout:
+                if not line.startswith("{"):
+                    continue
+                try:
+                    [run] = parse_batched_bench_output(line)
+                except BatchedBenchOutputError:
+                    continue
+                yield run.points[0], run.settings
+        finally:
+            process.stdout.close()
+            returncode = process.wait()
+            errors.seek(0)
+            log[:] = errors.read().splitlines()
     if returncode != 0:
         points = [_combined(p, spec) for p in measured.values()]
-        lines = [line for line in stderr.splitlines() if line.strip()]
+        lines = [line for line in log if line.strip()]
         raise SweepFailed(
             f"{BINARY} exited with status {returncode}: {lines[-1] if lines else 'no message'}",
             points,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from pydantic import ValidationError
+
 from fleetbench.contract.wire import AllocatedBuffer
 
 __all__ = ["VERBOSE_ENV", "BufferLog", "buffers_in"]
@@ -35,17 +37,21 @@ _KINDS = {"model": "model", "KV": "kv", "compute": "compute", "output": "output"
 
 
 def buffers_in(lines: Iterable[str]) -> list[AllocatedBuffer]:
-    """The buffers logged in `lines`, in the order llama.cpp allocated them."""
+    """The buffers logged in `lines`, in the order llama.cpp allocated them; a line the
+    report could not carry (a buffer type's name over 64 characters, a size beyond any
+    memory) is left out rather than failing the sweep."""
     found = []
     for line in lines:
         if match := _LINE.search(line.strip()):
-            found.append(
-                AllocatedBuffer(
+            try:
+                buffer = AllocatedBuffer(
                     kind=_KINDS[match["kind"]],
                     device=match["device"],
                     bytes=round(float(match["mib"]) * 2**20),
                 )
-            )
+            except ValidationError:
+                continue
+            found.append(buffer)
     return found
 
 

@@ -110,7 +110,10 @@ def _process_context() -> SpawnContext | ForkContext:
     has imported (0.4 s of a CLI sweep's start, spent again by a spawned one), but a fork
     copies only the thread that forks: with other threads running (the daemon's scheduler
     and delivery) a lock one of them holds stays held in the child for ever. macOS forks
-    badly whatever the threads (its system frameworks), as Python's own default says."""
+    badly whatever the threads (its system frameworks), as Python's own default says. Native
+    threads are not counted here: none runs in the agent before the engine is loaded, which
+    happens in the child. The child also holds what the agent held open, the sweep lock
+    among them: an agent killed mid-sweep leaves the lock held until its engine ends."""
     if sys.platform == "darwin" or threading.active_count() > 1:
         return multiprocessing.get_context("spawn")
     return multiprocessing.get_context("fork")

@@ -154,8 +154,9 @@ def _measure_grid(
     as it is done; returns them in the grid's order."""
     done: dict[Key, Point | FailedPoint] = {}
     measured: dict[Key, list[Timing]] = {}
+    cells = {key: kv_cells(*key, shared=spec.pp_shared, unified=spec.kv_unified) for key in grid}
     for pp, tg, pl in grid:
-        n_kv = kv_cells(pp, tg, pl, shared=spec.pp_shared, unified=spec.kv_unified)
+        n_kv = cells[(pp, tg, pl)]
         if n_kv > n_kv_max:
             reason = f"needs {n_kv} KV cells, the context has {n_kv_max}"
             done[(pp, tg, pl)] = failure = FailedPoint(pp=pp, tg=tg, b=pl, reason=reason)
@@ -173,9 +174,8 @@ def _measure_grid(
                 measured[key].append(timed)
                 if needs_more(spec, key, measured[key], time.monotonic() - started):
                     continue
-                n_kv = kv_cells(pp, tg, pl, shared=spec.pp_shared, unified=spec.kv_unified)
                 done[key] = point_from_samples(
-                    pp, tg, pl, n_kv, measured[key], shared=spec.pp_shared
+                    pp, tg, pl, cells[key], measured[key], shared=spec.pp_shared
                 )
             del measured[key]
             on_point(done[key])

@@ -1,7 +1,8 @@
-"""min detectable change: what each latest point's S_TG series can see
+"""min detectable change and knee moves: what each latest point's S_TG series can see
 
 Filled by the regression check of the next run of each series: a node's points show
-"unknown" until it reports again.
+"unknown" until it reports again. The knee's moves (regressions of metric `knee`) need no
+column; the downgrade drops them, which code before it cannot show.
 
 Revision ID: 0013
 Revises: 0012
@@ -27,5 +28,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DELETE FROM regressions WHERE metric = 'knee'")
     with op.batch_alter_table("latest_points", schema=None) as batch_op:
         batch_op.drop_column("min_detectable_change")

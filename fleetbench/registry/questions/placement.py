@@ -25,6 +25,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 from fleetbench.contract.answers import (
+    BLIND_ABOVE_PCT,
     FactsSource,
     FitBasis,
     PlacementAnswer,
@@ -262,11 +263,6 @@ def largest_fitting_concurrency(memory: NodeMemory, *, tokens_per_user: int) -> 
     return low
 
 
-# A series that cannot show a step this large with 95% probability is called out: a
-# regression of this size on that node would go unseen.
-BLIND_ABOVE = 0.10
-
-
 def answer_placement(
     *,
     model: str,
@@ -366,11 +362,11 @@ def answer_placement(
             f"; {len(off)} listed node(s) measured the engine on the CPU although they have a "
             f"GPU ({off[0]}): their figures are not their GPU's"
         )
-    blind = [c for c in qualifying if (c.min_detectable_change or 0) > BLIND_ABOVE]
+    blind = [c for c in qualifying if 100 * (c.min_detectable_change or 0) > BLIND_ABOVE_PCT]
     if blind:
         reason += (
             f"; the series of {len(blind)} listed node(s) cannot show a "
-            f"{100 * BLIND_ABOVE:g}% slowdown ({blind[0].node}: "
+            f"{BLIND_ABOVE_PCT:g}% slowdown ({blind[0].node}: "
             f"{100 * (blind[0].min_detectable_change or 0):.0f}% at the least): sweep with "
             "repeats = auto, or more often"
         )

@@ -262,18 +262,24 @@ def detectable_change(
 def min_detectable_change(
     runs: Sequence[SeriesRun], settings: DetectionSettings | None = None
 ) -> float | None:
-    """What `detectable_change` says of this series (`runs` oldest first): its own noise
-    (as the detector estimates it), the runs it keeps per build (the median stretch between
-    known changes, the latest included) on each side, within the detector's look-back and
-    window. None with fewer than 3 runs: no noise to tell by."""
+    """What `detectable_change` says of the next build of this series (`runs` oldest
+    first): its own noise (as the detector estimates it), the runs before the change (the
+    history, within the look-back) and the runs a build keeps (the median stretch between
+    known changes, the latest included, within the window) after it. 1.0 (blind: not even a
+    halving shows) when builds change faster than the detector confirms a step at one; None
+    with fewer than 3 runs: no noise to tell by."""
     s = settings or DetectionSettings()
     if len(runs) < 3:
         return None
     starts = [0] + [j for j in range(1, len(runs)) if runs[j].changes_from(runs[j - 1])]
     stretches = [end - start for start, end in itertools.pairwise([*starts, len(runs)])]
-    per_build = max(1, round(statistics.median(stretches)))
+    per_build = round(statistics.median(stretches))
+    if per_build < s.confirm_known:
+        return 1.0
     noise = _series_noise(runs, _log_moves(runs), len(runs), set(starts[1:]), s)
-    return detectable_change(noise, min(per_build, s.lookback), min(per_build, s.window), s)
+    return min(
+        1.0, detectable_change(noise, min(len(runs), s.lookback), min(per_build, s.window), s)
+    )
 
 
 def describe_cause(kinds: Sequence[CauseKind], before: SeriesRun, after: SeriesRun) -> str:

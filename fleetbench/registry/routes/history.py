@@ -179,7 +179,9 @@ def read_series(
         points=points,
         regressions=[regression_public(r) for r in rows],
         min_detectable_change_pct=(
-            round(100 * change, 3) if (change := min_detectable_change(runs)) is not None else None
+            round(100 * change, 3)
+            if (change := min_detectable_change(runs[-series.HISTORY_RUNS :])) is not None
+            else None
         ),
     )
     if format == "csv":

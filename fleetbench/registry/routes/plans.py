@@ -171,13 +171,14 @@ def pull_plans(
     found = session.get(Node, node.id)
     if found is None:  # deleted since its token was checked
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {node.name!r} not found")
-    answer = plans.node_plans(session, found, kinds=kind or ("offline",), auto_repeats=auto_repeats)
-    etag = plans.plan_etag(answer)
+    answer = plans.node_plans(session, found, kinds=kind or ("offline",))
+    body = plans.plans_body(answer, auto_repeats=auto_repeats)
+    etag = plans.plan_etag(body)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     given = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
     if etag in given or "*" in given:
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
-    return Response(answer.model_dump_json(), media_type="application/json", headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
 
 
 @agent_router.put(
