@@ -14,6 +14,7 @@ counts as valid data accepted (as 404, 409 already do)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import schemathesis
@@ -60,6 +61,19 @@ def registry_schema(url: str) -> schemathesis.BaseSchema:
     return schema
 
 
+# Query parameters an operation does not know are ignored, not refused, where agents call:
+# a newer agent asks with parameters an older registry predates (`auto_repeats` on the
+# plans poll) and must still get its plans. Schemathesis calls an unknown parameter invalid
+# data, so the check that invalid data is refused does not run there; every other does.
+TAKES_UNKNOWN_QUERY_PARAMETERS = {"GET /v1/agent/plans"}
+
+
+def _checks(label: str, mode: GenerationMode) -> list[Any]:
+    if mode is GenerationMode.NEGATIVE and label in TAKES_UNKNOWN_QUERY_PARAMETERS:
+        return [c for c in ALL_CHECKS if c.__name__ != "negative_data_rejection"]
+    return list(ALL_CHECKS)
+
+
 @pytest.mark.parametrize(("label", "mode"), CASES, ids=[f"{op} {m.value}" for op, m in CASES])
 def test_every_request_is_answered_as_the_schema_says_never_with_a_server_error(
     live_registry: LiveRegistry, label: str, mode: GenerationMode
@@ -81,7 +95,7 @@ def test_every_request_is_answered_as_the_schema_says_never_with_a_server_error(
         suppress_health_check=list(HealthCheck),
     )
     def answered_as_the_schema_says(case: schemathesis.Case) -> None:
-        case.call_and_validate(headers=headers, checks=ALL_CHECKS)
+        case.call_and_validate(headers=headers, checks=_checks(label, mode))
 
     try:
         answered_as_the_schema_says()
