@@ -81,23 +81,33 @@ def test_points_the_binary_skips_are_failures(batched_bench: Path, gemma: Path) 
     )
 
 
+def _filtered(batched_bench: Path, wrapper: Path, printing: str) -> Path:
+    """The real binary behind `wrapper`, which passes its `--version` and stderr through and
+    prints of its JSONL lines (`lines`) what the Python statements `printing` print."""
+    wrapper.write_text(
+        f"""#!{sys.executable}
+import json, pathlib, subprocess, sys
+done = subprocess.run([{str(batched_bench)!r}, *sys.argv[1:]], capture_output=True, text=True)
+print(done.stderr, file=sys.stderr, end="")
+if "--version" in sys.argv:
+    print(done.stdout, end=""); sys.exit(0)
+lines = [line for line in done.stdout.splitlines() if line.startswith("{{")]
+{printing}
+"""
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def test_a_point_whose_output_was_lost_is_not_called_skipped(
     batched_bench: Path, gemma: Path, tmp_path: Path
 ) -> None:
     """A very short run of the real binary (the tiny llama: milliseconds) at times exits
     before its log thread writes its last JSONL lines; seen here as the real binary's output
     without its last point, and an exit status of 0."""
-    wrapper = tmp_path / "loses-its-last-line"
-    wrapper.write_text(
-        f"""#!{sys.executable}
-import subprocess, sys
-done = subprocess.run([{str(batched_bench)!r}, *sys.argv[1:]], capture_output=True, text=True)
-lines = [line for line in done.stdout.splitlines() if line.startswith("{{")]
-print("\\n".join(lines[:-1]) if "--version" not in sys.argv else done.stdout, end="")
-print(done.stderr, file=sys.stderr, end="")
-"""
+    wrapper = _filtered(
+        batched_bench, tmp_path / "loses-its-last-line", "print(*lines[:-1], sep='\\n')"
     )
-    wrapper.chmod(0o755)
     outcome = BatchedBenchBinaryRunner(wrapper).run(gemma, SMALL)
     assert [p.b for p in outcome.points] == [1]
     [lost] = outcome.failures
@@ -112,22 +122,11 @@ def test_repeats_end_even_when_a_point_s_line_is_lost_every_time_after_the_first
 ) -> None:
     """A point asked for N times is asked no more, measured or not: the sweep ends."""
     runs = tmp_path / "runs"
-    wrapper = tmp_path / "loses-b2-after-the-first-run"
-    wrapper.write_text(
-        f"""#!{sys.executable}
-import json, pathlib, subprocess, sys
-done = subprocess.run([{str(batched_bench)!r}, *sys.argv[1:]], capture_output=True, text=True)
-if "--version" in sys.argv:
-    print(done.stdout, end=""); print(done.stderr, file=sys.stderr, end=""); sys.exit(0)
-runs = pathlib.Path({str(runs)!r})
+    printing = f"""runs = pathlib.Path({str(runs)!r})
 count = int(runs.read_text()) if runs.exists() else 0
 runs.write_text(str(count + 1))
-for line in done.stdout.splitlines():
-    if line.startswith("{{") and (count == 0 or json.loads(line)["pl"] != 2):
-        print(line)
-"""
-    )
-    wrapper.chmod(0o755)
+print(*(line for line in lines if count == 0 or json.loads(line)["pl"] != 2), sep="\\n")"""
+    wrapper = _filtered(batched_bench, tmp_path / "loses-b2-after-the-first-run", printing)
     spec = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2), repeats=3)
     outcome = BatchedBenchBinaryRunner(wrapper).run(gemma, spec)
     assert [(p.b, p.repeats) for p in outcome.points] == [(1, 3), (2, 1)]

@@ -39,7 +39,7 @@ from fleetbench.agent.runners.llama_buffers import BufferLog
 from fleetbench.agent.runners.llama_cpp_python import BINDING, binding_version
 from fleetbench.agent.runners.repeats import Key, Timing, needs_more
 from fleetbench.contract.kv_cache import kv_cells
-from fleetbench.contract.wire import EngineBuild, FailedPoint, Point
+from fleetbench.contract.wire import AllocatedBuffer, EngineBuild, FailedPoint, Point
 
 __all__ = ["capture_llama_log", "run_sweep"]
 
@@ -99,7 +99,7 @@ def run_sweep(
         ctx = llama.llama_init_from_model(model, ctx_params) if grid else None
         if grid and not ctx:
             raise SweepFailed(f"llama.cpp could not create a context of {n_ctx} cells")
-        buffers = _log.buffers() if _log is not None else []
+        buffers = _captured_buffers()
         outcome = SweepOutcome(
             engine=EngineBuild(
                 backend=_backend(llama),
@@ -245,7 +245,8 @@ def capture_llama_log(log: BufferLog) -> None:
     llama = llama_bindings()
 
     def keep(_level: int, text: bytes, _user_data: Any) -> None:
-        log.write(text.decode(errors="replace"))
+        if _log is not None:  # none once the context is made: see _captured_buffers
+            _log.write(text.decode(errors="replace"))
 
     global _callback, _log  # the callback must outlive this call: llama.cpp keeps the pointer
     _log = log
@@ -255,6 +256,15 @@ def capture_llama_log(log: BufferLog) -> None:
 
 _callback: Any = None
 _log: BufferLog | None = None
+
+
+def _captured_buffers() -> list[AllocatedBuffer]:
+    """The buffers logged so far (the model's and the context's), and the log no longer
+    read: llama.cpp logs debug lines at every decode step, which the timed loop should not
+    pay for in Python beyond the callback's first test."""
+    global _log
+    log, _log = _log, None
+    return log.buffers() if log is not None else []
 
 
 def _ggml_type(llama: Any, name: str) -> int:
