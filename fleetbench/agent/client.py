@@ -74,7 +74,9 @@ class RegistryClient:
                 report.schema_version,
                 report.run_id,
                 older.schema_version,
-                "buffers" if report.buffers else f"SLO search ({report.slo_search})",
+                "memory figures"
+                if report.kind == "offline"
+                else f"SLO search ({report.slo_search})",
             )
             response = self._send(older)
         return RunReceipt.model_validate_json(response.content)
@@ -181,9 +183,11 @@ class RegistryClient:
 def older_version(report: RunReport) -> RunReport | None:
     """The report as an older schema version holds it (None: there is none it fits): a
     version 3 serving run without its SLO search, a version 4 offline run without the
-    buffers llama.cpp allocated."""
+    buffers llama.cpp allocated and its GPUs' memory in use."""
     if report.schema_version == BUFFERS_SCHEMA_VERSION:
-        return report.model_copy(update={"schema_version": SCHEMA_VERSION, "buffers": []})
+        return report.model_copy(
+            update={"schema_version": SCHEMA_VERSION, "buffers": [], "device_memory": []}
+        )
     if report.schema_version == SLO_SEARCH_SCHEMA_VERSION:
         return report.model_copy(
             update={"schema_version": SERVING_SCHEMA_VERSION, "slo_search": None}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fleetbench.agent.fingerprint import take_fingerprint
 from fleetbench.agent.gguf_model import ModelFileError, describe_gguf, sha256_of
+from fleetbench.agent.probes.nvidia import DeviceMemoryWatch
 from fleetbench.agent.runners import PointCallback, Runner, SweepFailed, SweepOutcome, SweepSpec
 from fleetbench.contract.allocation import (
     allocated_bytes,
@@ -26,10 +27,12 @@ from fleetbench.contract.wire import (
     ERROR_LENGTH,
     REASON_LENGTH,
     SCHEMA_VERSION,
+    DeviceMemoryUse,
     EngineBuild,
     FailedPoint,
     HardwareFingerprint,
     ModelInfo,
+    Point,
     RunReport,
 )
 
@@ -78,13 +81,26 @@ def measure_run(
         return report(
             model=ModelInfo(name=name), failure=ModelFileError(reason), engine=runner.engine()
         )
-    try:
-        outcome = runner.run(model_path, spec, on_point=on_point)
-    except SweepFailed as exc:
-        read = exc.started.model if exc.started is not None else None
-        return report(model=_named(read, name, sha256), failure=exc, engine=runner.engine())
+    with DeviceMemoryWatch() as gpu_memory:
+
+        def told(point: Point | FailedPoint) -> None:
+            gpu_memory.after_point(point.b)  # the engine still holds its model and context
+            on_point(point)
+
+        try:
+            outcome = runner.run(model_path, spec, on_point=told)
+        except SweepFailed as exc:
+            read = exc.started.model if exc.started is not None else None
+            return report(
+                model=_named(read, name, sha256),
+                failure=exc,
+                engine=runner.engine(),
+                device_memory=gpu_memory.readings(),
+            )
     read = outcome.model or _architecture(model_path, name, sha256_cache)
-    return report(model=_named(read, name, sha256), outcome=outcome)
+    return report(
+        model=_named(read, name, sha256), outcome=outcome, device_memory=gpu_memory.readings()
+    )
 
 
 def _named(read: ModelInfo | None, name: str, sha256: str) -> ModelInfo:
@@ -111,10 +127,12 @@ def run_report(
     failure: SweepFailed | Exception | None = None,
     hardware: HardwareFingerprint | None = None,
     engine: EngineBuild | None = None,
+    device_memory: list[DeviceMemoryUse] | None = None,
 ) -> RunReport:
     """The report of a sweep: `outcome` when it ran to the end, `failure` when it did not
     (the points measured before a crash are kept; the rest of the grid is failed). `engine`:
-    what ran, for a failure the engine said nothing of."""
+    what ran, for a failure the engine said nothing of; `device_memory`: its GPUs' memory
+    in use, where NVML reads it."""
     if outcome is not None:
         points, failures = outcome.points, outcome.failures
         status = "partial" if failures else "ok"
@@ -145,7 +163,7 @@ def run_report(
         status = "failed"
         error = error or "no point could be measured"
     return RunReport(
-        schema_version=BUFFERS_SCHEMA_VERSION if buffers else SCHEMA_VERSION,
+        schema_version=BUFFERS_SCHEMA_VERSION if buffers or device_memory else SCHEMA_VERSION,
         run_id=uuid.uuid4(),
         node=node,
         started_at=started_at,
@@ -160,14 +178,15 @@ def run_report(
         points=points,
         failures=failures,
         buffers=buffers,
+        device_memory=device_memory or [],
     )
 
 
 def memory_line(report: RunReport) -> str | None:
-    """What llama.cpp allocated, beside the KV cache the maths predicted (None: it logged
-    no buffers), e.g. "weights 241.1 MiB, KV cache 18.0 MiB (predicted 18.0, +0.0%)"."""
-    if not report.buffers:
-        return None
+    """What llama.cpp allocated, beside the KV cache the maths predicted, and what each GPU
+    had in use (None: neither is known), e.g. "memory llama.cpp allocated: weights 241.1
+    MiB, KV cache 18.0 MiB (predicted 18.0, +0.0%); GPU0 in use: 1.2 GiB at B=8, 0.4 before
+    the sweep, of 80.0"."""
     parts = []
     for kind, label in (("model", "weights"), ("kv", "KV cache"), ("compute", "compute")):
         size = allocated_bytes(report.buffers, kind)
@@ -179,4 +198,10 @@ def memory_line(report: RunReport) -> str | None:
             assert predicted is not None
             part += f" (predicted {predicted / 2**20:.1f}, {error:+.1f}%)"
         parts.append(part)
-    return "memory llama.cpp allocated: " + ", ".join(parts)
+    lines = ["memory llama.cpp allocated: " + ", ".join(parts)] if parts else []
+    lines += [
+        f"GPU{use.gpu} in use: {use.peak_bytes / 2**30:.1f} GiB at B={use.peak_b}, "
+        f"{use.before_bytes / 2**30:.1f} before the sweep, of {use.total_bytes / 2**30:.1f}"
+        for use in report.device_memory
+    ]
+    return "; ".join(lines) or None

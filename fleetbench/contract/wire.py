@@ -7,11 +7,11 @@ Versioning: `schema_version` is a literal. A change that old registries could mi
 gets a new version; the registry answers 422 for a version it does not know. Version 2
 added serving runs (`kind: serving`, the server's identity and one `ServingPoint` per
 concurrency); version 3 a serving run's SLO search (`slo_search`); version 4 the memory
-llama.cpp allocated for an offline run (`buffers`). A report is sent as the
-oldest version that holds it (offline runs as version 1, which every registry takes, or 4
-with their buffers), and an agent whose registry refuses a version (422 naming
-`schema_version`) sends the run again without what only that version holds, so agents may
-be upgraded before the registry.
+llama.cpp allocated for an offline run (`buffers`) and its GPUs' memory in use
+(`device_memory`). A report is sent as the oldest version that holds it (offline runs as
+version 1, which every registry takes, or 4 with their memory figures), and an agent whose
+registry refuses a version (422 naming `schema_version`) sends the run again without what
+only that version holds, so agents may be upgraded before the registry.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ __all__ = [
     "SERVING_SCHEMA_VERSION",
     "SLO_SEARCH_SCHEMA_VERSION",
     "AllocatedBuffer",
+    "DeviceMemoryUse",
     "EngineBuild",
     "FailedPoint",
     "HardwareData",
@@ -175,6 +176,22 @@ class AllocatedBuffer(_Strict):
         max_length=64, description="llama.cpp's buffer type: CPU, CPU_Mapped, CUDA0, Metal, ..."
     )
     bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]
+
+
+class DeviceMemoryUse(_Strict):
+    """One NVIDIA GPU's memory in use (by every process, as NVML counts it) before the sweep
+    and after its points: the most is reached at the largest B, where the engine's scratch
+    pool has grown to its largest, with the model and the context still loaded."""
+
+    gpu: NonNegativeInt = Field(description="NVML's index")
+    total_bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]
+    before_bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)] = Field(
+        description="in use before the sweep loaded its model"
+    )
+    peak_bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)] = Field(
+        description="the most in use after any of its points"
+    )
+    peak_b: Count = Field(description="the B of the point after which that was read")
 
 
 class ModelInfo(_Strict):
@@ -390,7 +407,14 @@ class SloSearch(_Strict):
 
 
 # The version that introduced each field a report of an older version leaves out.
-_FIELD_VERSIONS = {"kind": 2, "server": 2, "serving_points": 2, "slo_search": 3, "buffers": 4}
+_FIELD_VERSIONS = {
+    "kind": 2,
+    "server": 2,
+    "serving_points": 2,
+    "slo_search": 3,
+    "buffers": 4,
+    "device_memory": 4,
+}
 _SERVING_FIELDS = ("kind", "server", "serving_points", "slo_search")
 
 
@@ -435,6 +459,9 @@ class RunReport(_Strict):
         description="an offline run's memory as llama.cpp allocated it, one entry per buffer "
         "it logged (schema version 4)",
     )
+    device_memory: list[DeviceMemoryUse] = Field(
+        default_factory=list, max_length=64, description="an offline run's GPUs (version 4)"
+    )
 
     @field_validator("points")
     @classmethod
@@ -473,8 +500,9 @@ class RunReport(_Strict):
             raise ValueError("server, serving_points and slo_search belong to serving runs")
         if self.slo_search is not None and self.schema_version < SLO_SEARCH_SCHEMA_VERSION:
             raise ValueError("slo_search came with schema version 3")
-        if self.buffers and (self.kind == "serving" or self.schema_version < 4):
-            raise ValueError("buffers came with schema version 4, for offline runs")
+        for name in ("buffers", "device_memory"):
+            if getattr(self, name) and (self.kind == "serving" or self.schema_version < 4):
+                raise ValueError(f"{name} came with schema version 4, for offline runs")
         return self
 
     @model_validator(mode="after")

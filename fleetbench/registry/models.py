@@ -244,6 +244,7 @@ class Run(Base):
     buffers: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     kv_predicted_bytes: Mapped[int | None] = mapped_column(BigInteger)
     kv_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    device_memory: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)  # DeviceMemoryUse
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(index=True)

@@ -177,6 +177,9 @@ class RunDetail(RunPublic):
     buffers: list[wire.AllocatedBuffer] = Field(
         default_factory=list, description="every buffer llama.cpp logged allocating"
     )
+    device_memory: list[wire.DeviceMemoryUse] = Field(
+        default_factory=list, description="each NVIDIA GPU's memory in use, before and at most"
+    )
 
 
 def _run_fields(run: Run) -> dict[str, Any]:
@@ -221,6 +224,7 @@ def run_detail(run: Run) -> RunDetail:
             "server": run.server,
             "slo_search": run.slo_search,
             "buffers": run.buffers or [],
+            "device_memory": run.device_memory or [],
             "serving_points": [
                 wire.ServingPoint.model_validate(p, from_attributes=True)
                 for p in run.serving_points

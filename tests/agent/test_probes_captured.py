@@ -28,7 +28,9 @@ class ReplayedNVML:
         self.gpus, self.driver, self.cuda = gpus, driver, cuda
         self.shut_down = False
 
-    def nvmlInit(self) -> None: ...
+    def nvmlInit(self) -> None:
+        self.shut_down = False
+
     def nvmlShutdown(self) -> None:
         self.shut_down = True
 
@@ -51,7 +53,15 @@ class ReplayedNVML:
         return str(gpu["uuid"])
 
     def nvmlDeviceGetMemoryInfo(self, gpu: dict[str, Any]) -> Any:
-        return type("Memory", (), {"total": gpu["memory_mib"] << 20, "free": 1, "used": 0})
+        # "used_mib": what each call reads in turn (the last one stays)
+        readings = gpu.get("used_mib", [0])
+        used = readings.pop(0) if len(readings) > 1 else readings[0]
+        if isinstance(used, Exception):
+            raise used
+        total = gpu["memory_mib"] << 20
+        return type(
+            "Memory", (), {"total": total, "free": total - (used << 20), "used": used << 20}
+        )
 
     def nvmlDeviceGetCudaComputeCapability(self, gpu: dict[str, Any]) -> tuple[int, int]:
         major, minor = gpu["compute_cap"].split(".")

@@ -1,6 +1,7 @@
 """What llama.cpp allocated, as the registry keeps it: the KV-cache prediction checked on the
 run and the node, placement's fit checked against the measured weights and compute buffers,
-the report's schema version 4 and its way to an older registry, on SQLite and PostgreSQL."""
+a GPU's memory in use, the report's schema version 4 and its way to an older registry, on
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ BUFFERS = [
     wire.AllocatedBuffer(kind="compute", device="Metal", bytes=2_000 * MIB),
 ]
 
+# An H100's memory in use around a CUDA sweep, as NVML counts it.
+DEVICE_MEMORY = [
+    wire.DeviceMemoryUse(
+        gpu=0, total_bytes=81_559 * MIB, before_bytes=0, peak_bytes=9_874 * MIB, peak_b=32
+    )
+]
+
 
 def _report(node: str, **fields: Any) -> wire.RunReport:
     return make_report(node=node, model=ARTICLE_MODEL_INFO, hardware=M4PRO_24GB, **fields)
@@ -73,6 +81,23 @@ def test_a_run_s_buffers_check_the_kv_prediction_on_the_run_and_its_node(
     assert node["kv_prediction_error_pct"] == pytest.approx(4.1667, abs=1e-3)
 
 
+def test_a_gpu_run_keeps_its_memory_in_use(live_registry: LiveRegistry) -> None:
+    sent = _report("h100", schema_version=4, buffers=BUFFERS, device_memory=DEVICE_MEMORY)
+    with live_registry.client(live_registry.token("h100")) as client:
+        assert post_report(client, sent).status_code == 201
+    with live_registry.client() as client:
+        run = client.get(f"/v1/runs/{sent.run_id}").json()
+    assert run["device_memory"] == [
+        {
+            "gpu": 0,
+            "total_bytes": 81_559 * MIB,
+            "before_bytes": 0,
+            "peak_bytes": 9_874 * MIB,
+            "peak_b": 32,
+        }
+    ]
+
+
 def test_a_run_without_buffers_has_a_prediction_and_nothing_to_check_it_with(
     live_registry: LiveRegistry,
 ) -> None:
@@ -84,7 +109,7 @@ def test_a_run_without_buffers_has_a_prediction_and_nothing_to_check_it_with(
         run = client.get(f"/v1/runs/{sent.run_id}").json()
     assert run["kv_predicted_bytes"] == 3_200 * MIB
     assert (run["kv_allocated_bytes"], run["kv_prediction_error_pct"]) == (None, None)
-    assert run["buffers"] == []
+    assert run["buffers"] == [] and run["device_memory"] == []
 
 
 def test_placement_fits_users_beside_the_measured_weights_and_compute_buffers(
@@ -130,15 +155,25 @@ def test_buffers_came_with_schema_version_4_for_offline_runs(live_registry: Live
         huge["buffers"] = [{"kind": "kv", "device": "CPU", "bytes": 2**60}]
         unknown = body | {"run_id": str(uuid.uuid4())}
         unknown["buffers"] = [{"kind": "weights", "device": "CPU", "bytes": 1}]
+        gpu = [d.model_dump(mode="json") for d in DEVICE_MEMORY]
+        gpu_older = body | {"schema_version": 1, "buffers": [], "device_memory": gpu}
+        gpu_older["run_id"] = str(uuid.uuid4())
         assert post_report(client, body).status_code == 201
-        refused = [post_report(client, b) for b in (older, huge, unknown)]
+        refused = [post_report(client, b) for b in (huge, unknown, gpu_older)]
     assert older.status_code == 422
     assert "buffers came with schema version 4, for offline runs" in older.text
-    assert [r.status_code for r in refused[1:]] == [422, 422]
+    assert [r.status_code for r in refused] == [422, 422, 422]
+    assert "device_memory came with schema version 4" in refused[2].text
 
 
 def test_a_run_with_buffers_reaches_a_registry_that_predates_them_without_them() -> None:
-    sent = _report("m4pro", schema_version=4, settings=SETTINGS, buffers=BUFFERS)
+    sent = _report(
+        "m4pro",
+        schema_version=4,
+        settings=SETTINGS,
+        buffers=BUFFERS,
+        device_memory=DEVICE_MEMORY,
+    )
     with flaky_registry() as older, RegistryClient(older.url, token="t") as client:
         older.newest_version = 3
         receipt = client.submit_run(sent)
@@ -146,6 +181,7 @@ def test_a_run_with_buffers_reaches_a_registry_that_predates_them_without_them()
     first, resent = older.bodies[:2]
     assert (first["schema_version"], resent["schema_version"]) == (4, 1)
     assert "buffers" in first and "buffers" not in resent
+    assert "device_memory" in first and "device_memory" not in resent
     assert resent["points"] == first["points"]
 
 
@@ -162,6 +198,6 @@ def test_the_buffer_columns_go_with_a_downgrade_and_come_back(database_url: str)
         back = columns("runs"), columns("latest_runs")
     finally:
         engine.dispose()
-    added = {"buffers", "kv_predicted_bytes", "kv_allocated_bytes"}
+    added = {"buffers", "kv_predicted_bytes", "kv_allocated_bytes", "device_memory"}
     assert not added & gone[0] and "beside_kv_bytes" not in gone[1]
     assert added <= back[0] and "beside_kv_bytes" in back[1]

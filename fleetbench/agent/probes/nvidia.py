@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from typing import Any
 
 from fleetbench.agent.probes import Collected, NoData, register
+from fleetbench.contract.wire import DeviceMemoryUse
 
-__all__ = ["NvidiaProbe", "cuda_version_text", "nvml_session"]
+__all__ = ["DeviceMemoryWatch", "NvidiaProbe", "cuda_version_text", "nvml_session"]
 
 # NVML errors that mean "no NVIDIA GPU or driver here", as opposed to a broken one.
 _ABSENT = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_NotFound")
@@ -54,6 +55,73 @@ def nvml_session(nvml: Any = None) -> Iterator[tuple[Any, str | None]]:
         yield nvml, None
     finally:
         nvml.nvmlShutdown()
+
+
+class DeviceMemoryWatch:
+    """The memory in use on each NVIDIA GPU before a sweep and the most read after any of its
+    points, for `DeviceMemoryUse`. Inert where NVML finds no GPU; an NVML error mid-sweep
+    ends the watch (no figure rather than a wrong one), never the sweep. NVML is shut down
+    between the first reading and the first point, so that the agent forks its engine's
+    process with no driver library initialised (runners/llama_cpp_python.py)."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        self._nvml = nvml  # the pynvml module; tests hand in one that replays real values
+        self._session = ExitStack()
+        self._live: Any = None  # the module while NVML is initialised and answering
+        self._before: dict[int, tuple[int, int]] = {}  # gpu: (used, total)
+        self._peak: dict[int, tuple[int, int]] = {}  # gpu: (used, B)
+
+    def __enter__(self) -> DeviceMemoryWatch:
+        self._before = self._guarded_read()
+        self._end()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._end()
+
+    def after_point(self, b: int) -> None:
+        if not self._before:
+            return  # no GPU, or the watch has ended
+        for gpu, (used, _total) in self._guarded_read().items():
+            if used > self._peak.get(gpu, (-1, 0))[0]:
+                self._peak[gpu] = (used, b)
+
+    def readings(self) -> list[DeviceMemoryUse]:
+        return [
+            DeviceMemoryUse(
+                gpu=gpu,
+                total_bytes=total,
+                before_bytes=before,
+                peak_bytes=self._peak[gpu][0],
+                peak_b=self._peak[gpu][1],
+            )
+            for gpu, (before, total) in sorted(self._before.items())
+            if gpu in self._peak
+        ]
+
+    def _guarded_read(self) -> dict[int, tuple[int, int]]:
+        """Each GPU's (used, total) bytes; nothing where there is no driver, and nothing
+        more after an error: half a sweep's readings would understate its peak."""
+        try:
+            if self._live is None:
+                self._live, absent = self._session.enter_context(nvml_session(self._nvml))
+                if self._live is None:
+                    raise LookupError(absent)
+            readings = {}
+            for gpu in range(self._live.nvmlDeviceGetCount()):
+                handle = self._live.nvmlDeviceGetHandleByIndex(gpu)
+                memory = self._live.nvmlDeviceGetMemoryInfo(handle)
+                readings[gpu] = (int(memory.used), int(memory.total))
+            return readings
+        except Exception:  # no driver, or a broken one
+            self._before, self._peak = {}, {}
+            self._end()
+            return {}
+
+    def _end(self) -> None:
+        self._live = None
+        with suppress(Exception):  # NVML failing to shut down costs the sweep nothing
+            self._session.close()
 
 
 def _device(nvml: Any, handle: Any) -> dict[str, Any]:

@@ -314,6 +314,7 @@ def insert_runs(
                 "buffers": [b.model_dump(mode="json") for b in report.buffers] or None,
                 "kv_predicted_bytes": predicted_kv_bytes(report),
                 "kv_allocated_bytes": allocated_bytes(report.buffers, "kv"),
+                "device_memory": [m.model_dump(mode="json") for m in report.device_memory] or None,
                 **report.settings.model_dump(),
             }
         )
