@@ -54,7 +54,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ctx", type=int, default=2048)
     parser.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
     parser.add_argument("--threads", type=int, help="default: the physical cores")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.pairs == 1 or args.overhead_pairs == 1:
+        parser.error("quartiles need at least 2 pairs (0 skips a part)")
+    return args
 
 
 def ints(text: str) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from fleetbench.contract.answers import PlacementAnswer, PlacementKind, RunRecei
 from fleetbench.contract.plans import KINDS, NodePlans, NodeStatus
 from fleetbench.contract.wire import (
     BUFFERS_SCHEMA_VERSION,
+    DEVICE_MEMORY_SCHEMA_VERSION,
     SCHEMA_VERSION,
     SERVING_SCHEMA_VERSION,
     SLO_SEARCH_SCHEMA_VERSION,
@@ -58,28 +59,27 @@ class RegistryClient:
 
     def submit_run(self, report: RunReport) -> RunReceipt:
         """Sends the report. A registry older than the report's schema version (a 422
-        naming `schema_version`) is sent it as the older version `older_version` says,
-        without what only the newer one holds, rather than refused it: a serving run's
-        points outlast its search, an offline run's its buffers."""
-        try:
-            response = self._send(report)
-        except RequestRejected as exc:
-            older = older_version(report)
-            if exc.status_code != 422 or "schema_version" not in exc.detail or older is None:
-                raise
-            log.warning(
-                "registry at %s takes no schema version %d: run %s sent as version %d, "
-                "without its %s",
-                self._http.base_url,
-                report.schema_version,
-                report.run_id,
-                older.schema_version,
-                "memory figures"
-                if report.kind == "offline"
-                else f"SLO search ({report.slo_search})",
-            )
-            response = self._send(older)
-        return RunReceipt.model_validate_json(response.content)
+        naming `schema_version`) is sent it as the older versions `older_version` says,
+        step by step, without what only the newer ones hold, rather than refused it: a
+        serving run's points outlast its search, an offline run's its memory figures."""
+        while True:
+            try:
+                response = self._send(report)
+                return RunReceipt.model_validate_json(response.content)
+            except RequestRejected as exc:
+                older = older_version(report)
+                if exc.status_code != 422 or "schema_version" not in exc.detail or older is None:
+                    raise
+                log.warning(
+                    "registry at %s takes no schema version %d: run %s sent as version %d, "
+                    "without its %s",
+                    self._http.base_url,
+                    report.schema_version,
+                    report.run_id,
+                    older.schema_version,
+                    _left_out(report, older),
+                )
+                report = older
 
     def _send(self, report: RunReport) -> httpx.Response:
         return self._request(
@@ -182,17 +182,31 @@ class RegistryClient:
 
 def older_version(report: RunReport) -> RunReport | None:
     """The report as an older schema version holds it (None: there is none it fits): a
-    version 3 serving run without its SLO search, a version 4 offline run without the
-    buffers llama.cpp allocated and its GPUs' memory in use."""
+    version 5 offline run without its GPUs' memory in use (as version 4 with its buffers,
+    else 1), a version 4 one without the buffers llama.cpp allocated, a version 3 serving
+    run without its SLO search."""
+    if report.schema_version == DEVICE_MEMORY_SCHEMA_VERSION:
+        version = BUFFERS_SCHEMA_VERSION if report.buffers else SCHEMA_VERSION
+        return report.model_copy(update={"schema_version": version, "device_memory": []})
     if report.schema_version == BUFFERS_SCHEMA_VERSION:
-        return report.model_copy(
-            update={"schema_version": SCHEMA_VERSION, "buffers": [], "device_memory": []}
-        )
+        return report.model_copy(update={"schema_version": SCHEMA_VERSION, "buffers": []})
     if report.schema_version == SLO_SEARCH_SCHEMA_VERSION:
         return report.model_copy(
             update={"schema_version": SERVING_SCHEMA_VERSION, "slo_search": None}
         )
     return None
+
+
+def _left_out(newer: RunReport, older: RunReport) -> str:
+    """What the older version lost, for the log."""
+    lost = []
+    if newer.device_memory and not older.device_memory:
+        lost.append("GPUs' memory in use")
+    if newer.buffers and not older.buffers:
+        lost.append("buffers")
+    if newer.slo_search is not None and older.slo_search is None:
+        lost.append(f"SLO search ({newer.slo_search})")
+    return ", ".join(lost)
 
 
 def _retry_after(value: str | None) -> float | None:

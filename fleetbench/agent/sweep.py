@@ -24,15 +24,16 @@ from fleetbench.contract.allocation import (
 from fleetbench.contract.bounds import storable_text
 from fleetbench.contract.wire import (
     BUFFERS_SCHEMA_VERSION,
+    DEVICE_MEMORY_SCHEMA_VERSION,
     ERROR_LENGTH,
     REASON_LENGTH,
     SCHEMA_VERSION,
+    AllocatedBuffer,
     DeviceMemoryUse,
     EngineBuild,
     FailedPoint,
     HardwareFingerprint,
     ModelInfo,
-    Point,
     RunReport,
 )
 
@@ -82,13 +83,8 @@ def measure_run(
             model=ModelInfo(name=name), failure=ModelFileError(reason), engine=runner.engine()
         )
     with DeviceMemoryWatch() as gpu_memory:
-
-        def told(point: Point | FailedPoint) -> None:
-            gpu_memory.after_point(point.b)  # the engine still holds its model and context
-            on_point(point)
-
         try:
-            outcome = runner.run(model_path, spec, on_point=told)
+            outcome = runner.run(model_path, spec, on_point=on_point)
         except SweepFailed as exc:
             read = exc.started.model if exc.started is not None else None
             return report(
@@ -163,7 +159,7 @@ def run_report(
         status = "failed"
         error = error or "no point could be measured"
     return RunReport(
-        schema_version=BUFFERS_SCHEMA_VERSION if buffers or device_memory else SCHEMA_VERSION,
+        schema_version=_oldest_version(buffers, device_memory),
         run_id=uuid.uuid4(),
         node=node,
         started_at=started_at,
@@ -182,10 +178,19 @@ def run_report(
     )
 
 
+def _oldest_version(
+    buffers: list[AllocatedBuffer], device_memory: list[DeviceMemoryUse] | None
+) -> int:
+    """The oldest wire version that holds what the run carries (contract/wire.py)."""
+    if device_memory:
+        return DEVICE_MEMORY_SCHEMA_VERSION
+    return BUFFERS_SCHEMA_VERSION if buffers else SCHEMA_VERSION
+
+
 def memory_line(report: RunReport) -> str | None:
     """What llama.cpp allocated, beside the KV cache the maths predicted, and what each GPU
     had in use (None: neither is known), e.g. "memory llama.cpp allocated: weights 241.1
-    MiB, KV cache 18.0 MiB (predicted 18.0, +0.0%); GPU0 in use: 1.2 GiB at B=8, 0.4 before
+    MiB, KV cache 18.0 MiB (predicted 18.0, +0.0%); GPU0 in use: 1.2 GiB at most, 0.4 before
     the sweep, of 80.0"."""
     parts = []
     for kind, label in (("model", "weights"), ("kv", "KV cache"), ("compute", "compute")):
@@ -200,7 +205,7 @@ def memory_line(report: RunReport) -> str | None:
         parts.append(part)
     lines = ["memory llama.cpp allocated: " + ", ".join(parts)] if parts else []
     lines += [
-        f"GPU{use.gpu} in use: {use.peak_bytes / 2**30:.1f} GiB at B={use.peak_b}, "
+        f"GPU{use.gpu} in use: {use.peak_bytes / 2**30:.1f} GiB at most, "
         f"{use.before_bytes / 2**30:.1f} before the sweep, of {use.total_bytes / 2**30:.1f}"
         for use in report.device_memory
     ]

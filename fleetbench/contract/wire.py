@@ -7,11 +7,11 @@ Versioning: `schema_version` is a literal. A change that old registries could mi
 gets a new version; the registry answers 422 for a version it does not know. Version 2
 added serving runs (`kind: serving`, the server's identity and one `ServingPoint` per
 concurrency); version 3 a serving run's SLO search (`slo_search`); version 4 the memory
-llama.cpp allocated for an offline run (`buffers`) and its GPUs' memory in use
+llama.cpp allocated for an offline run (`buffers`); version 5 its GPUs' memory in use
 (`device_memory`). A report is sent as the oldest version that holds it (offline runs as
-version 1, which every registry takes, or 4 with their memory figures), and an agent whose
-registry refuses a version (422 naming `schema_version`) sends the run again without what
-only that version holds, so agents may be upgraded before the registry.
+version 1, which every registry takes, 4 with buffers, 5 with GPU memory), and an agent
+whose registry refuses a version (422 naming `schema_version`) sends the run again without
+what only that version holds, so agents may be upgraded before the registry.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from fleetbench.contract.bounds import (
 
 __all__ = [
     "BUFFERS_SCHEMA_VERSION",
+    "DEVICE_MEMORY_SCHEMA_VERSION",
     "ERROR_LENGTH",
     "REASON_LENGTH",
     "SCHEMA_VERSION",
@@ -75,6 +76,7 @@ SCHEMA_VERSION = 1  # offline runs
 SERVING_SCHEMA_VERSION = 2
 SLO_SEARCH_SCHEMA_VERSION = 3
 BUFFERS_SCHEMA_VERSION = 4
+DEVICE_MEMORY_SCHEMA_VERSION = 5
 
 # S_TG and B·TG/T_TG may differ by rounding, never by more than this share.
 S_TG_TOLERANCE = 0.01
@@ -180,8 +182,8 @@ class AllocatedBuffer(_Strict):
 
 class DeviceMemoryUse(_Strict):
     """One NVIDIA GPU's memory in use (by every process, as NVML counts it) before the sweep
-    and after its points: the most is reached at the largest B, where the engine's scratch
-    pool has grown to its largest, with the model and the context still loaded."""
+    and at its most while the sweep ran: reached at the largest B, where the engine's
+    scratch pool has grown to its largest, with the model and the context loaded."""
 
     gpu: NonNegativeInt = Field(description="NVML's index")
     total_bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]
@@ -189,9 +191,8 @@ class DeviceMemoryUse(_Strict):
         description="in use before the sweep loaded its model"
     )
     peak_bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)] = Field(
-        description="the most in use after any of its points"
+        description="the most in use while it ran"
     )
-    peak_b: Count = Field(description="the B of the point after which that was read")
 
 
 class ModelInfo(_Strict):
@@ -413,7 +414,7 @@ _FIELD_VERSIONS = {
     "serving_points": 2,
     "slo_search": 3,
     "buffers": 4,
-    "device_memory": 4,
+    "device_memory": 5,
 }
 _SERVING_FIELDS = ("kind", "server", "serving_points", "slo_search")
 
@@ -429,7 +430,7 @@ class RunReport(_Strict):
     points per node lower than the schema does (FLEETBENCH_MAX_POINTS_PER_REPORT,
     FLEETBENCH_MAX_SERIES_PER_NODE): over them it answers 422 saying which."""
 
-    schema_version: Literal[1, 2, 3, 4]
+    schema_version: Literal[1, 2, 3, 4, 5]
     run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
     node: Name
     started_at: UTCDateTime
@@ -460,7 +461,7 @@ class RunReport(_Strict):
         "it logged (schema version 4)",
     )
     device_memory: list[DeviceMemoryUse] = Field(
-        default_factory=list, max_length=64, description="an offline run's GPUs (version 4)"
+        default_factory=list, max_length=64, description="an offline run's GPUs (version 5)"
     )
 
     @field_validator("points")
@@ -501,8 +502,9 @@ class RunReport(_Strict):
         if self.slo_search is not None and self.schema_version < SLO_SEARCH_SCHEMA_VERSION:
             raise ValueError("slo_search came with schema version 3")
         for name in ("buffers", "device_memory"):
-            if getattr(self, name) and (self.kind == "serving" or self.schema_version < 4):
-                raise ValueError(f"{name} came with schema version 4, for offline runs")
+            since = _FIELD_VERSIONS[name]
+            if getattr(self, name) and (self.kind == "serving" or self.schema_version < since):
+                raise ValueError(f"{name} came with schema version {since}, for offline runs")
         return self
 
     @model_validator(mode="after")

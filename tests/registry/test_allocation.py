@@ -43,9 +43,7 @@ BUFFERS = [
 
 # An H100's memory in use around a CUDA sweep, as NVML counts it.
 DEVICE_MEMORY = [
-    wire.DeviceMemoryUse(
-        gpu=0, total_bytes=81_559 * MIB, before_bytes=0, peak_bytes=9_874 * MIB, peak_b=32
-    )
+    wire.DeviceMemoryUse(gpu=0, total_bytes=81_559 * MIB, before_bytes=0, peak_bytes=9_874 * MIB)
 ]
 
 
@@ -82,7 +80,7 @@ def test_a_run_s_buffers_check_the_kv_prediction_on_the_run_and_its_node(
 
 
 def test_a_gpu_run_keeps_its_memory_in_use(live_registry: LiveRegistry) -> None:
-    sent = _report("h100", schema_version=4, buffers=BUFFERS, device_memory=DEVICE_MEMORY)
+    sent = _report("h100", schema_version=5, buffers=BUFFERS, device_memory=DEVICE_MEMORY)
     with live_registry.client(live_registry.token("h100")) as client:
         assert post_report(client, sent).status_code == 201
     with live_registry.client() as client:
@@ -93,7 +91,6 @@ def test_a_gpu_run_keeps_its_memory_in_use(live_registry: LiveRegistry) -> None:
             "total_bytes": 81_559 * MIB,
             "before_bytes": 0,
             "peak_bytes": 9_874 * MIB,
-            "peak_b": 32,
         }
     ]
 
@@ -156,24 +153,18 @@ def test_buffers_came_with_schema_version_4_for_offline_runs(live_registry: Live
         unknown = body | {"run_id": str(uuid.uuid4())}
         unknown["buffers"] = [{"kind": "weights", "device": "CPU", "bytes": 1}]
         gpu = [d.model_dump(mode="json") for d in DEVICE_MEMORY]
-        gpu_older = body | {"schema_version": 1, "buffers": [], "device_memory": gpu}
+        gpu_older = body | {"device_memory": gpu}  # version 4
         gpu_older["run_id"] = str(uuid.uuid4())
         assert post_report(client, body).status_code == 201
         refused = [post_report(client, b) for b in (huge, unknown, gpu_older)]
     assert older.status_code == 422
     assert "buffers came with schema version 4, for offline runs" in older.text
     assert [r.status_code for r in refused] == [422, 422, 422]
-    assert "device_memory came with schema version 4" in refused[2].text
+    assert "device_memory came with schema version 5, for offline runs" in refused[2].text
 
 
 def test_a_run_with_buffers_reaches_a_registry_that_predates_them_without_them() -> None:
-    sent = _report(
-        "m4pro",
-        schema_version=4,
-        settings=SETTINGS,
-        buffers=BUFFERS,
-        device_memory=DEVICE_MEMORY,
-    )
+    sent = _report("m4pro", schema_version=4, settings=SETTINGS, buffers=BUFFERS)
     with flaky_registry() as older, RegistryClient(older.url, token="t") as client:
         older.newest_version = 3
         receipt = client.submit_run(sent)
@@ -181,8 +172,30 @@ def test_a_run_with_buffers_reaches_a_registry_that_predates_them_without_them()
     first, resent = older.bodies[:2]
     assert (first["schema_version"], resent["schema_version"]) == (4, 1)
     assert "buffers" in first and "buffers" not in resent
-    assert "device_memory" in first and "device_memory" not in resent
+    assert "device_memory" not in first  # a version 4 report is written as before it
     assert resent["points"] == first["points"]
+
+
+@pytest.mark.parametrize(
+    ("newest", "sent_as"),
+    [(4, [5, 4]), (3, [5, 4, 1])],
+    ids=["registry-takes-buffers", "registry-takes-neither"],
+)
+def test_a_gpu_run_steps_down_to_the_newest_version_the_registry_takes(
+    newest: int, sent_as: list[int]
+) -> None:
+    sent = _report(
+        "h100", schema_version=5, settings=SETTINGS, buffers=BUFFERS, device_memory=DEVICE_MEMORY
+    )
+    with flaky_registry() as older, RegistryClient(older.url, token="t") as client:
+        older.newest_version = newest
+        receipt = client.submit_run(sent)
+    assert receipt.run_id == sent.run_id
+    assert [b["schema_version"] for b in older.bodies] == sent_as
+    taken = older.bodies[-1]
+    assert "device_memory" not in taken
+    assert ("buffers" in taken) == (newest >= 4)
+    assert taken["points"] == older.bodies[0]["points"]
 
 
 def test_the_buffer_columns_go_with_a_downgrade_and_come_back(database_url: str) -> None:

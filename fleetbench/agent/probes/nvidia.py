@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from typing import Any
@@ -58,50 +59,59 @@ def nvml_session(nvml: Any = None) -> Iterator[tuple[Any, str | None]]:
 
 
 class DeviceMemoryWatch:
-    """The memory in use on each NVIDIA GPU before a sweep and the most read after any of its
-    points, for `DeviceMemoryUse`. Inert where NVML finds no GPU; an NVML error mid-sweep
-    ends the watch (no figure rather than a wrong one), never the sweep. NVML is shut down
-    between the first reading and the first point, so that the agent forks its engine's
-    process with no driver library initialised (runners/llama_cpp_python.py)."""
+    """Each NVIDIA GPU's memory in use before a sweep and the most in use while it runs, read
+    by a thread of its own every `interval` seconds, whichever engine runs (the node's
+    llama-batched-bench tells its points only once it has exited). Inert where NVML finds
+    no GPU. An NVML error ends the watch with no figure (half a sweep's readings would
+    understate its peak), never the sweep; so does a sweep shorter than one interval."""
 
-    def __init__(self, nvml: Any = None) -> None:
+    def __init__(self, nvml: Any = None, *, interval: float = 0.5) -> None:
         self._nvml = nvml  # the pynvml module; tests hand in one that replays real values
+        self._interval = interval
         self._session = ExitStack()
         self._live: Any = None  # the module while NVML is initialised and answering
         self._before: dict[int, tuple[int, int]] = {}  # gpu: (used, total)
-        self._peak: dict[int, tuple[int, int]] = {}  # gpu: (used, B)
+        self._peak: dict[int, int] = {}  # gpu: used
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> DeviceMemoryWatch:
         self._before = self._guarded_read()
-        self._end()
+        if self._before:
+            # A thread in the agent makes the in-process runner spawn its engine's process
+            # rather than fork it (runners/llama_cpp_python.py): NVML stays in this one.
+            self._thread = threading.Thread(target=self._watch, name="gpu-memory", daemon=True)
+            self._thread.start()
+        else:
+            self._end()
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
         self._end()
 
-    def after_point(self, b: int) -> None:
-        if not self._before:
-            return  # no GPU, or the watch has ended
-        for gpu, (used, _total) in self._guarded_read().items():
-            if used > self._peak.get(gpu, (-1, 0))[0]:
-                self._peak[gpu] = (used, b)
-
     def readings(self) -> list[DeviceMemoryUse]:
-        return [
-            DeviceMemoryUse(
-                gpu=gpu,
-                total_bytes=total,
-                before_bytes=before,
-                peak_bytes=self._peak[gpu][0],
-                peak_b=self._peak[gpu][1],
-            )
-            for gpu, (before, total) in sorted(self._before.items())
-            if gpu in self._peak
-        ]
+        try:
+            return [
+                DeviceMemoryUse(
+                    gpu=gpu, total_bytes=total, before_bytes=before, peak_bytes=self._peak[gpu]
+                )
+                for gpu, (before, total) in sorted(self._before.items())
+                if gpu in self._peak
+            ]
+        except ValueError:  # a figure no report can carry: none rather than a wrong one
+            return []
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self._interval):
+            for gpu, (used, _total) in self._guarded_read().items():
+                self._peak[gpu] = max(used, self._peak.get(gpu, 0))
 
     def _guarded_read(self) -> dict[int, tuple[int, int]]:
         """Each GPU's (used, total) bytes; nothing where there is no driver, and nothing
-        more after an error: half a sweep's readings would understate its peak."""
+        more after an error."""
         try:
             if self._live is None:
                 self._live, absent = self._session.enter_context(nvml_session(self._nvml))
@@ -115,6 +125,7 @@ class DeviceMemoryWatch:
             return readings
         except Exception:  # no driver, or a broken one
             self._before, self._peak = {}, {}
+            self._stopped.set()
             self._end()
             return {}
 

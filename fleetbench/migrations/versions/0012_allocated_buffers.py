@@ -1,5 +1,4 @@
-"""allocated buffers: what llama.cpp allocated for a run, against the KV-cache prediction,
-and what its GPUs had in use
+"""allocated buffers: what llama.cpp allocated for a run, against the KV-cache prediction
 
 Runs stored before carry no buffers (agents before schema version 4 did not send them):
 their columns stay empty rather than guessed.
@@ -27,7 +26,6 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("buffers", sa.JSON(), nullable=True))
         batch_op.add_column(sa.Column("kv_predicted_bytes", sa.BigInteger(), nullable=True))
         batch_op.add_column(sa.Column("kv_allocated_bytes", sa.BigInteger(), nullable=True))
-        batch_op.add_column(sa.Column("device_memory", sa.JSON(), nullable=True))
     with op.batch_alter_table("latest_runs", schema=None) as batch_op:
         batch_op.add_column(sa.Column("beside_kv_bytes", sa.BigInteger(), nullable=True))
 
@@ -36,7 +34,6 @@ def downgrade() -> None:
     with op.batch_alter_table("latest_runs", schema=None) as batch_op:
         batch_op.drop_column("beside_kv_bytes")
     with op.batch_alter_table("runs", schema=None) as batch_op:
-        batch_op.drop_column("device_memory")
         batch_op.drop_column("kv_allocated_bytes")
         batch_op.drop_column("kv_predicted_bytes")
         batch_op.drop_column("buffers")
