@@ -206,7 +206,7 @@ def _left_out(newer: RunReport, older: RunReport) -> str:
         lost.append("buffers")
     if newer.slo_search is not None and older.slo_search is None:
         lost.append(f"SLO search ({newer.slo_search})")
-    return ", ".join(lost)
+    return ", ".join(lost) or "nothing"
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -66,10 +66,12 @@ def measure_run(
     name: str | None = None,
     sha256_cache: Path | None = None,
     on_point: PointCallback = lambda _: None,
+    gpu_memory: DeviceMemoryWatch | None = None,
 ) -> RunReport:
     """A whole sweep on `runner` as a run report. The model's sha256 comes from the cache
     when the file is unchanged; its architecture from the engine when it reads it, else
-    from the file's header."""
+    from the file's header; each NVIDIA GPU's memory in use from `gpu_memory` (default:
+    NVML read every 0.5 s)."""
     name = name or model_path.name.removesuffix(".gguf")
     report = functools.partial(
         run_report, node=node, spec=spec, started_at=datetime.now(UTC), hardware=take_fingerprint()
@@ -82,21 +84,23 @@ def measure_run(
         return report(
             model=ModelInfo(name=name), failure=ModelFileError(reason), engine=runner.engine()
         )
-    with DeviceMemoryWatch() as gpu_memory:
+    outcome: SweepOutcome | SweepFailed
+    with gpu_memory or DeviceMemoryWatch() as watch:
         try:
             outcome = runner.run(model_path, spec, on_point=on_point)
         except SweepFailed as exc:
-            read = exc.started.model if exc.started is not None else None
-            return report(
-                model=_named(read, name, sha256),
-                failure=exc,
-                engine=runner.engine(),
-                device_memory=gpu_memory.readings(),
-            )
+            outcome = exc
+    device_memory = watch.readings()
+    if isinstance(outcome, SweepFailed):
+        read = outcome.started.model if outcome.started is not None else None
+        return report(
+            model=_named(read, name, sha256),
+            failure=outcome,
+            engine=runner.engine(),
+            device_memory=device_memory,
+        )
     read = outcome.model or _architecture(model_path, name, sha256_cache)
-    return report(
-        model=_named(read, name, sha256), outcome=outcome, device_memory=gpu_memory.readings()
-    )
+    return report(model=_named(read, name, sha256), outcome=outcome, device_memory=device_memory)
 
 
 def _named(read: ModelInfo | None, name: str, sha256: str) -> ModelInfo:

@@ -17,7 +17,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from fleetbench.contract.wire import SCHEMA_VERSION, SERVING_SCHEMA_VERSION
+from fleetbench.contract.wire import (
+    DEVICE_MEMORY_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    SERVING_SCHEMA_VERSION,
+)
 from fleetbench.registry.admission import Admission, Lane, LaneLimits
 from fleetbench.registry.body_limit import BodySizeLimit
 from fleetbench.registry.config import RegistrySettings
@@ -40,7 +44,8 @@ The fleet's batching curves (llama-batched-bench points) and the question they a
 **which node and concurrency meets X tokens/s per user for model Y?**
 
 Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema version
-{SCHEMA_VERSION} for offline runs, {SERVING_SCHEMA_VERSION} for serving runs) using a token
+{SCHEMA_VERSION} for offline runs, {SERVING_SCHEMA_VERSION} for serving runs, and the newer
+versions that add what those carry, up to {DEVICE_MEMORY_SCHEMA_VERSION}) using a token
 from `fleetbench-registry token create --node NAME`.
 
 A busy registry answers 503 with a `Retry-After` header rather than queueing without bound;

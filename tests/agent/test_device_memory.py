@@ -7,16 +7,19 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pynvml
+import pytest
 
-from fleetbench.agent.probes.nvidia import DeviceMemoryWatch
+from fleetbench.agent.probes.nvidia import DeviceMemoryWatch, nvml_session
 from fleetbench.agent.runners import SweepOutcome, SweepSpec
-from fleetbench.agent.runners.llama_cpp_python import _process_context
-from fleetbench.agent.sweep import memory_line, run_report
+from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner, _process_context
+from fleetbench.agent.sweep import measure_run, memory_line, run_report
 from fleetbench.contract import wire
 from tests.agent.test_probes_captured import captured_h100
+from tests.agent.tiny_gguf import write_tiny_llama
 
 MIB = 2**20
 
@@ -86,11 +89,38 @@ def test_the_agent_spawns_its_engine_while_nvml_is_watched() -> None:
     assert "gpu-memory" not in [t.name for t in threading.enumerate()]
 
 
-def test_no_driver_here_means_no_figure_and_no_thread() -> None:
-    threads = threading.active_count()
-    with DeviceMemoryWatch(interval=0.001) as watch:  # the real pynvml: no libnvidia-ml here
-        assert threading.active_count() == threads
+def test_no_driver_means_no_figure_and_no_thread() -> None:
+    with nvml_session() as (nvml, _absent):
+        if nvml is not None:
+            pytest.skip("this machine has an NVIDIA driver")
+    with DeviceMemoryWatch(interval=0.001) as watch:  # the real pynvml: no libnvidia-ml
+        assert "gpu-memory" not in [t.name for t in threading.enumerate()]
     assert watch.readings() == []
+
+
+def test_a_sweep_reports_its_gpus_memory_measured_or_failed(tmp_path: Path) -> None:
+    """measure_run around a real in-process sweep of the tiny llama, and around one whose
+    model llama.cpp cannot load: both reports carry what the watch read."""
+    model = write_tiny_llama(tmp_path / "tiny.gguf")
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(64))
+    spec = SweepSpec(npp=(8,), ntg=(4,), npl=(1, 2), n_ctx=64)
+    reports = []
+    for path in (model, broken):
+        nvml = captured_h100()
+        nvml.gpus[0]["used_mib"] = [100, 700, 1_300, 900]
+        watch = DeviceMemoryWatch(nvml, interval=0.001)
+        reports.append(
+            measure_run(path, spec, LlamaCppPythonRunner(), node="h100", gpu_memory=watch)
+        )
+    measured, failed = reports
+    assert (measured.status, failed.status) == ("ok", "failed")
+    assert "could not load" in (failed.error or "")
+    for report in reports:
+        assert report.schema_version == 5
+        assert [(u.before_bytes, u.peak_bytes) for u in report.device_memory] == [
+            (100 * MIB, 1_300 * MIB)
+        ]
 
 
 def test_a_gpu_s_memory_makes_a_version_5_report_and_a_line_of_the_cli() -> None:

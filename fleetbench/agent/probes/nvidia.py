@@ -58,6 +58,9 @@ def nvml_session(nvml: Any = None) -> Iterator[tuple[Any, str | None]]:
         nvml.nvmlShutdown()
 
 
+_HUNG_AFTER_S = 10  # an NVML read that long is stuck, and the sweep does not wait for it
+
+
 class DeviceMemoryWatch:
     """Each NVIDIA GPU's memory in use before a sweep and the most in use while it runs, read
     by a thread of its own every `interval` seconds, whichever engine runs (the node's
@@ -89,17 +92,20 @@ class DeviceMemoryWatch:
     def __exit__(self, *_exc: object) -> None:
         self._stopped.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout=_HUNG_AFTER_S)
+            if self._thread.is_alive():  # an NVML call hung (a GPU off the bus): no figure
+                self._before, self._peak = {}, {}
+                return  # its session is the thread's to end, if it ever returns
         self._end()
 
     def readings(self) -> list[DeviceMemoryUse]:
+        """The figures, once the watch has ended."""
+        before, peak = self._before, self._peak
         try:
             return [
-                DeviceMemoryUse(
-                    gpu=gpu, total_bytes=total, before_bytes=before, peak_bytes=self._peak[gpu]
-                )
-                for gpu, (before, total) in sorted(self._before.items())
-                if gpu in self._peak
+                DeviceMemoryUse(gpu=gpu, total_bytes=total, before_bytes=used, peak_bytes=peak[gpu])
+                for gpu, (used, total) in sorted(before.items())
+                if gpu in peak
             ]
         except ValueError:  # a figure no report can carry: none rather than a wrong one
             return []
