@@ -44,10 +44,13 @@ from fleetbench.agent.handover import (
 from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
+from fleetbench.agent.runners.repeats import MIN_AUTO_REPEATS
 from fleetbench.agent.sweep import measure_run, memory_line, sweep_lock
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.answers import PlacementKind
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
+
+_AUTO = SweepSpec.model_construct()  # the defaults of repeats = "auto", for the help
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 
@@ -145,7 +148,8 @@ def sweep(
         str,
         typer.Option(
             help="measure each point N times, or auto: until the standard error of its S_TG "
-            "is under 1.5% (3 to 10 times, no new round after 15 minutes)"
+            f"is under {_AUTO.repeat_target:.1%} ({MIN_AUTO_REPEATS} to {_AUTO.max_repeats} "
+            f"times, no new round after {_AUTO.repeat_budget_s / 60:g} minutes)"
         ),
     ] = "1",
     engine: Annotated[

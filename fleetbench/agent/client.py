@@ -17,15 +17,11 @@ from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
 from fleetbench.contract.answers import PlacementAnswer, PlacementKind, RunReceipt
 from fleetbench.contract.plans import KINDS, NodePlans, NodeStatus
 from fleetbench.contract.wire import (
-    BUFFERS_SCHEMA_VERSION,
-    DEVICE_MEMORY_SCHEMA_VERSION,
-    SCHEMA_VERSION,
-    SERVING_SCHEMA_VERSION,
-    SLO_SEARCH_SCHEMA_VERSION,
     RunReport,
+    older_version,
 )
 
-__all__ = ["RegistryClient", "older_version"]
+__all__ = ["RegistryClient"]
 
 log = logging.getLogger("fleetbench.client")
 
@@ -67,9 +63,10 @@ class RegistryClient:
                 response = self._send(report)
                 return RunReceipt.model_validate_json(response.content)
             except RequestRejected as exc:
-                older = older_version(report)
-                if exc.status_code != 422 or "schema_version" not in exc.detail or older is None:
+                stepped = older_version(report)
+                if exc.status_code != 422 or "schema_version" not in exc.detail or not stepped:
                     raise
+                older, lost = stepped
                 log.warning(
                     "registry at %s takes no schema version %d: run %s sent as version %d, "
                     "without its %s",
@@ -77,7 +74,7 @@ class RegistryClient:
                     report.schema_version,
                     report.run_id,
                     older.schema_version,
-                    _left_out(report, older),
+                    ", ".join(lost) or "nothing",
                 )
                 report = older
 
@@ -178,35 +175,6 @@ class RegistryClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def older_version(report: RunReport) -> RunReport | None:
-    """The report as an older schema version holds it (None: there is none it fits): a
-    version 5 offline run without its GPUs' memory in use (as version 4 with its buffers,
-    else 1), a version 4 one without the buffers llama.cpp allocated, a version 3 serving
-    run without its SLO search."""
-    if report.schema_version == DEVICE_MEMORY_SCHEMA_VERSION:
-        version = BUFFERS_SCHEMA_VERSION if report.buffers else SCHEMA_VERSION
-        return report.model_copy(update={"schema_version": version, "device_memory": []})
-    if report.schema_version == BUFFERS_SCHEMA_VERSION:
-        return report.model_copy(update={"schema_version": SCHEMA_VERSION, "buffers": []})
-    if report.schema_version == SLO_SEARCH_SCHEMA_VERSION:
-        return report.model_copy(
-            update={"schema_version": SERVING_SCHEMA_VERSION, "slo_search": None}
-        )
-    return None
-
-
-def _left_out(newer: RunReport, older: RunReport) -> str:
-    """What the older version lost, for the log."""
-    lost = []
-    if newer.device_memory and not older.device_memory:
-        lost.append("GPUs' memory in use")
-    if newer.buffers and not older.buffers:
-        lost.append("buffers")
-    if newer.slo_search is not None and older.slo_search is None:
-        lost.append(f"SLO search ({newer.slo_search})")
-    return ", ".join(lost) or "nothing"
 
 
 def _retry_after(value: str | None) -> float | None:

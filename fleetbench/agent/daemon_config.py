@@ -12,7 +12,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal, Protocol
+from typing import Annotated, ClassVar, Protocol
 
 from pydantic import (
     AfterValidator,
@@ -34,6 +34,7 @@ from fleetbench.agent.serving.servers import identify_at
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
+from fleetbench.contract.sweep_spec import Repeats
 from fleetbench.contract.wire import RunReport
 
 __all__ = [
@@ -96,7 +97,7 @@ class SweepConfig(SweepSpec):
     model_name: str | None = None
     cron: Cron
     # a schedule has time for the precision
-    repeats: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] = "auto"
+    repeats: Repeats = "auto"
     engine: str | None = Field(
         default=None, description="a runner's name [default: llama-cpp-python, or the binary's]"
     )

@@ -23,18 +23,16 @@ from fleetbench.contract.allocation import (
 )
 from fleetbench.contract.bounds import storable_text
 from fleetbench.contract.wire import (
-    BUFFERS_SCHEMA_VERSION,
     DEVICE_MEMORY_SCHEMA_VERSION,
     ERROR_LENGTH,
     REASON_LENGTH,
-    SCHEMA_VERSION,
-    AllocatedBuffer,
     DeviceMemoryUse,
     EngineBuild,
     FailedPoint,
     HardwareFingerprint,
     ModelInfo,
     RunReport,
+    oldest_version,
 )
 
 __all__ = ["measure_run", "memory_line", "run_report", "sweep_lock"]
@@ -84,23 +82,20 @@ def measure_run(
         return report(
             model=ModelInfo(name=name), failure=ModelFileError(reason), engine=runner.engine()
         )
-    outcome: SweepOutcome | SweepFailed
-    with gpu_memory or DeviceMemoryWatch() as watch:
-        try:
+    watch = gpu_memory or DeviceMemoryWatch()
+    try:
+        with watch:  # ended before its readings are taken, whichever way the sweep ends
             outcome = runner.run(model_path, spec, on_point=on_point)
-        except SweepFailed as exc:
-            outcome = exc
-    device_memory = watch.readings()
-    if isinstance(outcome, SweepFailed):
-        read = outcome.started.model if outcome.started is not None else None
+    except SweepFailed as exc:
+        read = exc.started.model if exc.started is not None else None
         return report(
             model=_named(read, name, sha256),
-            failure=outcome,
+            failure=exc,
             engine=runner.engine(),
-            device_memory=device_memory,
+            device_memory=watch.readings(),
         )
     read = outcome.model or _architecture(model_path, name, sha256_cache)
-    return report(model=_named(read, name, sha256), outcome=outcome, device_memory=device_memory)
+    return report(model=_named(read, name, sha256), outcome=outcome, device_memory=watch.readings())
 
 
 def _named(read: ModelInfo | None, name: str, sha256: str) -> ModelInfo:
@@ -162,8 +157,8 @@ def run_report(
     if not points:
         status = "failed"
         error = error or "no point could be measured"
-    return RunReport(
-        schema_version=_oldest_version(buffers, device_memory),
+    report = RunReport(
+        schema_version=DEVICE_MEMORY_SCHEMA_VERSION,  # the newest; sent as the oldest that holds it
         run_id=uuid.uuid4(),
         node=node,
         started_at=started_at,
@@ -180,15 +175,7 @@ def run_report(
         buffers=buffers,
         device_memory=device_memory or [],
     )
-
-
-def _oldest_version(
-    buffers: list[AllocatedBuffer], device_memory: list[DeviceMemoryUse] | None
-) -> int:
-    """The oldest wire version that holds what the run carries (contract/wire.py)."""
-    if device_memory:
-        return DEVICE_MEMORY_SCHEMA_VERSION
-    return BUFFERS_SCHEMA_VERSION if buffers else SCHEMA_VERSION
+    return report.model_copy(update={"schema_version": oldest_version(report)})
 
 
 def memory_line(report: RunReport) -> str | None:

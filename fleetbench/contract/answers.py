@@ -79,7 +79,7 @@ class PlacementCandidate(BaseModel):
         default=None,
         description="offline: the smallest lasting S_TG step at a new build that the "
         "regression check finds in this point's series with 95% probability, % (null: not "
-        "known yet); above BLIND_ABOVE_PCT (10) the reason says the node's slowdowns may go "
+        f"known yet); above {BLIND_ABOVE_PCT:g} the reason says the node's slowdowns may go "
         "unseen",
     )
     fit_basis: FitBasis | None = Field(

@@ -12,7 +12,7 @@ from fleetbench.contract.bounds import INT32_MAX
 from fleetbench.contract.kv_cache import CacheType, kv_cells
 from fleetbench.contract.wire import RunSettings
 
-__all__ = ["AUTO_REPEAT_FIELDS", "LLAMA_CPP_NAMES", "SweepSpec", "needed_cells"]
+__all__ = ["AUTO_REPEAT_FIELDS", "LLAMA_CPP_NAMES", "Repeats", "SweepSpec", "needed_cells"]
 
 # The settings of repeats = "auto" alone
 AUTO_REPEAT_FIELDS = ("repeat_target", "max_repeats", "repeat_budget_s")
@@ -29,6 +29,7 @@ LLAMA_CPP_NAMES = {
 
 Sizes = Annotated[tuple[Annotated[int, Field(ge=0, le=INT32_MAX)], ...], Field(min_length=1)]
 Positive = Annotated[int, Field(ge=1, le=INT32_MAX)]
+Repeats = Annotated[int, Field(ge=1, le=1000)] | Literal["auto"]  # N times, or until precise
 
 
 class SweepSpec(BaseModel):
@@ -72,7 +73,7 @@ class SweepSpec(BaseModel):
     )
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"
-    repeats: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] = Field(
+    repeats: Repeats = Field(
         default=1,
         description="measure each point N times, or (auto) until the standard error of its "
         "S_TG is under `repeat_target`: at least 3 and at most `max_repeats` times, and no "

@@ -70,6 +70,8 @@ __all__ = [
     "ServingPoint",
     "SloSearch",
     "model_name_key",
+    "older_version",
+    "oldest_version",
 ]
 
 SCHEMA_VERSION = 1  # offline runs
@@ -417,6 +419,8 @@ _FIELD_VERSIONS = {
     "device_memory": 5,
 }
 _SERVING_FIELDS = ("kind", "server", "serving_points", "slo_search")
+# What a report may go without to reach an older registry: the rest defines the run.
+_DROPPABLE = ("device_memory", "buffers", "slo_search")
 
 
 class RunReport(_Strict):
@@ -521,3 +525,26 @@ class RunReport(_Strict):
         if self.finished_at is not None and self.finished_at < self.started_at:
             raise ValueError("finished_at is before started_at")
         return self
+
+
+def oldest_version(report: RunReport) -> int:
+    """The oldest schema version that holds everything the report carries."""
+    carried = (v for name, v in _FIELD_VERSIONS.items() if name != "kind" and getattr(report, name))
+    return max((SCHEMA_VERSION, *carried))
+
+
+def older_version(report: RunReport) -> tuple[RunReport, list[str]] | None:
+    """The report as the next older version holds it, without what only its own version
+    holds (a version 5 run's GPU memory, a version 4 one's buffers, a version 3 serving
+    run's SLO search), and the fields it lost; None where no older version holds the run."""
+    lost = [name for name in _DROPPABLE if _FIELD_VERSIONS[name] == report.schema_version]
+    if not lost:
+        return None
+    fields = RunReport.model_fields
+    older = report.model_copy(
+        update={name: fields[name].get_default(call_default_factory=True) for name in lost}
+    )
+    version = oldest_version(older)
+    return older.model_copy(update={"schema_version": version}), [
+        name for name in lost if getattr(report, name)
+    ]

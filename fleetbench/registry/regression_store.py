@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from sqlalchemy import ColumnElement, bindparam, func, select, tuple_
 from sqlalchemy.exc import IntegrityError
@@ -81,7 +81,8 @@ def refresh_regressions(
     regressed: set[tuple[int, int]] = set()
     for (node_id, model_id), pair_runs in new_runs.items():
         new = set(pair_runs.run_ids)
-        for (pp, tg, b, metric), runs, detect in _judged(histories.get((node_id, model_id), {})):
+        for (pp, tg, b, metric), runs in _judged(histories.get((node_id, model_id), {})):
+            detect = find_knee_shifts if metric == KNEE_METRIC else find_steps
             index = {r.run_id: i for i, r in enumerate(runs)}
             positions = [i for run_id, i in index.items() if run_id in new]
             if not positions:
@@ -115,31 +116,20 @@ def refresh_regressions(
     return regressed
 
 
-class _Detector(Protocol):
-    def __call__(
-        self,
-        runs: Sequence[SeriesRun],
-        settings: DetectionSettings | None = None,
-        *,
-        judge_from: int = 0,
-        known_steps: Iterable[int] = (),
-    ) -> list[Step]: ...
-
-
 def _judged(
     cells: Mapping[Cell, Sequence[SeriesRun]],
-) -> Iterator[tuple[StepCell, Sequence[SeriesRun], _Detector]]:
-    """Every series to judge, with its detector: each point's S_TG and S_PP (or a server's
-    throughput) for lasting steps, and each PP x TG's knee (at B 0: it is the curve's) for
-    moves at known changes."""
+) -> Iterator[tuple[StepCell, Sequence[SeriesRun]]]:
+    """Every series to judge: each point's S_TG and S_PP (or a server's throughput), judged
+    for lasting steps, and each PP x TG's knee (at B 0: it is the curve's), judged for moves
+    at known changes."""
     curves: dict[tuple[int, int], dict[int, Sequence[SeriesRun]]] = defaultdict(dict)
     for (pp, tg, b, metric), runs in cells.items():
-        yield (pp, tg, b, metric), runs, find_steps
+        yield (pp, tg, b, metric), runs
         if metric == "s_tg":
             curves[(pp, tg)][b] = runs
     for (pp, tg), by_b in curves.items():
         if len(by_b) > 1:
-            yield (pp, tg, 0, KNEE_METRIC), knee_series(by_b), find_knee_shifts
+            yield (pp, tg, 0, KNEE_METRIC), knee_series(by_b)
 
 
 def _store_step(session: Session, row: Regression | None, step: Step, **series: Any) -> None:

@@ -68,7 +68,7 @@ HISTORY_RUNS = 32
 
 Cell = tuple[int, int, int, Metric]  # PP, TG, B, metric: one series of a node's model
 # What a stored step is of: a series, or the knee of a PP x TG's curves (B 0, questions.knee_shifts)
-StepMetric = Literal["s_tg", "s_pp", "srv_tps", "knee"]
+StepMetric = Literal[Metric, "knee"]
 StepCell = tuple[int, int, int, StepMetric]
 
 # Oldest first: the exact reverse of RUN_NEWEST_FIRST.

@@ -79,6 +79,10 @@ class DeviceMemoryWatch:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> DeviceMemoryWatch:
+        try:
+            self._live, _absent = self._session.enter_context(nvml_session(self._nvml))
+        except Exception:  # a broken driver: nothing to watch
+            self._live = None
         self._before = self._guarded_read()
         if self._before:
             # A thread in the agent makes the in-process runner spawn its engine's process
@@ -118,11 +122,9 @@ class DeviceMemoryWatch:
     def _guarded_read(self) -> dict[int, tuple[int, int]]:
         """Each GPU's (used, total) bytes; nothing where there is no driver, and nothing
         more after an error."""
+        if self._live is None:
+            return {}
         try:
-            if self._live is None:
-                self._live, absent = self._session.enter_context(nvml_session(self._nvml))
-                if self._live is None:
-                    raise LookupError(absent)
             readings = {}
             for gpu in range(self._live.nvmlDeviceGetCount()):
                 handle = self._live.nvmlDeviceGetHandleByIndex(gpu)

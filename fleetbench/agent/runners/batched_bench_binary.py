@@ -28,7 +28,7 @@ from fleetbench.agent.runners import (
     point_from_samples,
 )
 from fleetbench.agent.runners.llama_buffers import VERBOSE_ENV, buffers_in
-from fleetbench.agent.runners.repeats import Key, still_to_measure
+from fleetbench.agent.runners.repeats import Key, Timing, still_to_measure
 from fleetbench.contract.kv_cache import kv_cells
 from fleetbench.contract.wire import AllocatedBuffer, EngineBuild, FailedPoint, Point, RunSettings
 
@@ -124,8 +124,7 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
                 samples.setdefault(key, []).append(point)
         if buffers is None:
             buffers = buffers_in(log)
-        timings = {key: [(p.t_pp or 0.0, p.t_tg or 0.0) for p in measured]
-                   for key, measured in samples.items()}  # fmt: skip
+        timings = {key: _timings(measured) for key, measured in samples.items()}
         elapsed = time.monotonic() - started
         todo = [k for k in still_to_measure(spec, timings, elapsed_s=elapsed) if asked[k] < cap]
         for key in [k for k in samples if k not in todo and k not in told]:
@@ -219,7 +218,11 @@ def _combined(samples: list[Point], spec: SweepSpec) -> Point:
     if len(samples) == 1:
         return samples[0]
     first = samples[0]
-    times = [(p.t_pp or 0.0, p.t_tg or 0.0) for p in samples]
     return point_from_samples(
-        first.pp, first.tg, first.b, first.n_kv or 0, times, shared=spec.pp_shared
+        first.pp, first.tg, first.b, first.n_kv or 0, _timings(samples), shared=spec.pp_shared
     )
+
+
+def _timings(samples: list[Point]) -> list[Timing]:
+    """The (T_PP, T_TG) of each of a point's runs, as runners/repeats.py takes them."""
+    return [(p.t_pp or 0.0, p.t_tg or 0.0) for p in samples]

@@ -18,7 +18,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from fleetbench.registry.questions.knee import find_knee
-from fleetbench.registry.questions.regressions import DetectionSettings, SeriesRun, Step
+from fleetbench.registry.questions.regressions import (
+    DetectionSettings,
+    SeriesRun,
+    Step,
+    follows_change,
+)
 
 __all__ = ["KNEE_METRIC", "find_knee_shifts", "knee_series"]
 
@@ -43,9 +48,11 @@ def knee_series(
     if not usual:
         return []
     shape = usual[0][0]
+    if len(shape) < 2:
+        return []
     series = []
     for run_id, curve in points.items():
-        if frozenset(curve) != shape or len(curve) < 2:
+        if frozenset(curve) != shape:
             continue
         knee = find_knee(list(curve.items()))
         if knee is not None:
@@ -67,14 +74,14 @@ def find_knee_shifts(
     s = settings or DetectionSettings()
     starts = {*known_steps}
     steps = []
-    for i in range(max(1, judge_from), len(runs)):
-        kinds = runs[i].changes_from(runs[i - 1])
-        if not kinds:
+    first = max(1, judge_from)
+    known = follows_change(runs, first)
+    for i in range(first, len(runs)):
+        if not known[i]:
             continue
         segment_start = max((j for j in starts if j < i), default=0)
         before = runs[max(segment_start, i - s.lookback) : i]
-        end = next((j for j in range(i + 1, len(runs)) if runs[j].changes_from(runs[j - 1])),
-                   len(runs))  # fmt: skip
+        end = next((j for j in range(i + 1, len(runs)) if known[j]), len(runs))
         after = runs[i : min(end, i + s.window)]
         step = _moved(before, after, s)
         if step is not None:

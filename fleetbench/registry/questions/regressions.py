@@ -47,6 +47,7 @@ __all__ = [
     "describe_cause",
     "detectable_change",
     "find_steps",
+    "follows_change",
     "min_detectable_change",
 ]
 
@@ -137,10 +138,7 @@ def find_steps(
     s = settings or DetectionSettings()
     frozen = set(known_steps)
     first = max(1, judge_from)
-    # Whether run j follows a known change; only j >= `first` is ever asked.
-    known = [False] * first + [
-        bool(runs[j].changes_from(runs[j - 1])) for j in range(first, len(runs))
-    ]
+    known = follows_change(runs, first)
     moves = _log_moves(runs)
     steps: list[Step] = []
     step_starts: list[int] = []
@@ -259,6 +257,15 @@ def detectable_change(
     return max(s.min_change, (s.z_known + DETECTION_POWER_Z) * error)
 
 
+def follows_change(runs: Sequence[SeriesRun], first: int = 1) -> list[bool]:
+    """Whether each run (oldest first) follows a known change from the run before it; False
+    before `first`, where it is not asked (the first run follows nothing)."""
+    first = max(1, first)
+    return [False] * min(first, len(runs)) + [
+        bool(runs[j].changes_from(runs[j - 1])) for j in range(first, len(runs))
+    ]
+
+
 def min_detectable_change(
     runs: Sequence[SeriesRun], settings: DetectionSettings | None = None
 ) -> float | None:
@@ -271,7 +278,7 @@ def min_detectable_change(
     s = settings or DetectionSettings()
     if len(runs) < 3:
         return None
-    starts = [0] + [j for j in range(1, len(runs)) if runs[j].changes_from(runs[j - 1])]
+    starts = [0] + [j for j, known in enumerate(follows_change(runs)) if known]
     stretches = [end - start for start, end in itertools.pairwise([*starts, len(runs)])]
     per_build = round(statistics.median(stretches))
     if per_build < s.confirm_known:
