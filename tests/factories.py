@@ -24,14 +24,17 @@ from typing import Any
 import httpx
 import uvicorn
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 
 from fleetbench.agent.config import AgentSettings
 from fleetbench.agent.daemon import Daemon, DaemonConfig, ServeSweepConfig, SweepConfig
 from fleetbench.contract import wire
 from fleetbench.registry import tokens
 from fleetbench.registry.config import RegistrySettings
-from fleetbench.registry.db import create_db_engine, session_factory
+from fleetbench.registry.db import create_db_engine, session_factory, write_transaction
+from fleetbench.registry.ingest import Stored, ingest_batch
 from fleetbench.registry.main import create_app
+from fleetbench.registry.regressions import judge_due
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -60,12 +63,33 @@ class LiveRegistry:
         return secret
 
     def client(self, token: str | None = None) -> httpx.Client:
+        """A client of the registry; a report it posts is answered once the registry's
+        judge has judged its series (running_registry judges at once), so a test reads
+        the regressions the report makes, as a user would a moment later."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+        def judged_after_a_report(response: httpx.Response) -> None:
+            request = response.request
+            if (request.method, request.url.path) == ("POST", "/v1/runs") and response.is_success:
+                self.judged()
+
+        return httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=30,
+            event_hooks={"response": [judged_after_a_report]},
+        )
 
     def count(self, table: str) -> int:
         with self.engine.connect() as connection:
             return int(connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+    def judged(self, seconds: float = 20) -> None:
+        """Waits until the registry's judge has judged every series check queued."""
+        deadline = time.monotonic() + seconds
+        while self.count("series_checks"):
+            assert time.monotonic() < deadline, "the registry's judge left checks queued"
+            time.sleep(0.01)
 
 
 def free_port() -> int:
@@ -91,7 +115,10 @@ def serve_in_thread(settings: RegistrySettings) -> tuple[str, uvicorn.Server, th
 
 @contextmanager
 def running_registry(settings: RegistrySettings) -> Iterator[LiveRegistry]:
-    """A registry with these settings served on loopback for the duration."""
+    """A registry with these settings served on loopback for the duration; unless they
+    say otherwise, its judge judges a series as soon as it is queued."""
+    if "regression_check_delay_s" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"regression_check_delay_s": 0})
     url, server, thread = serve_in_thread(settings)
     engine = create_db_engine(settings.sqlalchemy_url)
     try:
@@ -213,6 +240,20 @@ def make_serving_report(
 
 
 JSON = {"content-type": "application/json"}
+
+
+def store_report(session: Session, report: wire.RunReport, node_id: int) -> Stored:
+    """Stores the report as a run of the node straight through the storage layer (one
+    batch, committed) and judges the series it joins, as a registry's judge would."""
+    with write_transaction(session):
+        [stored] = ingest_batch(session, [(report, node_id)])
+        if isinstance(stored, Exception):
+            raise stored
+        session.commit()
+    bind = session.get_bind()
+    assert isinstance(bind, Engine)
+    judge_due(session_factory(bind))
+    return stored
 
 
 def post_report(client: httpx.Client, report: wire.RunReport | dict[str, Any]) -> httpx.Response:

@@ -17,7 +17,7 @@ from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from fleetbench.contract import wire
-from fleetbench.registry import labels, series
+from fleetbench.registry import labels
 from fleetbench.registry.models import (
     RUN_NEWEST_FIRST,
     RUN_SUCCESSFUL,
@@ -29,6 +29,7 @@ from fleetbench.registry.models import (
     RunPoint,
 )
 from fleetbench.registry.questions.curves import curve_figures
+from fleetbench.registry.regressions import series
 from fleetbench.registry.schemas import (
     CurvePointPublic,
     CurvePublic,

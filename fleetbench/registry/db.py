@@ -69,7 +69,23 @@ def create_db_engine(
         event.listen(engine, "begin", _sqlite_begin)
         _sqlite_writers[engine] = threading.Lock()
         return engine
-    return create_engine(sa_url, pool_pre_ping=True, **pool, **kwargs)
+    engine = create_engine(sa_url, pool_pre_ping=True, **pool, **kwargs)
+    # An executemany of an INSERT (a run's points, the latest points, the upserts of a
+    # batch) as one multi-row VALUES statement, as with RETURNING: psycopg would send each
+    # row as a statement of its own in pipeline mode, a round of Python per row on both
+    # sides.
+    engine.dialect.use_insertmanyvalues_wo_returning = True
+    event.listen(engine, "connect", _postgresql_settings)
+    return engine
+
+
+def _postgresql_settings(dbapi_connection: Any, _record: Any) -> None:
+    # No JIT: every query here is short, and PostgreSQL compiles one whose estimated cost
+    # passes jit_above_cost (estimates a fresh table's statistics inflate): 20-40 ms of
+    # CPU for a query that runs in 2 (the node list, measured with bench/load.py).
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute("SET jit = off")
+    dbapi_connection.commit()
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -110,16 +110,14 @@ class LatestCandidate:
     beside_kv_bytes: int | None = None  # weights, compute and outputs, as allocated
 
 
-def record_latest(
-    connection: Connection, candidates: Sequence[LatestCandidate]
-) -> set[tuple[int, int]]:
+def record_latest(connection: Connection, candidates: Sequence[LatestCandidate]) -> int:
     """Makes each candidate (one per node and model) the latest of its node's model if it
     is newer (as RUN_NEWEST_FIRST orders runs: started, then received, then the smaller id)
-    than the one recorded, and its points theirs; returns the (node, model) pairs it did.
-    One upsert for all; it locks their rows until commit on PostgreSQL, so concurrent
-    ingests of one node's model take turns from here on."""
+    than the one recorded, and its points theirs; returns the rows it wrote. One upsert
+    for all; it locks their rows until commit on PostgreSQL, so concurrent ingests of one
+    node's model take turns from here on."""
     if not candidates:
-        return set()
+        return 0
     upsert, delete_points, insert_points = _upserts(connection.dialect.name)
     heads = [
         {
@@ -142,7 +140,7 @@ def record_latest(
     # Older runs arriving late leave the latest as it is.
     won = {(node_id, model_id) for node_id, model_id in connection.execute(upsert, heads).all()}
     if not won:
-        return won
+        return 0
     connection.execute(delete_points, {"pairs": sorted(won)})
     rows = [
         {"node_id": c.node_id, "model_id": c.model_id, **row}
@@ -152,7 +150,7 @@ def record_latest(
     ]
     if rows:
         connection.execute(insert_points, rows)
-    return won
+    return len(won) + len(rows)
 
 
 @dataclass(frozen=True)

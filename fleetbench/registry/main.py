@@ -25,11 +25,13 @@ from fleetbench.contract.wire import (
 from fleetbench.registry.admission import Admission, Lane, LaneLimits
 from fleetbench.registry.body_limit import BodySizeLimit
 from fleetbench.registry.config import RegistrySettings
+from fleetbench.registry.costs import count_statements
 from fleetbench.registry.db import create_db_engine, session_factory
 from fleetbench.registry.deps import READ_SCHEME, FailedLogins, KnownTokens, SessionDep
 from fleetbench.registry.ingest import Ingest, IngestLimits
 from fleetbench.registry.metrics import HttpMetricsMiddleware, install_metrics
 from fleetbench.registry.notify import WebhookNotifier
+from fleetbench.registry.regressions import RegressionJudge
 from fleetbench.registry.responses import API_RESPONSES
 from fleetbench.registry.routes import history, models, nodes, placement, plans, runs, tokens
 from fleetbench.registry.validation_errors import validation_error_handler
@@ -56,6 +58,7 @@ so does one whose database is unreachable. Retrying later is always safe.
 def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     settings = settings or RegistrySettings()
     engine = create_db_engine(settings.sqlalchemy_url, pool_size=settings.pool_size)
+    count_statements(engine)
     sessions = session_factory(engine)
     notifier = (
         WebhookNotifier(
@@ -75,6 +78,7 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
         if notifier is not None:
             notifier.start()
+        judge.start()
         # What exists at start-up lives as long as the process: keeping it out of the
         # collector's full passes spares requests pauses of tens of milliseconds. And a
         # request allocates thousands of objects, nearly all freed at once by reference
@@ -85,9 +89,10 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         gc.set_threshold(100_000, 50, 100)
         yield
         gc.unfreeze()
+        ingest.close()
+        judge.stop()
         if notifier is not None:
             notifier.stop()
-        ingest.close()
         engine.dispose()
 
     app = FastAPI(
@@ -106,6 +111,13 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         "write",
         LaneLimits(settings.max_writes_in_flight, settings.max_queued, settings.max_queue_wait_s),
     )
+    metrics = install_metrics(app, max_points=settings.metrics_max_points)
+    judge = RegressionJudge(
+        sessions,
+        delay_s=settings.regression_check_delay_s,
+        regressed=notifier.wake if notifier is not None else None,
+        measured=metrics.judge_steps,
+    )
     ingest = Ingest(
         sessions,
         IngestLimits(
@@ -113,13 +125,15 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
             max_series_per_node=settings.max_series_per_node,
         ),
         writers=settings.writer_threads,
+        linger=settings.writer_linger_ms / 1000,
+        stored=judge.queued,
+        measured=metrics.ingest_steps,
     )
     app.state.ingest = ingest
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(PoolTimeout, _database_unavailable)
     app.add_exception_handler(DBAPIError, _database_error)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_report_bytes)
-    metrics = install_metrics(app, max_points=settings.metrics_max_points)
     app.add_middleware(
         Admission,
         reads=reads,

@@ -47,6 +47,7 @@ from starlette.routing import BaseRoute, Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetbench.contract import wire
+from fleetbench.registry.costs import Steps
 from fleetbench.registry.deps import ReadAccess
 from fleetbench.registry.latest import latest_points_statement
 from fleetbench.registry.responses import API_RESPONSES
@@ -232,6 +233,25 @@ class RegistryMetrics:
         )
         for lane in ("read", "write"):
             self.shed_requests.labels(lane)
+        self._step_costs = {
+            work: tuple(
+                Counter(
+                    f"fleetbench_{work}_step_{figure}",
+                    f"{what} by each step of {whose}, by step",
+                    ("step",),
+                    registry=self.registry,
+                )
+                for figure, what in (
+                    ("cpu_seconds", "CPU seconds of the thread"),
+                    ("statements", "SQL statements sent"),
+                    ("rows", "rows written or read"),
+                )
+            )
+            for work, whose in (
+                ("ingest", "the batches of reports stored (registry.ingest)"),
+                ("judge", "the regression judge's passes (registry.regressions)"),
+            )
+        }
         self.fleet = FleetCollector(sessions, max_points=max_points)
         self.registry.register(self.fleet)
 
@@ -254,6 +274,21 @@ class RegistryMetrics:
 
     def shed(self, lane: str) -> None:
         self.shed_requests.labels(lane).inc()
+
+    def ingest_steps(self, steps: Steps) -> None:
+        """What a batch of reports cost, step by step (registry.costs)."""
+        self._add_steps("ingest", steps)
+
+    def judge_steps(self, steps: Steps) -> None:
+        """What a pass of the regression judge cost, step by step (registry.costs)."""
+        self._add_steps("judge", steps)
+
+    def _add_steps(self, work: str, steps: Steps) -> None:
+        cpu, statements, rows = self._step_costs[work]
+        for step, cost in steps.costs.items():
+            cpu.labels(step).inc(cost.cpu_s)
+            statements.labels(step).inc(cost.statements)
+            rows.labels(step).inc(cost.rows)
 
     def render(self) -> bytes:
         if not os.environ.get(MULTIPROCESS_DIR):

@@ -27,7 +27,6 @@ from sqlalchemy import (
     UniqueConstraint,
     and_,
     or_,
-    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -36,6 +35,7 @@ __all__ = [
     "RUN_SERVED",
     "RUN_SUCCESSFUL",
     "Base",
+    "DetectableChange",
     "EngineBuild",
     "FailedPoint",
     "HardwareFingerprint",
@@ -51,6 +51,7 @@ __all__ = [
     "Run",
     "RunOrder",
     "RunPoint",
+    "SeriesCheck",
     "ServingPointRow",
     "SweepPlan",
     "Token",
@@ -465,9 +466,26 @@ class LatestPoint(Base):
     s_pp: Mapped[float | None]
     s_tg: Mapped[float | None]
     past_knee: Mapped[bool | None]
-    # the smallest S_TG step its series shows with 95% probability at a new build
-    # (questions.regressions.min_detectable_change), as of the latest check; None: unknown
-    min_detectable_change: Mapped[float | None]
+
+
+class DetectableChange(Base):
+    """The smallest S_TG step each of a node's series shows with 95% probability at a new
+    build (questions.regressions.min_detectable_change), as of the series' latest check:
+    written by the regression judge alone (registry.regressions), read beside the latest
+    points by placement; a point without a row is unknown."""
+
+    __tablename__ = "detectable_changes"
+
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    pp: Mapped[int] = mapped_column(primary_key=True)
+    tg: Mapped[int] = mapped_column(primary_key=True)
+    b: Mapped[int] = mapped_column(primary_key=True)
+    change: Mapped[float]
 
 
 class LatestServingRun(Base):
@@ -512,9 +530,33 @@ class NodeActivity(Base):
     last_run_started_at: Mapped[datetime | None]
     last_run_received_at: Mapped[datetime | None]
     run_count: Mapped[int] = mapped_column(default=0)
-    # Runs added or pruned, ever: it never comes back to a value, so a process's cached
-    # series of the node (registry.series_cache) are valid while it is what they saw.
-    changes: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+
+
+class SeriesCheck(Base):
+    """A (node, model)'s series with runs the regression check has not judged yet: queued
+    by ingest in the runs' own transaction, taken by a registry process's judge
+    (registry.regressions) once `queued_at` is `FLEETBENCH_REGRESSION_CHECK_DELAY_S` old,
+    and deleted when judged. However many runs arrive meanwhile, the series is judged once:
+    the check's cost is per series change, not per report."""
+
+    __tablename__ = "series_checks"
+    __table_args__ = (Index("ix_series_checks_queued", "queued_at"),)
+
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)  # offline or serving
+    # The earliest start of the runs not judged yet (None: none since a judge claimed it).
+    since: Mapped[datetime | None]
+    # When the first run not judged yet arrived (later ones leave it): when it is due.
+    queued_at: Mapped[datetime]
+    # A judge's lease, and the runs it judges: until then another process leaves the
+    # check alone; after it, a judge takes these runs with those queued since.
+    claimed_until: Mapped[datetime | None]
+    claimed_since: Mapped[datetime | None]
 
 
 class SweepPlan(Base):

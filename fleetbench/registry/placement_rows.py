@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from fleetbench.registry.model_facts import FleetFacts
-from fleetbench.registry.models import EngineBuild, LatestPoint, LatestRun, Node
+from fleetbench.registry.models import DetectableChange, EngineBuild, LatestPoint, LatestRun, Node
 from fleetbench.registry.placement_serving_rows import served_nodes
 from fleetbench.registry.questions.placement import NodeChoice, NodeMemory
 
@@ -159,7 +159,7 @@ def _placement_statement(
     shape: _Shape, caps: Mapping[FitConfig, int] | None
 ) -> Select[*tuple[Any, ...]]:
     heads = _heads(shape)
-    point = LatestPoint
+    point, detectable = LatestPoint, DetectableChange
     conditions: list[ColumnElement[bool]] = [point.s_tg.is_not(None)]
     if shape.prompt:
         conditions.append(point.pp >= bindparam("prompt_tokens"))
@@ -176,7 +176,7 @@ def _placement_statement(
             point.s_pp,
             point.s_tg,
             point.past_knee,
-            point.min_detectable_change,
+            detectable.change.label("min_detectable_change"),
             heads.c.model_id,
             heads.c.run_id,
             heads.c.started_at,
@@ -191,6 +191,16 @@ def _placement_statement(
         )
         .select_from(point)
         .join(heads, and_(heads.c.node_id == point.node_id, heads.c.model_id == point.model_id))
+        .outerjoin(
+            detectable,
+            and_(
+                detectable.node_id == point.node_id,
+                detectable.model_id == point.model_id,
+                detectable.pp == point.pp,
+                detectable.tg == point.tg,
+                detectable.b == point.b,
+            ),
+        )
     )
     if caps:
         cap = _cap_expression(heads, caps)

@@ -120,10 +120,7 @@ def prune_runs(
                 session.execute(
                     update(NodeActivity)
                     .where(NodeActivity.node_id == node_id)
-                    .values(
-                        run_count=NodeActivity.run_count - deleted,
-                        changes=NodeActivity.changes + deleted,
-                    )
+                    .values(run_count=NodeActivity.run_count - deleted)
                 )
             session.commit()
         pruned.runs += len(ids)

@@ -18,7 +18,7 @@ from fleetbench.registry.models import Regression, Run, Token
 from fleetbench.registry.questions.health import Health
 from fleetbench.registry.questions.knee_shifts import KNEE_METRIC
 from fleetbench.registry.questions.regressions import detectable_change
-from fleetbench.registry.series import Metric, StepMetric
+from fleetbench.registry.regressions.series import Metric, StepMetric
 from fleetbench.registry.tokens import Scope, TokenState, node_rule, token_state
 
 __all__ = [

@@ -2,12 +2,13 @@
 transaction.
 
 A request hands its validated report to the writer and awaits the answer. Each writer thread
-takes whatever reports are waiting (up to `batch`) and stores them one after the other in one
-transaction: one BEGIN, one COMMIT (one fsync on SQLite) and one connection checkout for the
-lot, instead of one each. A report refused on its own merits (a conflicting run id, a bound)
-is refused before it writes anything, so it never undoes the others; if the transaction fails
-anyway (a deadlock, a lost connection), each of its reports is stored again alone, so one bad
-report never fails another. Nothing is answered before the commit that holds it.
+takes whatever reports are waiting (up to `batch`), and those that arrive within `linger`
+seconds of the first, and stores them in one transaction: one connection checkout, BEGIN and
+COMMIT (one fsync on SQLite) and one of each statement for the lot, whose cost does not grow
+with it. A report refused on its own merits (a conflicting run id, a bound) is refused before
+it writes anything, so it never undoes the others; if the transaction fails anyway (a
+deadlock, a lost connection), each of its reports is stored again alone, so one bad report
+never fails another. Nothing is answered before the commit that holds it.
 
 SQLite has one writer at a time: there, one thread writes, back to back, and never hands the
 database's lock to a thread that must first win the GIL back. PostgreSQL gets `threads`.
@@ -20,12 +21,15 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from fleetbench.registry.costs import Steps
 from fleetbench.registry.db import write_transaction
 
 __all__ = ["Batch", "Writer"]
@@ -39,10 +43,12 @@ Result = TypeVar("Result")
 @dataclass
 class Batch(Generic[Result]):
     """What a batch's write function gives back: each item's answer (a result, or the
-    exception that refused it alone), and what to do once the transaction is committed."""
+    exception that refused it alone), what to do once the transaction is committed, and
+    where to count what the commit cost (registry.costs)."""
 
     answers: list[Result | Exception]
     committed: Callable[[], None] | None = None
+    steps: Steps | None = None
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class _Job(Generic[Item, Result]):
 
 class Writer(Generic[Item, Result]):
     """
-    writer = Writer(sessions, write, threads=4, batch=32)
+    writer = Writer(sessions, write, threads=4, batch=32, linger=0.01)
     result = await writer.submit(item)   # write(session, [item, ...]) in a committed batch
     writer.close()
 
@@ -70,10 +76,12 @@ class Writer(Generic[Item, Result]):
         *,
         threads: int,
         batch: int,
+        linger: float = 0.0,
     ) -> None:
         self.sessions = sessions
         self.write = write
         self.batch = batch
+        self.linger = linger
         self._jobs: queue.SimpleQueue[_Job[Item, Result] | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._run, name=f"writer-{n}", daemon=True)
@@ -113,14 +121,16 @@ class Writer(Generic[Item, Result]):
                 self._answer(jobs, batch)
 
     def _take(self) -> list[_Job[Item, Result]] | None:
-        """The jobs waiting now (at least one, at most `batch`); None to stop."""
+        """The jobs waiting now and those that come within `linger` of the first (at least
+        one, at most `batch`); None to stop."""
         first = self._jobs.get()
         if first is None:
             return None
         jobs = [first]
+        until = time.monotonic() + self.linger
         while len(jobs) < self.batch:
             try:
-                job = self._jobs.get_nowait()
+                job = self._jobs.get(timeout=max(0.0, until - time.monotonic()))
             except queue.Empty:
                 break
             if job is None:  # closing: this batch first, then stop
@@ -132,7 +142,8 @@ class Writer(Generic[Item, Result]):
     def _commit(self, jobs: list[_Job[Item, Result]]) -> Batch[Result]:
         with self.sessions() as session, write_transaction(session):
             batch = self.write(session, [job.item for job in jobs])
-            session.commit()
+            with batch.steps.step("commit") if batch.steps is not None else nullcontext():
+                session.commit()
         return batch
 
     @staticmethod

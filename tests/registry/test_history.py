@@ -9,10 +9,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fleetbench.registry import crud, tokens
-from fleetbench.registry.ingest import ingest_report
 from fleetbench.registry.models import Regression
-from fleetbench.registry.series import HISTORY_RUNS
-from tests.factories import DAY0, make_report, scaled
+from fleetbench.registry.regressions.series import HISTORY_RUNS
+from tests.factories import DAY0, make_report, scaled, store_report
 
 
 def test_a_step_is_stored_once_however_long_the_history_grows(session: Session) -> None:
@@ -28,7 +27,7 @@ def test_a_step_is_stored_once_however_long_the_history_grows(session: Session) 
             build_number=build,
             started_at=DAY0 + timedelta(days=day),
         )
-        ingest_report(session, report=report, node_id=node.id)
+        store_report(session, report, node.id)
         session.commit()
     rows = session.scalars(select(Regression)).all()
     assert len(rows) == 12  # S_TG and S_PP at each of the 6 concurrencies, nothing else

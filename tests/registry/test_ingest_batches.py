@@ -1,6 +1,6 @@
 """Ingest in batches: each report of a batch answered on its own; a batch that fails stores
-its reports one by one; the series cache gives the regression detector exactly what a read
-of the database would, also when two processes take turns on one node."""
+its reports one by one; the regression check judging a burst of a node's runs at once
+finds what judging each as it came would, also when two processes take turns on one node."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ from fleetbench.registry.ingest import (
     RunConflict,
     Stored,
     ingest_batch,
-    ingest_report,
 )
 from fleetbench.registry.models import LatestPoint, LatestRun, NodeActivity, Regression
-from tests.factories import make_report, scaled
+from fleetbench.registry.regressions import judge_due
+from tests.factories import make_report, scaled, store_report
 
 DAY0 = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
 
@@ -216,14 +216,21 @@ def _history(seed: int) -> list[wire.RunReport]:
 
 
 async def _store_in_turns(
-    reports: list[wire.RunReport], sessions: sessionmaker[Session], node: int, processes: int
+    reports: list[wire.RunReport],
+    sessions: sessionmaker[Session],
+    node: int,
+    processes: int,
+    burst: int,
 ) -> None:
-    """The reports one after the other, by `processes` Ingests (each its own cache) in turn."""
+    """The reports one after the other, by `processes` Ingests in turn, judged every
+    `burst` reports."""
     ingests = [Ingest(sessions, IngestLimits()) for _ in range(processes)]
     try:
-        for n, report in enumerate(reports):
+        for n, report in enumerate(reports, start=1):
             stored = await ingests[n % processes].submit(report, node_id=node)
             assert stored.created
+            if n % burst == 0 or n == len(reports):
+                judge_due(sessions)
     finally:
         for ingest in ingests:
             ingest.close()
@@ -236,35 +243,31 @@ def _regressions(session: Session) -> list[tuple[Any, ...]]:
     )
 
 
-def test_the_series_cache_gives_the_detector_what_the_database_would(
-    engine: Engine, tmp_path: Any
+@pytest.mark.parametrize(("processes", "burst"), [(1, 1), (1, 7), (2, 3), (2, 40)])
+def test_a_burst_is_judged_as_its_runs_one_by_one_would_be(
+    engine: Engine, tmp_path: Any, processes: int, burst: int
 ) -> None:
-    """The same history stored three ways: one report per transaction with no cache; one
-    writer with its cache; two writers (two processes) taking turns, each cache going stale
-    whenever the other stored a run of the node. The same regressions every time."""
+    """The same history stored and judged report by report, then by `processes` Ingests
+    taking turns with the judge passing every `burst` reports (the queue coalescing their
+    checks, late arrivals among them): the same regressions every time."""
     from fleetbench.registry.db import create_db_engine, upgrade_schema
 
     reports = _history(seed=3)
-    sessions = session_factory(engine)
-    with sessions() as session:
+    with session_factory(engine)() as session:
         node = _node(session)
         session.commit()
         for report in reports:
-            with write_transaction(session):
-                ingest_report(session, report=report, node_id=node)
-                session.commit()
+            store_report(session, report, node)
         expected = _regressions(session)
     assert expected  # the slower build and its end were found
 
-    for processes in (1, 2):
-        other = create_db_engine(f"sqlite:///{tmp_path}/cached-{processes}.db")
-        upgrade_schema(other)
-        other_sessions = session_factory(other)
-        with other_sessions() as session:
-            other_node = _node(session)
-            session.commit()
-
-        asyncio.run(_store_in_turns(reports, other_sessions, other_node, processes))
-        with other_sessions() as session:
-            assert _regressions(session) == expected, f"{processes} process(es)"
-        other.dispose()
+    other = create_db_engine(f"sqlite:///{tmp_path}/bursts.db")
+    upgrade_schema(other)
+    other_sessions = session_factory(other)
+    with other_sessions() as session:
+        other_node = _node(session)
+        session.commit()
+    asyncio.run(_store_in_turns(reports, other_sessions, other_node, processes, burst))
+    with other_sessions() as session:
+        assert _regressions(session) == expected
+    other.dispose()

@@ -21,7 +21,6 @@ from fleetbench.contract import wire
 from fleetbench.registry import crud, tokens
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine, session_factory
-from fleetbench.registry.ingest import ingest_report
 from fleetbench.registry.metrics import FleetCollector, RegistryMetrics
 from tests.factories import (
     ARTICLE_MODEL,
@@ -30,6 +29,7 @@ from tests.factories import (
     make_report,
     post_report,
     running_registry,
+    store_report,
 )
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "fleetbench-dashboard.json"
@@ -266,7 +266,7 @@ def test_fleet_gauges_are_one_query(engine: Engine, session: Session) -> None:
                     table=table,
                     started_at=STARTED + timedelta(days=day),
                 )
-                ingest_report(session, report=report, node_id=node.id)
+                store_report(session, report, node.id)
     session.commit()
 
     statements: list[str] = []
@@ -306,7 +306,7 @@ def test_models_sharing_a_name_give_one_curve_the_latest(engine: Engine, session
         report = report.model_copy(
             update={"model": wire.ModelInfo(name="Foo-Q4_K_M", sha256=digest)}
         )
-        ingest_report(session, report=report, node_id=node.id)
+        store_report(session, report, node.id)
     session.commit()
     assert len(crud.list_models(session)) == 2
 

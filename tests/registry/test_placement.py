@@ -11,10 +11,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fleetbench.registry import crud, placement_rows, tokens
-from fleetbench.registry.ingest import ingest_report
 from fleetbench.registry.models import Node
 from fleetbench.registry.questions.placement import NodeChoice, answer_placement
-from tests.factories import ARTICLE_TABLE, make_report
+from tests.factories import ARTICLE_TABLE, make_report, store_report
 
 RUN = uuid.UUID(int=1)
 WHEN = datetime(2026, 10, 16, tzinfo=UTC)
@@ -96,7 +95,7 @@ def _store(session: Session, **report_fields: object) -> None:
     report = make_report(**report_fields)  # type: ignore[arg-type]
     tokens.create_node_token(session, node_name=report.node, labels={})
     node = session.scalars(select(Node).where(Node.name == report.node)).one()
-    ingest_report(session, report=report, node_id=node.id)
+    store_report(session, report, node.id)
     session.commit()
 
 

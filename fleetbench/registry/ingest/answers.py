@@ -28,7 +28,6 @@ class IngestLimits:
 class Stored:
     run_id: uuid.UUID
     created: bool
-    regressed: bool = False  # a regression is stored for one of its series
 
 
 def check_size(report: wire.RunReport, limits: IngestLimits) -> None:

@@ -23,26 +23,17 @@ from fleetbench.contract.wire import model_name_key
 from fleetbench.registry.ingest.answers import IngestLimits, ReportRefused
 from fleetbench.registry.ingest.statements import MODEL_FACTS, Statements
 from fleetbench.registry.questions.hardware import summarize_hardware
-from fleetbench.registry.series import (
-    OrderKey,
-    RecentSeries,
-    order_key,
-)
 
 
 @dataclass
 class KnownRows:
     """Ids of rows by identity, per database, filled only from committed transactions:
-    engine builds, models and model facts never change once written.
-
-    A transaction also leaves here, by node, its changes before and after and the recent
-    series of the models it stored runs of, for the series cache (registry.series_cache)."""
+    engine builds, models and model facts never change once written."""
 
     builds: dict[str, int] = field(default_factory=dict)
     models: dict[str, int] = field(default_factory=dict)
     # by (model, the facts' values in MODEL_FACTS' order): no digest for facts known already
     facts: dict[tuple[int, tuple[Any, ...]], int] = field(default_factory=dict)
-    series: dict[int, tuple[int, int, dict[int, RecentSeries]]] = field(default_factory=dict)
 
     def learn(self, other: KnownRows) -> None:
         self.builds.update(other.builds)
@@ -96,8 +87,10 @@ class IncomingRun:
         return (self.node_id, self.report.run_id)
 
     @property
-    def order_key(self) -> OrderKey:
-        return order_key(self.report.started_at, self.received_at, self.id)
+    def order_key(self) -> tuple[datetime, datetime, int]:
+        """Where it sorts oldest first (RUN_NEWEST_FIRST reversed): its start, its
+        receipt, then the larger id first."""
+        return (self.report.started_at, self.received_at, -self.id.int)
 
 
 def _get_or_insert(
@@ -341,15 +334,11 @@ def newest_by(runs: Sequence[IncomingRun], key: Any) -> dict[Any, IncomingRun]:
     return newest
 
 
-def count_activity(
-    connection: Connection, sql: Statements, runs: Sequence[IncomingRun]
-) -> dict[int, int]:
-    """Each node's run count, changes and newest run: one upsert, one row per node.
-    Returns each node's changes now (NodeActivity.changes, what registry.series_cache
-    checks)."""
+def count_activity(connection: Connection, sql: Statements, runs: Sequence[IncomingRun]) -> None:
+    """Each node's run count and newest run: one upsert, one row per node."""
     counts = Counter(run.node_id for run in runs)
     if not counts:
-        return {}
+        return
     # A node's last run is its newest offline one: what its health and overview show (a
     # serving sweep of a server that is down says nothing of the node's engine).
     newest = newest_by([r for r in runs if r.report.kind == "offline"], lambda run: run.node_id)
@@ -363,8 +352,6 @@ def count_activity(
                 "last_run_started_at": run.report.started_at if run else None,
                 "last_run_received_at": run.received_at if run else None,
                 "run_count": counts[node_id],
-                "changes": counts[node_id],
             }
         )
-    returned = connection.execute(sql.activity, rows).all()
-    return {int(node_id): int(count) for node_id, count in returned}
+    connection.execute(sql.activity, rows)

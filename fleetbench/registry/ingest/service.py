@@ -4,23 +4,25 @@ the writer's threads in batched transactions (registry.writer)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from fleetbench.contract import wire
+from fleetbench.registry.costs import Steps
 from fleetbench.registry.ingest.answers import IngestLimits, Stored, check_size
 from fleetbench.registry.ingest.batch import ingest_batch
 from fleetbench.registry.ingest.rows import KnownRows
-from fleetbench.registry.series_cache import SeriesCache
 from fleetbench.registry.writer import Batch, Writer
 
 
 class Ingest:
     """Stores reports through the writer (registry.writer): in batches, each batch one
     transaction, on one thread for SQLite and `writers` threads for PostgreSQL.
+    `stored` is told after each commit that stored runs (their series are queued for the
+    regression check), `measured` what each committed batch cost (registry.costs).
 
-    ingest = Ingest(sessions, IngestLimits(), writers=4)
+    ingest = Ingest(sessions, IngestLimits(), writers=4, stored=judge.queued)
     stored = await ingest.submit(report, node_id=7)   # committed when it returns
     ingest.close()
     """
@@ -32,14 +34,18 @@ class Ingest:
         *,
         writers: int = 1,
         batch: int = 32,
+        linger: float = 0.0,
+        stored: Callable[[], None] | None = None,
+        measured: Callable[[Steps], None] | None = None,
     ) -> None:
         self.limits = limits
         self._known = KnownRows()
         self._learning = threading.Lock()
-        self._series = SeriesCache()
+        self._stored = stored
+        self._measured = measured
         threads = 1 if sessions.kw["bind"].dialect.name == "sqlite" else writers
         self._writer: Writer[tuple[wire.RunReport, int], Stored] = Writer(
-            sessions, self._write, threads=threads, batch=batch
+            sessions, self._write, threads=threads, batch=batch, linger=linger
         )
 
     async def submit(self, report: wire.RunReport, *, node_id: int) -> Stored:
@@ -54,23 +60,22 @@ class Ingest:
         self, session: Session, items: Sequence[tuple[wire.RunReport, int]]
     ) -> Batch[Stored]:
         with self._learning:
-            known = KnownRows(dict(self._known.builds), dict(self._known.models))
+            known = KnownRows(
+                dict(self._known.builds), dict(self._known.models), dict(self._known.facts)
+            )
         learned = KnownRows()
+        steps = Steps()
         answers = ingest_batch(
-            session,
-            items,
-            limits=self.limits,
-            known=known,
-            learned=learned,
-            series_cache=self._series,
+            session, items, limits=self.limits, known=known, learned=learned, steps=steps
         )
+        created = any(isinstance(answer, Stored) and answer.created for answer in answers)
 
-        def remember() -> None:
+        def committed() -> None:
             with self._learning:
                 self._known.learn(learned)
-            for node_id, (before, after, models) in learned.series.items():
-                self._series.committed(
-                    node_id, changes_before=before, changes_after=after, models=models
-                )
+            if created and self._stored is not None:
+                self._stored()
+            if self._measured is not None:
+                self._measured(steps)
 
-        return Batch(answers, committed=remember)
+        return Batch(answers, committed=committed, steps=steps)

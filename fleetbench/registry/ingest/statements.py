@@ -132,11 +132,10 @@ def statements_for(dialect: str) -> Statements:
             index_elements=[activity.c.node_id],
             set_={
                 "run_count": activity.c.run_count + run.run_count,
-                "changes": activity.c.changes + run.changes,
                 **{
                     column: case((newer, run[column]), else_=activity.c[column])
                     for column in ("last_run_id", "last_run_started_at", "last_run_received_at")
                 },
             },
-        ).returning(activity.c.node_id, activity.c.changes),
+        ),
     )

@@ -56,8 +56,6 @@ async def ingest_run(
     except ReportRefused as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
     metrics.ingested(report, created=stored.created, seconds=time.perf_counter() - begun)
-    if stored.regressed and request.app.state.notifier is not None:
-        request.app.state.notifier.wake()
     if not stored.created:
         response.status_code = status.HTTP_200_OK
     return RunReceipt(

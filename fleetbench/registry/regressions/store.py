@@ -1,5 +1,5 @@
-"""Regressions in the database: found at ingest in the series a batch of runs touched
-(the decisions are registry.questions.regressions', over rows registry.series reads), listed,
+"""Regressions in the database: what the detector finds in a series stored (the decisions
+are registry.questions.regressions', over rows registry.regressions.series reads), listed,
 and acknowledged. Keyword-only functions like registry.crud: they flush, never commit.
 """
 
@@ -8,11 +8,10 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, bindparam, func, select, tuple_
+from sqlalchemy import ColumnElement, bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
@@ -25,10 +24,9 @@ from fleetbench.registry.questions.regressions import (
     describe_cause,
     find_steps,
 )
-from fleetbench.registry.series import Cell, StepCell, StepMetric, series_of_pairs
+from fleetbench.registry.regressions.series import Cell, StepCell, StepMetric
 
 __all__ = [
-    "NewRuns",
     "acknowledge_regression",
     "get_regression",
     "list_regressions",
@@ -36,55 +34,43 @@ __all__ = [
 ]
 
 
+# The steps stored whose first run is among those read: the ones a judgement can meet,
+# however many steps the pair's whole history holds.
 _STORED_STEPS = select(Regression).where(
-    tuple_(Regression.node_id, Regression.model_id).in_(bindparam("pairs", expanding=True))
+    Regression.first_run_id.in_(bindparam("run_ids", expanding=True))
 )
-
-
-@dataclass
-class NewRuns:
-    """A (node, model)'s runs stored in one batch, and the (PP, TG) cells they measured."""
-
-    run_ids: list[uuid.UUID] = field(default_factory=list)
-    cells: set[tuple[int, int]] = field(default_factory=set)
 
 
 def refresh_regressions(
     session: Session,
-    new_runs: Mapping[tuple[int, int], NewRuns],
-    histories: Mapping[tuple[int, int], Mapping[Cell, Sequence[SeriesRun]]] | None = None,
+    since: Mapping[tuple[int, int], datetime],
+    histories: Mapping[tuple[int, int], Mapping[Cell, Sequence[SeriesRun]]],
     settings: DetectionSettings | None = None,
 ) -> set[tuple[int, int]]:
-    """For each (node, model) of `new_runs`: judges again the candidates of each series its
-    new runs have a value in, from `window` runs before the earliest of them on, with the
-    steps stored before that fixed, and stores what the detector finds now. A step it no
-    longer sees there (an outlier that reverted) is dropped unless someone acknowledged it;
-    steps judged earlier are never touched. Returns the pairs a regression is stored for.
+    """For each (node, model) of `since`: judges again the candidates of each series that
+    has runs started at `since` or later (its new runs), from `window` runs before the
+    earliest of them on, with the steps stored before that fixed, and stores what the
+    detector finds now. A step it no longer sees there (an outlier that reverted) is
+    dropped unless someone acknowledged it; steps judged earlier are never touched. Returns
+    the pairs a regression is stored for.
 
-    `histories`: each pair's series with its new runs in; read from the database (all
-    pairs together, registry.series) when not given. The stored steps: one query."""
+    `histories`: each pair's series, new runs in. The stored steps: one query."""
     settings = settings or DetectionSettings()
-    if histories is None:
-        histories = {
-            pair: recent.as_lists()
-            for pair, recent in series_of_pairs(
-                session, {pair: runs.cells for pair, runs in new_runs.items()}
-            ).items()
-        }
+    run_ids = sorted(
+        {run.run_id for cells in histories.values() for runs in cells.values() for run in runs}
+    )
     stored: dict[tuple[int, int], dict[StepCell, dict[uuid.UUID, Regression]]] = defaultdict(
         lambda: defaultdict(dict)
     )
-    for row in session.scalars(_STORED_STEPS, {"pairs": sorted(new_runs)}):
+    for row in session.scalars(_STORED_STEPS, {"run_ids": run_ids}) if run_ids else ():
         cell = (row.pp, row.tg, row.b, cast(StepMetric, row.metric))
-        if (row.pp, row.tg) in new_runs[(row.node_id, row.model_id)].cells:
-            stored[(row.node_id, row.model_id)][cell][row.first_run_id] = row
+        stored[(row.node_id, row.model_id)][cell][row.first_run_id] = row
     regressed: set[tuple[int, int]] = set()
-    for (node_id, model_id), pair_runs in new_runs.items():
-        new = set(pair_runs.run_ids)
+    for (node_id, model_id), first_new in since.items():
         for (pp, tg, b, metric), runs in _judged(histories.get((node_id, model_id), {})):
             detect = find_knee_shifts if metric == KNEE_METRIC else find_steps
             index = {r.run_id: i for i, r in enumerate(runs)}
-            positions = [i for run_id, i in index.items() if run_id in new]
+            positions = [i for i, r in enumerate(runs) if r.started_at >= first_new]
             if not positions:
                 continue  # no new run has a value in this series (the points failed)
             judge_from = max(1, min(positions) - settings.window + 1)

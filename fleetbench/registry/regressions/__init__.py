@@ -1,0 +1,19 @@
+"""Regressions: did a node get slower, when, by how much, and what changed.
+
+The pipeline, in the order a run goes through it:
+
+- `queue`: ingest queues each (node, model) series it stored successful runs of, in the
+  runs' own transaction (table series_checks);
+- `judge`: each registry process's judge takes the checks that are due, a burst of runs
+  judged once, and for each
+- `series`: reads the series (each PP x TG x B x metric of the node's model over its
+  latest runs, with what each run ran on), also what `GET /v1/series` shows;
+- the detector, pure functions over a series: questions.regressions (steps) and
+  questions.knee_shifts (the knee's moves);
+- `store`: stores what the detector finds, lists and acknowledges regressions.
+"""
+
+from fleetbench.registry.regressions.judge import Judged, RegressionJudge, judge_due
+from fleetbench.registry.regressions.queue import QueuedCheck, queue_checks
+
+__all__ = ["Judged", "QueuedCheck", "RegressionJudge", "judge_due", "queue_checks"]

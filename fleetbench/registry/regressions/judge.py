@@ -1,0 +1,228 @@
+"""The judge: each registry process has one, a thread that takes the series checks that are
+due (registry.regressions.queue), reads their series (registry.regressions.series), judges
+them with questions.regressions' detector, stores what it finds (registry.regressions.store)
+and each latest point's minimum detectable change, and wakes the webhook notifier when a
+regression was stored.
+
+Judging in ingest's transaction cost half of a report's CPU and held the node's rows locked
+while it ran; here it runs apart, once per series however many runs a burst brings, and a
+report's transaction only queues its series.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, sessionmaker
+
+from fleetbench.registry.costs import Steps
+from fleetbench.registry.db import write_transaction
+from fleetbench.registry.models import DetectableChange, table_of
+from fleetbench.registry.questions.regressions import min_detectable_change
+from fleetbench.registry.regressions.queue import Check, claim_due, finish, next_due
+from fleetbench.registry.regressions.series import Series, series_of_pairs, serving_series
+from fleetbench.registry.regressions.store import refresh_regressions
+
+__all__ = ["Judged", "RegressionJudge", "judge_checks", "judge_due"]
+
+log = logging.getLogger("fleetbench.registry.regressions")
+
+# Checks judged in one transaction: enough to read their series in two queries, few enough
+# that SQLite's one writer (ingest's) waits for it only briefly.
+BATCH = 32
+# Longer than a pass over one batch can take: a process that dies mid-judgement leaves its
+# checks to the others when it ends.
+LEASE = timedelta(minutes=5)
+
+
+def judge_checks(
+    session: Session, checks: Sequence[Check], steps: Steps | None = None
+) -> set[tuple[int, int]]:
+    """Judges the checks' series and stores what is found, in the session's transaction;
+    returns the (node, model) pairs a regression is stored for. What each step cost is
+    added to `steps` (registry.costs)."""
+    steps = steps if steps is not None else Steps()
+    offline = {c.pair: c.since for c in checks if c.kind == "offline"}
+    serving = {c.pair: c.since for c in checks if c.kind == "serving"}
+    with steps.step("series") as cost:
+        histories = series_of_pairs(session, offline)
+        served = {
+            (node_id, model_id): serving_series(
+                session, node_id=node_id, model_ids=[model_id], since=since
+            )
+            for (node_id, model_id), since in serving.items()
+        }
+        cost.rows += sum(
+            len(runs)
+            for series in (*histories.values(), *served.values())
+            for runs in series.values()
+        )
+    with steps.step("judge") as cost:
+        regressed = refresh_regressions(session, offline, histories)
+        regressed |= refresh_regressions(session, serving, served)
+        cost.rows += len(checks)
+    with steps.step("detectable") as cost:
+        cost.rows += _record_detectable_changes(session, histories)
+    return regressed
+
+
+def _record_detectable_changes(
+    session: Session, histories: Mapping[tuple[int, int], Series]
+) -> int:
+    """Each S_TG series' minimum detectable change as it stands now: what placement says
+    of a candidate's series. One upsert, in key order (another judge's rows never meet
+    these: a series is judged by one judge at a time); returns its rows."""
+    rows = [
+        {"node_id": node_id, "model_id": model_id, "pp": pp, "tg": tg, "b": b, "change": change}
+        for (node_id, model_id), cells in sorted(histories.items())
+        for (pp, tg, b, metric), runs in sorted(cells.items())
+        if metric == "s_tg" and (change := min_detectable_change(runs)) is not None
+    ]
+    if rows:
+        connection = session.connection()
+        connection.execute(_detectable_upsert(connection.dialect.name), rows)
+    return len(rows)
+
+
+@functools.cache
+def _detectable_upsert(dialect: str) -> Any:
+    insert_for: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    upsert = insert_for(table_of(DetectableChange))
+    return upsert.on_conflict_do_update(
+        index_elements=["node_id", "model_id", "pp", "tg", "b"],
+        set_={"change": upsert.excluded.change},
+    )
+
+
+@dataclass
+class Judged:
+    """What passes of the judge did: checks judged, the pairs regressions were stored for,
+    and when the next check no process holds falls due."""
+
+    checks: int = 0
+    regressed: set[tuple[int, int]] = field(default_factory=set)
+    next_due: datetime | None = None
+
+
+def judge_due(
+    sessions: sessionmaker[Session],
+    *,
+    delay: timedelta = timedelta(0),
+    batch: int = BATCH,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    steps: Steps | None = None,
+) -> Judged:
+    """Judges every check due now, `batch` at a time, each batch claimed, judged and
+    finished in transactions of its own; a batch whose judgement fails keeps its lease
+    (another pass takes it when it ends) and the error is raised. What each step cost is
+    added to `steps` (registry.costs)."""
+    steps = steps if steps is not None else Steps()
+    judged = Judged()
+    while True:
+        with steps.step("claim"), sessions() as session, write_transaction(session):
+            checks = claim_due(session, now=now(), delay=delay, lease=LEASE, limit=batch)
+            session.commit()
+        if not checks:
+            break
+        with sessions() as session, write_transaction(session):
+            judged.regressed |= judge_checks(session, checks, steps)
+            with steps.step("finish"):
+                finish(session, checks, now=now())
+                session.commit()
+        judged.checks += len(checks)
+    with sessions() as session:
+        judged.next_due = next_due(session, now=now(), delay=delay)
+    return judged
+
+
+class RegressionJudge:
+    """The thread that judges this process's queued checks when they fall due, and every
+    `poll_s` seconds the checks other processes left (a process that stopped, a lease that
+    ended).
+
+    judge = RegressionJudge(
+        sessions, delay_s=10, regressed=notifier.wake, measured=metrics.judge_steps
+    )
+    judge.start()
+    judge.queued()   # ingest queued checks: they fall due in delay_s
+    judge.stop()
+    """
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        delay_s: float,
+        regressed: Callable[[], None] | None = None,
+        measured: Callable[[Steps], None] | None = None,
+        poll_s: float = 30.0,
+    ) -> None:
+        self.sessions = sessions
+        self.delay = timedelta(seconds=delay_s)
+        self.poll_s = poll_s
+        self._regressed = regressed
+        self._measured = measured
+        self._due_at: float | None = None  # monotonic; None: nothing known to be queued
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="regression-judge", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def queued(self) -> None:
+        """Checks were queued just now: they fall due `delay_s` from now."""
+        due = time.monotonic() + self.delay.total_seconds()
+        with self._lock:
+            if self._due_at is not None and self._due_at <= due:
+                return
+            self._due_at = due
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            wait = self.poll_s
+            with self._lock:
+                due_at = self._due_at
+            if due_at is None or due_at <= time.monotonic():
+                wait = self._pass()
+            else:
+                wait = min(wait, due_at - time.monotonic())
+            self._wake.wait(max(0.0, wait))
+
+    def _pass(self) -> float:
+        """Judges what is due; returns how long to sleep before the next pass."""
+        with self._lock:
+            self._due_at = None
+        steps = Steps()
+        try:
+            judged = judge_due(self.sessions, delay=self.delay, steps=steps)
+        except Exception:  # the database may be down: keep the thread, try again later
+            log.exception("judging the queued series checks failed")
+            return self.poll_s
+        finally:
+            if self._measured is not None:
+                self._measured(steps)
+        if judged.regressed and self._regressed is not None:
+            self._regressed()
+        if judged.next_due is None:
+            return self.poll_s
+        until = (judged.next_due - datetime.now(UTC)).total_seconds()
+        return min(self.poll_s, max(0.0, until))
