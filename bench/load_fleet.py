@@ -183,7 +183,7 @@ def seed_history(url: str, history: int) -> None:
     clone_runs = text(_clone_statement(engine, "runs", "id"))
     clone_points = text(_clone_statement(engine, "run_points", "run_id"))
     with engine.connect() as connection:
-        seeds = connection.execute(text("SELECT id, node_id FROM runs ORDER BY node_id")).all()
+        seeds = connection.execute(select(Run.id, Run.node_id).order_by(Run.node_id)).all()
     began = time.monotonic()
     for done, (run_id, node_id) in enumerate(seeds, start=1):
         params = {"run_id": run_id if engine.dialect.name == "postgresql" else run_id.hex}

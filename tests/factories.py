@@ -48,7 +48,7 @@ class LiveRegistry:
 
     def token(self, node: str, **labels: str) -> str:
         """A new node token's secret (the node made if new, with these labels)."""
-        with session_factory(self.engine)() as session:
+        with session_factory(self.engine)() as session, write_transaction(session):
             token = tokens.create_node_token(session, node_name=node, labels=labels)
             session.commit()
         return token
@@ -57,7 +57,7 @@ class LiveRegistry:
         self, scope: tokens.Scope, name: str | None = None, expires_at: datetime | None = None
     ) -> str:
         """A new reader or admin token's secret."""
-        with session_factory(self.engine)() as session:
+        with session_factory(self.engine)() as session, write_transaction(session):
             _, secret = tokens.create_token(session, scope=scope, name=name, expires_at=expires_at)
             session.commit()
         return secret

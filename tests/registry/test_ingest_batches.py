@@ -183,6 +183,37 @@ def test_a_batch_that_fails_stores_its_other_reports_alone(engine: Engine) -> No
         assert connection.execute(text("SELECT count(*) FROM runs")).scalar() == 4
 
 
+def test_reports_that_come_within_the_linger_share_a_transaction(engine: Engine) -> None:
+    sessions = session_factory(engine)
+    with sessions() as session:
+        node = _node(session)
+        session.commit()
+    batches: list[int] = []
+
+    async def submit_in_turn(linger: float) -> None:
+        ingest = Ingest(
+            sessions,
+            IngestLimits(),
+            linger=linger,
+            measured=lambda steps: batches.append(int(steps.costs["digest"].rows)),
+        )
+        try:
+            tasks = []
+            for hour in range(3):
+                report = make_report(started_at=DAY0 + timedelta(days=linger, hours=hour))
+                tasks.append(asyncio.ensure_future(ingest.submit(report, node_id=node)))
+                await asyncio.sleep(0.05)
+            assert all(stored.created for stored in await asyncio.gather(*tasks))
+        finally:
+            ingest.close()
+
+    asyncio.run(submit_in_turn(0.0))
+    assert batches == [1, 1, 1]  # each alone: 50 ms apart
+    batches.clear()
+    asyncio.run(submit_in_turn(1.0))
+    assert batches == [3]
+
+
 def _history(seed: int) -> list[wire.RunReport]:
     """Forty days of one node: two models, a slower build from day 20, a build back to
     normal on day 30, wobble, a failed point now and then, and some runs arriving late."""

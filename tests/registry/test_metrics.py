@@ -170,6 +170,45 @@ def test_ingest_counters_count_every_report_once(live_registry: LiveRegistry) ->
     assert live_registry.count("runs") == 2
 
 
+def test_each_step_of_ingest_and_of_the_judge_says_what_it_cost(
+    live_registry: LiveRegistry,
+) -> None:
+    """What a report costs, step by step: the CPU of the thread, the statements it sent
+    (one of each for the whole batch: the points go in one statement) and the rows."""
+    token = live_registry.token("m4pro")
+    with live_registry.client(token) as client:
+        assert post_report(client, make_report()).status_code == 201  # judged on return
+        samples = scrape(client)
+
+    def step(work: str, figure: str) -> dict[str, float]:
+        found = series(samples, f"fleetbench_{work}_step_{figure}_total", "step")
+        return {name: value for (name,), value in found.items()}
+
+    ingest_rows, ingest_statements = step("ingest", "rows"), step("ingest", "statements")
+    assert list(ingest_rows) == [
+        "digest",
+        "lookup",
+        "fingerprints",
+        "runs",
+        "activity",
+        "latest",
+        "queue",
+        "commit",
+    ]
+    # the run and its 6 points; the latest run and its 6 points; one check queued
+    assert (ingest_rows["runs"], ingest_rows["latest"], ingest_rows["queue"]) == (7, 7, 1)
+    # PostgreSQL: the run ids taken, the run, its points; the latest run, its old points
+    # out, the new in. SQLite runs each row of an executemany as a statement.
+    per_point = 1 if live_registry.engine.dialect.name == "postgresql" else 6
+    assert ingest_statements["runs"] == 2 + per_point
+    assert ingest_statements["latest"] == 2 + per_point
+    assert 0 < sum(step("ingest", "cpu_seconds").values()) < 5
+    judge_rows = step("judge", "rows")
+    assert judge_rows["series"] == 12  # one run's S_TG and S_PP at 6 concurrencies
+    assert judge_rows["judge"] == 1  # one check
+    assert step("judge", "cpu_seconds")["judge"] > 0
+
+
 def test_rejected_oversized_report_is_counted(database_url: str) -> None:
     settings = RegistrySettings(database_url=database_url, max_report_bytes=2048)
     with running_registry(settings) as registry, registry.client(registry.token("m4pro")) as c:

@@ -154,3 +154,14 @@ def test_serve_speaks_https_with_a_certificate(tmp_path: Path, database_url: str
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_postgresql_connections_never_compile_queries(postgres_database_url: str) -> None:
+    """JIT off on every connection of the pool: a query whose estimated cost passes
+    jit_above_cost would otherwise spend tens of ms of CPU compiling (bench/load.py)."""
+    engine = create_db_engine(postgres_database_url, pool_size=2)
+    try:
+        with engine.connect() as one, engine.connect() as two:
+            assert [c.exec_driver_sql("SHOW jit").scalar() for c in (one, two)] == ["off"] * 2
+    finally:
+        engine.dispose()

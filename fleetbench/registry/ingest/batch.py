@@ -44,7 +44,7 @@ from fleetbench.registry.latest import (
     record_latest,
     record_latest_serving,
 )
-from fleetbench.registry.regressions.queue import CheckKind, QueuedCheck, queue_checks
+from fleetbench.registry.regressions.queue import Check, CheckKind, queue_checks
 
 
 def _now() -> datetime:
@@ -244,7 +244,7 @@ def _record_latest_serving(connection: Connection, runs: Sequence[IncomingRun]) 
     return len(newest)
 
 
-def _checks(runs: Sequence[IncomingRun]) -> list[QueuedCheck]:
+def _checks(runs: Sequence[IncomingRun]) -> list[Check]:
     """The series the batch's successful runs join, each from its earliest run's start."""
     since: dict[tuple[int, int, CheckKind], datetime] = {}
     for run in runs:
@@ -257,4 +257,4 @@ def _checks(runs: Sequence[IncomingRun]) -> list[QueuedCheck]:
             continue
         key = (run.node_id, run.model_id, kind)
         since[key] = min(since.get(key, run.report.started_at), run.report.started_at)
-    return [QueuedCheck(*key, started) for key, started in since.items()]
+    return [Check(*key, started) for key, started in since.items()]

@@ -14,6 +14,5 @@ The pipeline, in the order a run goes through it:
 """
 
 from fleetbench.registry.regressions.judge import Judged, RegressionJudge, judge_due
-from fleetbench.registry.regressions.queue import QueuedCheck, queue_checks
 
-__all__ = ["Judged", "QueuedCheck", "RegressionJudge", "judge_due", "queue_checks"]
+__all__ = ["Judged", "RegressionJudge", "judge_due"]

@@ -123,23 +123,28 @@ def judge_due(
     """Judges every check due now, `batch` at a time, each batch claimed, judged and
     finished in transactions of its own; a batch whose judgement fails keeps its lease
     (another pass takes it when it ends) and the error is raised. What each step cost is
-    added to `steps` (registry.costs)."""
+    added to `steps` (registry.costs). Whether a check is due is read first: a pass that
+    finds none never takes SQLite's write lock."""
     steps = steps if steps is not None else Steps()
     judged = Judged()
     while True:
-        with steps.step("claim"), sessions() as session, write_transaction(session):
-            checks = claim_due(session, now=now(), delay=delay, lease=LEASE, limit=batch)
-            session.commit()
-        if not checks:
-            break
+        with steps.step("claim"):
+            moment = now()
+            with sessions() as session:
+                judged.next_due = next_due(session, now=moment, delay=delay)
+            if judged.next_due is None or judged.next_due > moment:
+                break
+            with sessions() as session, write_transaction(session):
+                checks = claim_due(session, now=moment, delay=delay, lease=LEASE, limit=batch)
+                session.commit()
+        if not checks:  # taken by another process meanwhile
+            continue
         with sessions() as session, write_transaction(session):
             judged.regressed |= judge_checks(session, checks, steps)
             with steps.step("finish"):
                 finish(session, checks, now=now())
                 session.commit()
         judged.checks += len(checks)
-    with sessions() as session:
-        judged.next_due = next_due(session, now=now(), delay=delay)
     return judged
 
 

@@ -25,24 +25,15 @@ from sqlalchemy.orm import Session
 
 from fleetbench.registry.models import SeriesCheck, table_of
 
-__all__ = ["Check", "CheckKind", "QueuedCheck", "claim_due", "finish", "next_due", "queue_checks"]
+__all__ = ["Check", "CheckKind", "claim_due", "finish", "next_due", "queue_checks"]
 
 CheckKind = Literal["offline", "serving"]
 
 
 @dataclass(frozen=True)
-class QueuedCheck:
-    """What one ingest queues: a series of a node's model has runs from `since` on."""
-
-    node_id: int
-    model_id: int
-    kind: CheckKind
-    since: datetime
-
-
-@dataclass(frozen=True)
 class Check:
-    """A claimed check: judge the series' runs started at `since` or later."""
+    """A node's model's series of a kind has runs to judge, those started at `since` or
+    later: what ingest queues, and what a judge claims."""
 
     node_id: int
     model_id: int
@@ -71,7 +62,7 @@ def _queue_statement(dialect: str) -> Any:
     )
 
 
-def queue_checks(connection: Connection, checks: Sequence[QueuedCheck], *, now: datetime) -> None:
+def queue_checks(connection: Connection, checks: Sequence[Check], *, now: datetime) -> None:
     """Queues the checks (one per node, model and kind), in the caller's transaction; in
     key order, as ingest locks its other rows, so concurrent batches never deadlock."""
     if not checks:
