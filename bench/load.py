@@ -184,7 +184,7 @@ async def write(
     due = time.monotonic() + (rng.uniform(0, interval) if interval else 0.0)
     while time.monotonic() < deadline:
         if interval:  # a steady pace; late when the registry is slow, never bunched up
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            await asyncio.sleep(max(0.0, min(due, deadline) - time.monotonic()))
             due = max(due + interval, time.monotonic())
             if time.monotonic() >= deadline:
                 break

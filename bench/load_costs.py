@@ -89,7 +89,8 @@ def sample_costs(registry_pid: int, base_url: str, *, postgres: bool) -> CostSam
 
 def _used(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds between two samples, counting processes started in between from 0
-    (PostgreSQL starts a backend per connection)."""
+    (PostgreSQL starts a backend per connection); one that exited in between is not
+    counted, so the registry's pool keeps its connections for the whole load."""
     return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 

@@ -201,7 +201,7 @@ def seed_history(url: str, history: int) -> None:
             flush=True,
         )
     print()
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+    with engine.begin() as connection:  # the planner's statistics, as after years of use
         connection.exec_driver_sql("ANALYZE")
     engine.dispose()
 

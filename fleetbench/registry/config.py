@@ -91,12 +91,12 @@ class RegistrySettings(BaseSettings):
         "(SQLite: always 1); more rarely help: they share the process's GIL with the reads",
     )
     writer_linger_ms: float = Field(
-        default=10,
+        default=25,
         ge=0,
         le=1000,
         description="how long a writer thread waits for more reports to store in the same "
-        "transaction as the first: a batch costs about one report more, so a few ms of "
-        "latency halve the CPU per report at a few hundred a second",
+        "transaction as the first: the fixed cost of a transaction is shared by all of "
+        "them, for that much latency",
     )
     max_queued: int = Field(
         default=64, ge=0, le=100_000, description="requests per kind that may wait their turn"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, event
+from sqlalchemy.engine.interfaces import ExecuteStyle
 
 __all__ = ["StepCost", "Steps", "count_statements"]
 
@@ -30,11 +31,15 @@ def _statements_sent() -> int:
 
 
 def _count(
-    _conn: Any, _cursor: Any, _statement: str, parameters: Any, _context: Any, executemany: bool
+    _conn: Any, _cursor: Any, _statement: str, parameters: Any, context: Any, executemany: bool
 ) -> None:
-    # An executemany's parameters are a list of sets; a multi-row VALUES statement
-    # (SQLAlchemy's "insertmanyvalues") has one set holding every row's.
-    many = executemany and isinstance(parameters, list | tuple)
+    # An executemany's parameters are a list of sets, one statement each; a batch of
+    # SQLAlchemy's multi-row VALUES ("insertmanyvalues") is one statement, whatever it holds.
+    many = (
+        executemany
+        and isinstance(parameters, list | tuple)
+        and getattr(context, "execute_style", None) is not ExecuteStyle.INSERTMANYVALUES
+    )
     _sent.statements = _statements_sent() + (len(parameters) if many else 1)
 
 

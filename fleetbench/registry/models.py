@@ -365,9 +365,9 @@ class FailedPoint(Base):
 
 
 class Regression(Base):
-    """A lasting step in one series (node x model x PP x TG x B x metric), found at ingest
-    by registry.questions.regressions; `first_run_id` is the first run after the step.
-    `notified_at` NULL with a webhook configured: not yet delivered (the outbox)."""
+    """A lasting step in one series (node x model x PP x TG x B x metric), found by the
+    regression judge (registry.regressions); `first_run_id` is the first run after the
+    step. `notified_at` NULL with a webhook configured: not yet delivered (the outbox)."""
 
     __tablename__ = "regressions"
     __table_args__ = (

@@ -60,7 +60,7 @@ class _Job(Generic[Item, Result]):
 
 class Writer(Generic[Item, Result]):
     """
-    writer = Writer(sessions, write, threads=4, batch=32, linger=0.01)
+    writer = Writer(sessions, write, threads=4, batch=32, linger=0.025)
     result = await writer.submit(item)   # write(session, [item, ...]) in a committed batch
     writer.close()
 

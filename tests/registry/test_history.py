@@ -1,4 +1,4 @@
-"""Regressions stored at ingest over a long history, straight through the storage layer."""
+"""Regressions stored by the judge over a long history, straight through the storage layer."""
 
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -16,7 +18,8 @@ from fleetbench.registry.db import session_factory, write_transaction
 from fleetbench.registry.ingest import ingest_batch
 from fleetbench.registry.models import DetectableChange, Regression, SeriesCheck
 from fleetbench.registry.regressions import RegressionJudge, judge_due
-from fleetbench.registry.regressions.judge import LEASE
+from fleetbench.registry.regressions import judge as judge_module
+from fleetbench.registry.regressions.judge import LEASE, judge_next_batch
 from fleetbench.registry.regressions.queue import claim_due, finish
 from tests.factories import DAY0, make_report, scaled
 
@@ -80,7 +83,7 @@ def test_runs_stored_while_a_check_is_judged_are_judged_after(engine: Engine) ->
     _store(sessions, node, range(3))
     now = datetime.now(UTC)
     with sessions() as session, write_transaction(session):
-        [claimed] = claim_due(session, now=now, delay=timedelta(0), lease=LEASE, limit=10)
+        [claimed] = claim_due(session, now=now, delay=timedelta(0), until=now + LEASE, limit=10)
         session.commit()
     assert claimed.since == DAY0
     # A judge that comes now finds nothing: the check is leased.
@@ -88,7 +91,7 @@ def test_runs_stored_while_a_check_is_judged_are_judged_after(engine: Engine) ->
 
     _store(sessions, node, range(3, 4))  # arrives while the claimed check is judged
     with sessions() as session, write_transaction(session):
-        finish(session, [claimed], now=now)
+        finish(session, [claimed], until=now + LEASE, now=now)
         session.commit()
     [again] = _checks(sessions)
     assert (again.since, again.claimed_until, again.queued_at) == (
@@ -107,16 +110,52 @@ def test_a_check_whose_judge_stopped_is_taken_back_with_its_runs(engine: Engine)
     _store(sessions, node, range(4))
     now = datetime.now(UTC)
     with sessions() as session, write_transaction(session):
-        claim_due(session, now=now, delay=timedelta(0), lease=LEASE, limit=10)
+        claim_due(session, now=now, delay=timedelta(0), until=now + LEASE, limit=10)
         session.commit()  # ... and its judge stopped before it judged
     _store(sessions, node, range(4, 6))
 
     assert judge_due(sessions, now=lambda: now + LEASE / 2).checks == 0  # still leased
     later = now + LEASE + timedelta(seconds=1)
     with sessions() as session, write_transaction(session):
-        [taken] = claim_due(session, now=later, delay=timedelta(0), lease=LEASE, limit=10)
+        [taken] = claim_due(session, now=later, delay=timedelta(0), until=later + LEASE, limit=10)
         session.commit()
     assert taken.since == DAY0  # the stopped judge's runs and those queued since
+
+    # The stopped judge comes back: the check is no longer its to finish.
+    with sessions() as session, write_transaction(session):
+        finish(session, [taken], until=now + LEASE, now=later)
+        session.commit()
+    [held] = _checks(sessions)
+    assert held.claimed_until == later + LEASE
+    with sessions() as session, write_transaction(session):
+        finish(session, [taken], until=later + LEASE, now=later)
+        session.commit()
+    assert _checks(sessions) == []
+
+
+def test_a_series_that_cannot_be_judged_holds_up_no_other(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sessions = session_factory(engine)
+    with sessions() as session:
+        good, bad = _node(session, "good"), _node(session, "bad")
+    _store(sessions, good, range(5))
+    _store(sessions, good, range(5, 8), factor=0.8)
+    _store(sessions, bad, range(3))
+    refresh = judge_module.refresh_regressions
+
+    def failing_for_bad(session: Session, since: Any, histories: Any) -> set[tuple[int, int]]:
+        if any(node == bad for node, _ in since):
+            raise RuntimeError("a series the detector cannot judge")
+        return refresh(session, since, histories)
+
+    monkeypatch.setattr(judge_module, "refresh_regressions", failing_for_bad)
+    now = datetime.now(UTC)
+    judged = judge_next_batch(sessions, now=lambda: now)
+    assert (judged.checks, judged.regressed) == (2, {(good, 1)})
+    [left] = _checks(sessions)  # the bad one, under its lease until it ends
+    assert (left.node_id, left.claimed_until) == (bad, now + LEASE)
+    assert judge_due(sessions, now=lambda: now).checks == 0
 
 
 def test_a_judge_wakes_when_checks_fall_due_and_says_when_it_found_a_regression(
@@ -157,9 +196,9 @@ def test_two_judges_never_take_the_same_check(postgres_database_url: str) -> Non
         _store(sessions, second, range(2))
         now = datetime.now(UTC)
         with sessions() as one, write_transaction(one):
-            mine = claim_due(one, now=now, delay=timedelta(0), lease=LEASE, limit=1)
+            mine = claim_due(one, now=now, delay=timedelta(0), until=now + LEASE, limit=1)
             with sessions() as other, write_transaction(other):
-                theirs = claim_due(other, now=now, delay=timedelta(0), lease=LEASE, limit=10)
+                theirs = claim_due(other, now=now, delay=timedelta(0), until=now + LEASE, limit=10)
                 other.commit()
             one.commit()
         assert len(mine) == len(theirs) == 1

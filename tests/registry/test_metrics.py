@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -178,7 +179,12 @@ def test_each_step_of_ingest_and_of_the_judge_says_what_it_cost(
     token = live_registry.token("m4pro")
     with live_registry.client(token) as client:
         assert post_report(client, make_report()).status_code == 201  # judged on return
-        samples = scrape(client)
+        # The judge says what a batch cost just after its commit, which the client's wait
+        # for the judgement may see first.
+        deadline = time.monotonic() + 10
+        while not series(samples := scrape(client), "fleetbench_judge_step_rows_total", "step"):
+            assert time.monotonic() < deadline, "the judge's costs never showed in /metrics"
+            time.sleep(0.05)
 
     def step(work: str, figure: str) -> dict[str, float]:
         found = series(samples, f"fleetbench_{work}_step_{figure}_total", "step")

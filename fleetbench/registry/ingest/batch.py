@@ -78,7 +78,7 @@ def ingest_batch(
         cost.rows += len(items)
     connection = session.connection()
     sql = statements_for(connection.dialect.name)
-    with steps.step("lookup") as cost:
+    with steps.step("lookup"):
         for run, retry in _stored_already(connection, sql, runs):
             answers[run.index] = retry
         runs = [run for run in runs if answers[run.index] is None]

@@ -97,6 +97,9 @@ class DetectionSettings:
     confirm_known: int = 2  # runs after a known change needed to accept a step there
     confirm_unknown: int = 3  # runs after a change nothing explains
     noise_floor: float = 0.01  # below this a run-to-run spread is a lucky estimate
+    # Runs the noise is estimated over, ending at a candidate's window: the same whether its
+    # runs came one by one or in a burst (every judgement reads at least this many).
+    noise_runs: int = 25
 
 
 @dataclass(frozen=True)
@@ -132,9 +135,9 @@ def find_steps(
     then) mark where segments start and nothing is tested again, so a verdict never changes
     because older runs dropped out of view. Steps are returned from `judge_from` on.
 
-    This runs for every series of every report at ingest, so what is needed once per series
-    (which runs follow a known change, the changes between successive runs) is computed
-    once, and only from where it is used."""
+    This runs for every series of every burst of runs a node reports, so what is needed
+    once per series (which runs follow a known change, the changes between successive
+    runs) is computed once, and only from where it is used."""
     s = settings or DetectionSettings()
     frozen = set(known_steps)
     first = max(1, judge_from)
@@ -226,21 +229,27 @@ def _series_noise(
     boundaries: set[int],
     s: DetectionSettings,
 ) -> float:
-    """Relative run-to-run standard deviation over `runs[:end]`, from the changes between
+    """Relative run-to-run standard deviation over the `noise_runs` runs ending at `end`
+    (exclusive), from the changes between
     successive runs (`moves`, from _log_moves), leaving out those across `boundaries` (the
     steps found and the one tested). Residuals around fitted segments would shrink it
     exactly where a step is tested; successive differences do not depend on where the
     segments are cut. The larger of a MAD-based and a mean-based estimate (the MAD alone
     misses the second mode of a machine that flips between two speeds); never below the
     points' own repeat spread nor `noise_floor`."""
-    steps = [move for j in range(1, end) if j not in boundaries and (move := moves[j]) is not None]
+    start = max(0, end - s.noise_runs)
+    steps = [
+        move
+        for j in range(start + 1, end)
+        if j not in boundaries and (move := moves[j]) is not None
+    ]
     spread = 0.0
     if steps:
         spread = max(
             statistics.median(steps) * _MEDIAN_DIFF_TO_SIGMA,
             statistics.fmean(steps) * _MEAN_DIFF_TO_SIGMA,
         )
-    repeats = [r.repeat_noise for r in runs[:end] if r.repeat_noise is not None]
+    repeats = [r.repeat_noise for r in runs[start:end] if r.repeat_noise is not None]
     repeat = statistics.median(repeats) if repeats else 0.0
     return max(spread, repeat, s.noise_floor)
 

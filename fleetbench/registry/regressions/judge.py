@@ -28,10 +28,15 @@ from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import DetectableChange, table_of
 from fleetbench.registry.questions.regressions import min_detectable_change
 from fleetbench.registry.regressions.queue import Check, claim_due, finish, next_due
-from fleetbench.registry.regressions.series import Series, series_of_pairs, serving_series
+from fleetbench.registry.regressions.series import (
+    HISTORY_RUNS,
+    Series,
+    series_of_pairs,
+    serving_series,
+)
 from fleetbench.registry.regressions.store import refresh_regressions
 
-__all__ = ["Judged", "RegressionJudge", "judge_checks", "judge_due"]
+__all__ = ["Judged", "RegressionJudge", "judge_checks", "judge_due", "judge_next_batch"]
 
 log = logging.getLogger("fleetbench.registry.regressions")
 
@@ -41,6 +46,9 @@ BATCH = 32
 # Longer than a pass over one batch can take: a process that dies mid-judgement leaves its
 # checks to the others when it ends.
 LEASE = timedelta(minutes=5)
+# How soon to look again when the due checks were taken by another process between the read
+# and the claim: they are that process's now, and the next are due soon.
+RETRY = timedelta(seconds=1)
 
 
 def judge_checks(
@@ -77,14 +85,15 @@ def judge_checks(
 def _record_detectable_changes(
     session: Session, histories: Mapping[tuple[int, int], Series]
 ) -> int:
-    """Each S_TG series' minimum detectable change as it stands now: what placement says
-    of a candidate's series. One upsert, in key order (another judge's rows never meet
-    these: a series is judged by one judge at a time); returns its rows."""
+    """Each S_TG series' minimum detectable change as it stands now, over its latest
+    HISTORY_RUNS (as GET /v1/series tells it): what placement says of a candidate's
+    series. One upsert, in key order (another judge's rows never meet these: a series is
+    judged by one judge at a time); returns its rows."""
     rows = [
         {"node_id": node_id, "model_id": model_id, "pp": pp, "tg": tg, "b": b, "change": change}
         for (node_id, model_id), cells in sorted(histories.items())
         for (pp, tg, b, metric), runs in sorted(cells.items())
-        if metric == "s_tg" and (change := min_detectable_change(runs)) is not None
+        if metric == "s_tg" and (change := min_detectable_change(runs[-HISTORY_RUNS:])) is not None
     ]
     if rows:
         connection = session.connection()
@@ -104,15 +113,15 @@ def _detectable_upsert(dialect: str) -> Any:
 
 @dataclass
 class Judged:
-    """What passes of the judge did: checks judged, the pairs regressions were stored for,
-    and when the next check no process holds falls due."""
+    """What a judge did: checks judged, the pairs regressions were stored for, and when the
+    next check no process holds falls due (None: none is queued)."""
 
     checks: int = 0
     regressed: set[tuple[int, int]] = field(default_factory=set)
     next_due: datetime | None = None
 
 
-def judge_due(
+def judge_next_batch(
     sessions: sessionmaker[Session],
     *,
     delay: timedelta = timedelta(0),
@@ -120,32 +129,71 @@ def judge_due(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     steps: Steps | None = None,
 ) -> Judged:
-    """Judges every check due now, `batch` at a time, each batch claimed, judged and
-    finished in transactions of its own; a batch whose judgement fails keeps its lease
-    (another pass takes it when it ends) and the error is raised. What each step cost is
-    added to `steps` (registry.costs). Whether a check is due is read first: a pass that
-    finds none never takes SQLite's write lock."""
+    """Claims up to `batch` due checks, judges them and finishes them, each in a
+    transaction of its own. Whether a check is due is read first: when none is, SQLite's
+    write lock is never taken and `next_due` says when one will be. A batch whose
+    judgement fails is judged again check by check, so one series that cannot be judged
+    holds up no other; a check that fails alone keeps its lease (a later pass takes it
+    when the lease ends) and, alone, its error is raised. What each step cost is added to
+    `steps` (registry.costs)."""
     steps = steps if steps is not None else Steps()
+    with steps.step("claim"):
+        moment = now()
+        with sessions() as session:
+            due = next_due(session, now=moment, delay=delay)
+        if due is None or due > moment:
+            return Judged(next_due=due)
+        until = moment + LEASE
+        with sessions() as session, write_transaction(session):
+            checks = claim_due(session, now=moment, delay=delay, until=until, limit=batch)
+            session.commit()
+    if not checks:  # another process took them between the two reads
+        return Judged(next_due=moment + RETRY)
+    judged = Judged(checks=len(checks), next_due=moment)
+    try:
+        judged.regressed = _judge_and_finish(sessions, checks, until, now, steps)
+    except Exception:
+        if len(checks) == 1:
+            raise
+        log.exception("judging %d series checks together failed: judging each alone", len(checks))
+        for check in checks:
+            try:
+                judged.regressed |= _judge_and_finish(sessions, [check], until, now, steps)
+            except Exception:
+                log.exception("judging %s failed: tried again when its lease ends", check)
+    return judged
+
+
+def _judge_and_finish(
+    sessions: sessionmaker[Session],
+    checks: Sequence[Check],
+    until: datetime,
+    now: Callable[[], datetime],
+    steps: Steps,
+) -> set[tuple[int, int]]:
+    with sessions() as session, write_transaction(session):
+        regressed = judge_checks(session, checks, steps)
+        with steps.step("finish"):
+            finish(session, checks, until=until, now=now())
+            session.commit()
+    return regressed
+
+
+def judge_due(
+    sessions: sessionmaker[Session],
+    *,
+    delay: timedelta = timedelta(0),
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Judged:
+    """Judges every check due now, batch after batch (judge_next_batch), until none is."""
     judged = Judged()
     while True:
-        with steps.step("claim"):
-            moment = now()
-            with sessions() as session:
-                judged.next_due = next_due(session, now=moment, delay=delay)
-            if judged.next_due is None or judged.next_due > moment:
-                break
-            with sessions() as session, write_transaction(session):
-                checks = claim_due(session, now=moment, delay=delay, lease=LEASE, limit=batch)
-                session.commit()
-        if not checks:  # taken by another process meanwhile
-            continue
-        with sessions() as session, write_transaction(session):
-            judged.regressed |= judge_checks(session, checks, steps)
-            with steps.step("finish"):
-                finish(session, checks, now=now())
-                session.commit()
-        judged.checks += len(checks)
-    return judged
+        batch = judge_next_batch(sessions, delay=delay, now=now)
+        judged.checks += batch.checks
+        judged.regressed |= batch.regressed
+        judged.next_due = batch.next_due
+        if not batch.checks:
+            return judged
 
 
 class RegressionJudge:
@@ -213,20 +261,25 @@ class RegressionJudge:
             self._wake.wait(max(0.0, wait))
 
     def _pass(self) -> float:
-        """Judges what is due; returns how long to sleep before the next pass."""
+        """Judges what is due, batch after batch, saying what each cost and waking the
+        notifier after each; returns how long to sleep before the next pass."""
         with self._lock:
             self._due_at = None
-        steps = Steps()
-        try:
-            judged = judge_due(self.sessions, delay=self.delay, steps=steps)
-        except Exception:  # the database may be down: keep the thread, try again later
-            log.exception("judging the queued series checks failed")
-            return self.poll_s
-        finally:
-            if self._measured is not None:
-                self._measured(steps)
-        if judged.regressed and self._regressed is not None:
-            self._regressed()
+        judged = Judged()
+        while not self._stop.is_set():
+            steps = Steps()
+            try:
+                judged = judge_next_batch(self.sessions, delay=self.delay, steps=steps)
+            except Exception:  # the database may be down: keep the thread, try again later
+                log.exception("judging the queued series checks failed")
+                return self.poll_s
+            finally:
+                if self._measured is not None:
+                    self._measured(steps)
+            if judged.regressed and self._regressed is not None:
+                self._regressed()
+            if not judged.checks:
+                break
         if judged.next_due is None:
             return self.poll_s
         until = (judged.next_due - datetime.now(UTC)).total_seconds()

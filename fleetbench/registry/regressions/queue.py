@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Connection, delete, func, or_, select, tuple_, update
+from sqlalchemy import Connection, and_, delete, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -88,13 +88,12 @@ def _free(now: datetime) -> Any:
 
 
 def claim_due(
-    session: Session, *, now: datetime, delay: timedelta, lease: timedelta, limit: int
+    session: Session, *, now: datetime, delay: timedelta, until: datetime, limit: int
 ) -> list[Check]:
-    """Up to `limit` due checks, oldest first, leased to the caller until `now + lease`
-    with their runs (in the session's write transaction; the caller commits). A check
-    whose lease ended without a judgement brings that judgement's runs too. Checks another
-    process holds are skipped, not waited for (PostgreSQL's SKIP LOCKED; SQLite has one
-    writer)."""
+    """Up to `limit` due checks, oldest first, leased to the caller `until` then with their
+    runs (in the session's write transaction; the caller commits). A check whose lease
+    ended without a judgement brings that judgement's runs too. Checks another process
+    holds are skipped, not waited for (PostgreSQL's SKIP LOCKED; SQLite has one writer)."""
     rows = session.execute(
         select(*_KEYS, SeriesCheck.since, SeriesCheck.claimed_since)
         .where(SeriesCheck.queued_at <= now - delay, _free(now))
@@ -119,7 +118,7 @@ def claim_due(
                     "node_id": c.node_id,
                     "model_id": c.model_id,
                     "kind": c.kind,
-                    "claimed_until": now + lease,
+                    "claimed_until": until,
                     "claimed_since": c.since,
                     "since": None,
                 }
@@ -129,12 +128,19 @@ def claim_due(
     return checks
 
 
-def finish(session: Session, checks: Sequence[Check], *, now: datetime) -> None:
+def finish(session: Session, checks: Sequence[Check], *, until: datetime, now: datetime) -> None:
     """Deletes the judged checks that nothing was queued for meanwhile; the others are
-    freed, due again `delay` from `now` (in the session's write transaction)."""
+    freed, due again `delay` from `now` (in the session's write transaction). Only checks
+    still under the caller's lease (`until`, as claimed) are touched: one whose lease ended
+    and that another judge took is that judge's. The rows are locked in key order first,
+    as ingest locks them, so a finish and a batch of reports never deadlock."""
     if not checks:
         return
-    claimed = tuple_(*_KEYS).in_([(c.node_id, c.model_id, c.kind) for c in checks])
+    claimed = and_(
+        tuple_(*_KEYS).in_([(c.node_id, c.model_id, c.kind) for c in checks]),
+        SeriesCheck.claimed_until == until,
+    )
+    session.execute(select(*_KEYS).where(claimed).order_by(*_KEYS).with_for_update())
     session.execute(delete(SeriesCheck).where(claimed, SeriesCheck.since.is_(None)))
     session.execute(
         update(SeriesCheck)

@@ -1,5 +1,5 @@
 """A node's series: each (model, PP, TG, B, metric) of its runs over time, with what each
-run ran on (its labels), read as plain rows for the regression detector at ingest and for
+run ran on (its labels), read as plain rows for the regression judge and for
 `GET /v1/series`. Offline runs give S_TG and S_PP at each B; serving runs (read on their
 own: a node's serving sweeps must not crowd its offline runs out of the history) give the
 output tokens/s a server delivered at each concurrency C, as metric `srv_tps` with B = C and
@@ -23,6 +23,7 @@ from sqlalchemy import (
     Integer,
     Row,
     bindparam,
+    case,
     func,
     select,
     true,
@@ -47,6 +48,7 @@ __all__ = [
     "BUILD_COLUMNS",
     "HISTORY_RUNS",
     "METRICS",
+    "MOST_JUDGED",
     "SERVED",
     "Cell",
     "Metric",
@@ -65,9 +67,13 @@ SERVED: Metric = "srv_tps"  # a serving run's
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # a median's standard error over a mean's
 
 # Runs of a node x model read back to judge its new ones: the detector's `lookback` (20)
-# behind the candidates it judges again (the last `window`, 5), and a few more for the
-# series' noise; whatever the history holds, one probe of the runs' index reads them.
+# behind the candidates it judges again (the last `window`, 5), which covers the runs the
+# series' noise is estimated over (`noise_runs`, 25), and a few more; whatever the history
+# holds, one probe of the runs' index reads them.
 HISTORY_RUNS = 32
+# The most new runs of one series judged at once: a node whose clock was years off, or a
+# spool of thousands of runs, is judged over its latest ones, never over its whole history.
+MOST_JUDGED = 256
 
 
 Cell = tuple[int, int, int, Metric]  # PP, TG, B, metric: one series of a node's model
@@ -116,9 +122,10 @@ def _runs_to_read(
     node_id: Any, model_ids: Any, since: Any, kind: ColumnElement[bool], outer: Any = None
 ) -> Any:
     """How many of a node's models' newest runs of a kind to read: `history`, and every
-    run started at `since` or later (the runs a check judges, however many a burst brought;
-    none for a NULL `since`), so that the detector always sees `history` runs before them.
-    The count is correlated to `outer` alone, never to the runs it limits."""
+    run started at `since` or later (the runs a check judges, however many a burst brought,
+    up to MOST_JUDGED; none for a NULL `since`), so that the detector always sees `history`
+    runs before them. The count is correlated to `outer` alone, never to the runs it
+    limits."""
     since_then = (
         select(func.count())
         .select_from(Run)
@@ -126,7 +133,8 @@ def _runs_to_read(
         .correlate(outer)
         .scalar_subquery()
     )
-    return bindparam("history", type_=Integer) + since_then
+    judged = case((since_then > MOST_JUDGED, MOST_JUDGED), else_=since_then)
+    return bindparam("history", type_=Integer) + judged
 
 
 def _recent_runs(kind: ColumnElement[bool] = RUN_SUCCESSFUL) -> Any:

@@ -24,7 +24,7 @@ from fleetbench.registry.questions.regressions import (
     describe_cause,
     find_steps,
 )
-from fleetbench.registry.regressions.series import Cell, StepCell, StepMetric
+from fleetbench.registry.regressions.series import MOST_JUDGED, Cell, StepCell, StepMetric
 
 __all__ = [
     "acknowledge_regression",
@@ -73,7 +73,8 @@ def refresh_regressions(
             positions = [i for i, r in enumerate(runs) if r.started_at >= first_new]
             if not positions:
                 continue  # no new run has a value in this series (the points failed)
-            judge_from = max(1, min(positions) - settings.window + 1)
+            # Past MOST_JUDGED new runs the oldest read are history, never judged again.
+            judge_from = max(1, min(positions) - settings.window + 1, len(runs) - MOST_JUDGED)
             rows = stored[(node_id, model_id)][(pp, tg, b, metric)]
             known_steps = [index[k] for k in rows if k in index and index[k] < judge_from]
             found = {
@@ -120,8 +121,8 @@ def _judged(
 
 def _store_step(session: Session, row: Regression | None, step: Step, **series: Any) -> None:
     """Updates the step's row, or inserts it with the `series` key (node_id, model_id, pp,
-    tg, b, metric); an insert that a concurrent ingest of the same series made first
-    (PostgreSQL) updates that row instead."""
+    tg, b, metric); an insert that another judge of the same series made first (one whose
+    lease ran out meanwhile; PostgreSQL) updates that row instead."""
     if row is not None:
         _record_step(row, step)
         return
@@ -134,7 +135,7 @@ def _store_step(session: Session, row: Regression | None, step: Step, **series: 
     except IntegrityError:
         existing = session.scalars(select(Regression).filter_by(**key)).one_or_none()
         if existing is None:
-            raise  # not the same step inserted first by another ingest
+            raise  # not the same step inserted first by another judge
         _record_step(existing, step)
 
 
