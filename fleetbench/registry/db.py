@@ -70,11 +70,6 @@ def create_db_engine(
         _sqlite_writers[engine] = threading.Lock()
         return engine
     engine = create_engine(sa_url, pool_pre_ping=True, **pool, **kwargs)
-    # An executemany of an INSERT (a run's points, the latest points, the upserts of a
-    # batch) as one multi-row VALUES statement, as with RETURNING: psycopg would send each
-    # row as a statement of its own in pipeline mode, a round of Python per row on both
-    # sides.
-    engine.dialect.use_insertmanyvalues_wo_returning = True
     event.listen(engine, "connect", _postgresql_settings)
     return engine
 

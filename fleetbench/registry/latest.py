@@ -27,15 +27,14 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
-    insert,
     select,
     tuple_,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from fleetbench.contract import wire
+from fleetbench.registry.bulk import insert_rows
 from fleetbench.registry.models import (
     EngineBuild,
     LatestPoint,
@@ -58,13 +57,10 @@ __all__ = [
 ]
 
 
-@functools.cache
-def _newer_upsert(dialect: str, model: type[LatestRun] | type[LatestServingRun]) -> Any:
-    """The upsert of a (node, model)'s latest row that replaces the row only with a newer
-    run (RUN_NEWEST_FIRST's order), returning the pairs it wrote; built once."""
-    insert_for: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    heads = table_of(model)
-    upsert = insert_for(heads)
+def _only_if_newer(upsert: Any) -> Any:
+    """The insert of (node, model)s' latest rows made an upsert that replaces a row only
+    with a newer run (RUN_NEWEST_FIRST's order), returning the pairs it wrote."""
+    heads = upsert.table
     new = upsert.excluded
     newer = newer_run(
         (new.started_at, new.received_at, new.run_id),
@@ -78,18 +74,11 @@ def _newer_upsert(dialect: str, model: type[LatestRun] | type[LatestServingRun])
     ).returning(heads.c.node_id, heads.c.model_id)
 
 
-@functools.cache
-def _upserts(dialect: str) -> tuple[Any, Any, Any]:
-    """(the latest-run upsert, the delete of points, their insert), built once: see
-    registry.ingest.statements."""
-    points = table_of(LatestPoint)
-    return (
-        _newer_upsert(dialect, LatestRun),
-        delete(points).where(
-            tuple_(points.c.node_id, points.c.model_id).in_(bindparam("pairs", expanding=True))
-        ),
-        insert(points),
-    )
+_POINTS = table_of(LatestPoint)
+# The points of (node, model)s whose latest run changed.
+_DELETE_POINTS = delete(_POINTS).where(
+    tuple_(_POINTS.c.node_id, _POINTS.c.model_id).in_(bindparam("pairs", expanding=True))
+)
 
 
 @dataclass(frozen=True)
@@ -118,7 +107,6 @@ def record_latest(connection: Connection, candidates: Sequence[LatestCandidate])
     node's model take turns from here on."""
     if not candidates:
         return 0
-    upsert, delete_points, insert_points = _upserts(connection.dialect.name)
     heads = [
         {
             "node_id": c.node_id,
@@ -138,18 +126,18 @@ def record_latest(connection: Connection, candidates: Sequence[LatestCandidate])
         for c in candidates
     ]
     # Older runs arriving late leave the latest as it is.
-    won = {(node_id, model_id) for node_id, model_id in connection.execute(upsert, heads).all()}
+    written = insert_rows(connection, table_of(LatestRun), heads, _only_if_newer)
+    won = {(row.node_id, row.model_id) for row in written} if written else set()
     if not won:
         return 0
-    connection.execute(delete_points, {"pairs": sorted(won)})
+    connection.execute(_DELETE_POINTS, {"pairs": sorted(won)})
     rows = [
         {"node_id": c.node_id, "model_id": c.model_id, **row}
         for c in candidates
         if (c.node_id, c.model_id) in won
         for row in _points_with_knee(c.points)
     ]
-    if rows:
-        connection.execute(insert_points, rows)
+    insert_rows(connection, _POINTS, rows)
     return len(won) + len(rows)
 
 
@@ -188,7 +176,7 @@ def record_latest_serving(
         }
         for c in candidates
     ]
-    connection.execute(_newer_upsert(connection.dialect.name, LatestServingRun), rows)
+    insert_rows(connection, table_of(LatestServingRun), rows, _only_if_newer)
 
 
 def _points_with_knee(points: Sequence[wire.Point]) -> list[dict[str, Any]]:

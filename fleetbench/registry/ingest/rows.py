@@ -20,8 +20,10 @@ from fleetbench.contract import wire
 from fleetbench.contract.accelerator import on_accelerator
 from fleetbench.contract.allocation import allocated_bytes, predicted_kv_bytes
 from fleetbench.contract.wire import model_name_key
+from fleetbench.registry.bulk import insert_rows
 from fleetbench.registry.ingest.answers import IngestLimits, ReportRefused
 from fleetbench.registry.ingest.statements import MODEL_FACTS, Statements
+from fleetbench.registry.models import FailedPoint, Run, RunPoint, ServingPointRow, table_of
 from fleetbench.registry.questions.hardware import summarize_hardware
 
 
@@ -269,6 +271,13 @@ def assign_ids(
         held.add(run.id)
 
 
+def _new_runs_only(insert: Any) -> Any:
+    # ON CONFLICT DO NOTHING (the id, or the node's own run id): RETURNING yields no row for
+    # a conflict; PostgreSQL waits for a concurrent insert of the same key to commit or roll
+    # back first.
+    return insert.on_conflict_do_nothing().returning(table_of(Run).c.id)
+
+
 def insert_runs(
     connection: Connection, sql: Statements, runs: Sequence[IncomingRun], fingerprints: Fingerprints
 ) -> set[uuid.UUID]:
@@ -311,17 +320,15 @@ def insert_runs(
                 **report.settings.model_dump(),
             }
         )
-    inserted = {row[0] for row in connection.execute(sql.insert_runs, rows).all()}
+    result = insert_rows(connection, table_of(Run), rows, _new_runs_only)
+    inserted = {row[0] for row in result.all()} if result is not None else set()
     new = [run for run in runs if run.id in inserted]
     points = [{"run_id": r.id, **p.model_dump()} for r in new for p in r.report.points]
-    if points:
-        connection.execute(sql.insert_points, points)
+    insert_rows(connection, table_of(RunPoint), points)
     failures = [{"run_id": r.id, **f.model_dump()} for r in new for f in r.report.failures]
-    if failures:
-        connection.execute(sql.insert_failures, failures)
+    insert_rows(connection, table_of(FailedPoint), failures)
     serving = [{"run_id": r.id, **p.model_dump()} for r in new for p in r.report.serving_points]
-    if serving:
-        connection.execute(sql.insert_serving_points, serving)
+    insert_rows(connection, table_of(ServingPointRow), serving)
     return inserted
 
 

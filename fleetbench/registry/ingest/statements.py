@@ -6,20 +6,17 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, case, func, insert, or_, select, tuple_
+from sqlalchemy import bindparam, case, func, or_, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from fleetbench.registry.models import (
     EngineBuild,
-    FailedPoint,
     HardwareFingerprint,
     LatestPoint,
     Model,
     ModelFacts,
     NodeActivity,
     Run,
-    RunPoint,
-    ServingPointRow,
     newer_run,
     table_of,
 )
@@ -46,10 +43,6 @@ class Statements:
 
     stored_runs: Any
     taken_ids: Any
-    insert_runs: Any
-    insert_points: Any
-    insert_failures: Any
-    insert_serving_points: Any
     build_by_identity: Any
     insert_build: Any
     model_by_identity: Any
@@ -92,13 +85,6 @@ def statements_for(dialect: str) -> Statements:
             runs.c.node_id, runs.c.reported_id, runs.c.id, runs.c.report_sha256
         ).where(tuple_(runs.c.node_id, runs.c.reported_id).in_(bindparam("keys", expanding=True))),
         taken_ids=select(runs.c.id).where(runs.c.id.in_(bindparam("run_ids", expanding=True))),
-        # ON CONFLICT DO NOTHING (the id, or the node's own run id): RETURNING yields no row
-        # for a conflict; PostgreSQL waits for a concurrent insert of the same key to commit
-        # or roll back first.
-        insert_runs=insert_for(runs).on_conflict_do_nothing().returning(runs.c.id),
-        insert_points=insert(table_of(RunPoint)),
-        insert_failures=insert(table_of(FailedPoint)),
-        insert_serving_points=insert(table_of(ServingPointRow)),
         build_by_identity=select(builds.c.id).where(builds.c.identity == bindparam("identity")),
         insert_build=insert_for(builds).on_conflict_do_nothing(),
         model_by_identity=select(models.c.id).where(models.c.identity == bindparam("identity")),
