@@ -70,20 +70,31 @@ class Curve:
     points: list[CurvePoint]  # by B
 
 
+# The node's newest runs the builds' curves are found among: a build it has not run in as
+# many runs is history (GET /v1/series keeps it), and a long history costs nothing more.
+RECENT_RUNS = 1000
+
+
 @functools.cache
 def _statements() -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ...]]]:
-    """(each build's latest successful run of the node's models, oldest first; the points
-    with an S_TG of the `run_ids`), built once."""
-    newest_first = func.row_number().over(partition_by=Run.build_id, order_by=RUN_NEWEST_FIRST)
-    ranked = (
-        select(Run.id, newest_first.label("rank"))
+    """(each build's latest successful run of the node's models among its RECENT_RUNS
+    newest, oldest first; the points with an S_TG of the `run_ids`), built once."""
+    recent = (
+        select(Run.id, Run.build_id, Run.started_at, Run.received_at)
         .where(
             Run.node_id == bindparam("node_id"),
             Run.model_id.in_(bindparam("model_ids", expanding=True)),
             RUN_SUCCESSFUL,
         )
-        .subquery("ranked")
+        .order_by(*RUN_NEWEST_FIRST)
+        .limit(RECENT_RUNS)
+        .subquery("recent")
     )
+    newest_first = func.row_number().over(
+        partition_by=recent.c.build_id,
+        order_by=(recent.c.started_at.desc(), recent.c.received_at.desc(), recent.c.id),
+    )
+    ranked = select(recent.c.id, newest_first.label("rank")).subquery("ranked")
     runs = (
         select(Run.id, Run.started_at, *series.BUILD_COLUMNS)
         .join(EngineBuild, EngineBuild.id == Run.build_id)
@@ -97,8 +108,8 @@ def _statements() -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ...]]]:
 
 
 def latest_curves(session: Session, *, node_id: int, model_ids: Sequence[int]) -> list[Curve]:
-    """For each engine build the node ran the model on, its latest successful run's curves
-    (one per PP x TG); oldest build first."""
+    """For each engine build the node ran the model on in its RECENT_RUNS newest successful
+    runs, its latest successful run's curves (one per PP x TG); oldest build first."""
     runs_statement, points_statement = _statements()
     connection = session.connection()
     runs = connection.execute(

@@ -214,8 +214,6 @@ class ModelFacts(Base):
 class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
-        # Placement takes each node's latest run of a model: one backward probe per node.
-        Index("ix_runs_node_model_started", "node_id", "model_id", "started_at", "received_at"),
         Index("ix_runs_model_started", "model_id", "started_at"),
         # The fleet overview takes each node's latest run of any model.
         Index("ix_runs_node_started", "node_id", "started_at"),
@@ -285,6 +283,9 @@ class Run(Base):
 # How a node's runs are ordered newest first everywhere (ties: the later received, then id),
 # and which runs have an offline curve to offer (the series, curves and history read them).
 RUN_NEWEST_FIRST = (Run.started_at.desc(), Run.received_at.desc(), Run.id)
+# A node's model's runs in that order: placement, the curves and the regression judge read
+# its newest runs with a LIMIT, one probe whatever the history holds.
+Index("ix_runs_node_model_newest", Run.node_id, Run.model_id, *RUN_NEWEST_FIRST)
 RUN_SUCCESSFUL = and_(Run.status != "failed", Run.kind == "offline")
 RUN_SERVED = and_(Run.status != "failed", Run.kind == "serving")  # ... a serving curve
 
