@@ -128,6 +128,7 @@ def placement_table(answer: PlacementAnswer) -> Table:
         notes = [
             *(["past the knee"] if c.past_knee else []),
             *(["fit not checked"] if answer.context_tokens and c.fit == "not checked" else []),
+            *([c.kv_rules] if c.kv_rules and c.kv_rules.startswith("fit unknown") else []),
             *(["fit predicted only"] if c.fit_basis == "predicted only" else []),
             *(
                 [f"its series shows steps of {c.min_detectable_change_pct:.0f}% and more"]

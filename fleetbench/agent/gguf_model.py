@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fleetbench.contract.wire import ModelInfo
+from pydantic import ValidationError
+
+from fleetbench.contract.wire import KvLayers, ModelInfo
 
 __all__ = ["ModelFileError", "describe_gguf", "model_info", "sha256_of"]
 
@@ -197,6 +199,8 @@ def model_info(
             quantization = None
     sliding_window = key("attention.sliding_window")
     pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
+    head_dim_k = key("attention.key_length") or head_dim
+    head_dim_v = key("attention.value_length") or head_dim
     return ModelInfo(
         name=name,
         sha256=sha256,
@@ -205,22 +209,92 @@ def model_info(
         file_size=file_size,
         n_layer=n_layer,
         n_head_kv=n_head_kv,
-        head_dim_k=key("attention.key_length") or head_dim,
-        head_dim_v=key("attention.value_length") or head_dim,
+        head_dim_k=head_dim_k,
+        head_dim_v=head_dim_v,
         n_ctx_train=key("context_length"),
         sliding_window=sliding_window,
         n_swa_layers=_count_swa_layers(pattern, arch, n_layer) if sliding_window else None,
+        layers=_kv_layers(metadata, arch, n_layer, n_head_kv, (head_dim_k, head_dim_v))
+        if isinstance(n_layer, int)
+        else None,
     )
 
 
 def _count_swa_layers(pattern: Any, arch: str, n_layer: int | None) -> int | None:
     """Layers that use the sliding window, as llama.cpp's set_swa_pattern decides them."""
+    flags = _swa_flags(pattern, arch, n_layer)
+    return sum(flags) if flags is not None else None
+
+
+def _swa_flags(pattern: Any, arch: str, n_layer: int | None) -> list[bool] | None:
+    """Whether each layer uses the sliding window: the GGUF's array, or its period (every
+    n-th layer attends globally; 0: every layer uses the window), or the architecture's."""
     if isinstance(pattern, list):
-        return sum(bool(is_swa) for is_swa in pattern)
+        return [bool(is_swa) for is_swa in pattern]
     if pattern is None:
         pattern = _DEFAULT_SWA_PATTERN.get(arch)
     if not isinstance(pattern, int) or n_layer is None:
         return None
     if pattern == 0:
-        return n_layer
-    return sum(1 for il in range(n_layer) if il % pattern < pattern - 1)
+        return [True] * n_layer
+    return [il % pattern < pattern - 1 for il in range(n_layer)]
+
+
+def _kv_layers(
+    metadata: Mapping[str, Any],
+    arch: str,
+    n_layer: int,
+    n_head_kv: Any,
+    head_dims: tuple[Any, Any],
+) -> KvLayers | None:
+    """The KV geometry layer by layer, where ModelInfo's scalars cannot say it: KV heads
+    that differ by layer (Gemma 4, hybrids' recurrent layers at 0), sliding-window layers
+    with head sizes of their own, MLA, next-token-prediction or shared-KV layers, a
+    sparse-attention indexer. None for a model whose layers are alike."""
+
+    def get(suffix: str) -> Any:
+        return metadata.get(f"{arch}.{suffix}")
+
+    heads = get("attention.head_count_kv")
+    per_layer = heads if isinstance(heads, list) else [n_head_kv or 0] * n_layer
+    interval = get("full_attention_interval")
+    if isinstance(interval, int) and interval > 0 and not isinstance(heads, list):
+        # Qwen3-Next style hybrids: every interval-th layer attends, the others are
+        # recurrent and keep no KV cache (llama.cpp: recurrent unless (il + 1) % interval == 0)
+        per_layer = [h if (il + 1) % interval == 0 else 0 for il, h in enumerate(per_layer)]
+    swa_dims = (get("attention.key_length_swa"), get("attention.value_length_swa"))
+    mla = bool(get("attention.key_length_mla") and get("attention.value_length_mla"))
+    nextn, shared = get("nextn_predict_layers") or 0, get("attention.shared_kv_layers") or 0
+    indexer = get("attention.indexer.key_length")
+    indexer_types = get("attention.indexer.types")
+    differs = len(set(per_layer)) > 1 or any(
+        dim is not None and dim != full for dim, full in zip(swa_dims, head_dims, strict=True)
+    )
+    if not (differs or mla or nextn or shared or indexer):
+        return None
+    if len(per_layer) != n_layer:
+        raise ModelFileError(
+            f"{arch}.attention.head_count_kv has {len(per_layer)} layers, block_count {n_layer}"
+        )
+    window = get("attention.sliding_window")
+    flags = _swa_flags(get("attention.sliding_window_pattern"), arch, n_layer) if window else None
+    for name, given in (("sliding_window_pattern", flags), ("indexer.types", indexer_types)):
+        if isinstance(given, list) and len(given) != n_layer:
+            raise ModelFileError(f"{arch} {name} has {len(given)} layers, block_count {n_layer}")
+    try:
+        return KvLayers(
+            architecture=arch,
+            head_count_kv=[int(h) for h in per_layer],
+            sliding_window_layers=flags,
+            head_dim_k_swa=swa_dims[0],
+            head_dim_v_swa=swa_dims[1],
+            mla=mla,
+            nextn_layers=nextn,
+            shared_kv_layers=shared,
+            indexer_head_dim=indexer,
+            indexer_layers=[bool(t) for t in indexer_types]
+            if isinstance(indexer_types, list)
+            else None,
+        )
+    except ValidationError as exc:
+        raise ModelFileError(f"{arch}'s per-layer facts do not agree: {exc}") from exc

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from fleetbench.agent.batched_bench_output import BadRow, parse_batched_bench_output
-from fleetbench.contract.wire import SCHEMA_VERSION, ModelInfo, RunReport
+from fleetbench.contract.wire import LAYERS_SCHEMA_VERSION, ModelInfo, RunReport, oldest_version
 
 __all__ = ["IMPORT_NAMESPACE", "ImportedRun", "reports_from_output"]
 
@@ -37,7 +37,7 @@ def reports_from_output(
     reports = []
     for parsed in parse_batched_bench_output(text, skipped=skipped):
         draft = RunReport(
-            schema_version=SCHEMA_VERSION,
+            schema_version=LAYERS_SCHEMA_VERSION,
             run_id=_PLACEHOLDER,
             node=node,
             started_at=measured_at,
@@ -48,7 +48,16 @@ def reports_from_output(
             settings=parsed.settings,
             points=parsed.points,
         )
-        content = draft.model_dump_json(exclude={"run_id", "started_at"})
-        run_id = uuid.uuid5(IMPORT_NAMESPACE, content)
+        draft = draft.model_copy(update={"schema_version": oldest_version(draft)})
+        run_id = uuid.uuid5(IMPORT_NAMESPACE, _measured(draft))
         reports.append(ImportedRun(parsed.line, draft.model_copy(update={"run_id": run_id})))
     return reports
+
+
+def _measured(report: RunReport) -> str:
+    """What a run id is derived from: the report as it was before per-layer model facts
+    (schema version 6) existed, so a table imported before them is the same run now."""
+    model = report.model.model_copy(update={"layers": None})
+    before = report.model_copy(update={"model": model})
+    before = before.model_copy(update={"schema_version": oldest_version(before)})
+    return before.model_dump_json(exclude={"run_id", "started_at"})

@@ -23,8 +23,8 @@ from fleetbench.contract.allocation import (
 )
 from fleetbench.contract.bounds import storable_text
 from fleetbench.contract.wire import (
-    DEVICE_MEMORY_SCHEMA_VERSION,
     ERROR_LENGTH,
+    LAYERS_SCHEMA_VERSION,
     REASON_LENGTH,
     DeviceMemoryUse,
     EngineBuild,
@@ -158,7 +158,7 @@ def run_report(
         status = "failed"
         error = error or "no point could be measured"
     report = RunReport(
-        schema_version=DEVICE_MEMORY_SCHEMA_VERSION,  # the newest; sent as the oldest that holds it
+        schema_version=LAYERS_SCHEMA_VERSION,  # the newest; sent as the oldest that holds it
         run_id=uuid.uuid4(),
         node=node,
         started_at=started_at,

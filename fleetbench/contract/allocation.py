@@ -63,6 +63,9 @@ def predicted_kv_bytes(report: RunReport) -> int | None:
         cache_type_k=settings.cache_type_k or "f16",
         cache_type_v=settings.cache_type_v or "f16",
         unified=bool(settings.kv_unified),
+        swa_full=bool(settings.swa_full),
+        flash_attn=settings.flash_attn,
+        build=report.engine.build_number,
     )
     return predicted if predicted is not None and predicted <= MAX_MEMORY_BYTES else None
 

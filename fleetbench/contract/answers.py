@@ -72,6 +72,11 @@ class PlacementCandidate(BaseModel):
         description="KV cache of all users at this concurrency, at context_tokens each "
         "(or the point's own PP + TG); None without the model's architecture numbers",
     )
+    kv_rules: str | None = Field(
+        default=None,
+        description="which of llama.cpp's rules predicted kv_cache_gib, for which build (the "
+        "node's latest run's), or 'fit unknown: <why>' where the maths cannot say",
+    )
     fit: Literal["fits", "not checked"] = Field(
         default="not checked", description="whether weights + KV cache were checked to fit"
     )

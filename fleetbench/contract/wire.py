@@ -8,8 +8,10 @@ gets a new version; the registry answers 422 for a version it does not know. Ver
 added serving runs (`kind: serving`, the server's identity and one `ServingPoint` per
 concurrency); version 3 a serving run's SLO search (`slo_search`); version 4 the memory
 llama.cpp allocated for an offline run (`buffers`); version 5 its GPUs' memory in use
-(`device_memory`). A report is sent as the oldest version that holds it (offline runs as
-version 1, which every registry takes, 4 with buffers, 5 with GPU memory), and an agent
+(`device_memory`); version 6 the model's KV geometry layer by layer (`model.layers`) and
+whether the context kept full-size sliding-window caches (`settings.swa_full`). A report is
+sent as the oldest version that holds it (offline runs as version 1, which every registry
+takes, 4 with buffers, 5 with GPU memory, 6 with per-layer facts), and an agent
 whose registry refuses a version (422 naming `schema_version`) sends the run again without
 what only that version holds, so agents may be upgraded before the registry.
 """
@@ -51,6 +53,7 @@ __all__ = [
     "BUFFERS_SCHEMA_VERSION",
     "DEVICE_MEMORY_SCHEMA_VERSION",
     "ERROR_LENGTH",
+    "LAYERS_SCHEMA_VERSION",
     "REASON_LENGTH",
     "SCHEMA_VERSION",
     "SERVING_SCHEMA_VERSION",
@@ -61,6 +64,7 @@ __all__ = [
     "FailedPoint",
     "HardwareData",
     "HardwareFingerprint",
+    "KvLayers",
     "ModelInfo",
     "Point",
     "RunReport",
@@ -79,6 +83,8 @@ SERVING_SCHEMA_VERSION = 2
 SLO_SEARCH_SCHEMA_VERSION = 3
 BUFFERS_SCHEMA_VERSION = 4
 DEVICE_MEMORY_SCHEMA_VERSION = 5
+LAYERS_SCHEMA_VERSION = 6
+MAX_LAYERS = 4096  # a model's layers, as a per-layer array lists them
 
 # S_TG and B·TG/T_TG may differ by rounding, never by more than this share.
 S_TG_TOLERANCE = 0.01
@@ -197,6 +203,59 @@ class DeviceMemoryUse(_Strict):
     )
 
 
+class KvLayers(_Strict):
+    """A model's KV geometry layer by layer, as its GGUF states it (schema version 6): what
+    llama.cpp sizes each layer's cache from where layers differ (Gemma 4's full and
+    sliding-window layers, hybrids' recurrent layers, MLA, next-token-prediction and
+    shared-KV layers, a sparse-attention indexer). ModelInfo's scalars still hold the
+    full-attention layers' head sizes."""
+
+    architecture: Text | None = Field(default=None, max_length=64)
+    head_count_kv: list[NonNegativeInt] = Field(
+        max_length=MAX_LAYERS,
+        description="KV heads of each layer (0: the layer keeps no KV cache, a recurrent one)",
+    )
+    sliding_window_layers: list[bool] | None = Field(
+        default=None, max_length=MAX_LAYERS, description="whether each layer uses the window"
+    )
+    head_dim_k_swa: NonNegativeInt | None = Field(
+        default=None, description="K head size of the sliding-window layers (key_length_swa)"
+    )
+    head_dim_v_swa: NonNegativeInt | None = Field(
+        default=None, description="V head size of the sliding-window layers (value_length_swa)"
+    )
+    mla: bool = Field(
+        default=False,
+        description="multi-head latent attention (the GGUF has key_length_mla): K holds the "
+        "latent and the rope part, V the latent, which llama.cpp b7832+ does not store",
+    )
+    nextn_layers: NonNegativeInt = Field(
+        default=0, description="next-token-prediction layers at the end, never cached"
+    )
+    shared_kv_layers: NonNegativeInt = Field(
+        default=0, description="layers at the end that reuse earlier layers' KV cache"
+    )
+    indexer_head_dim: NonNegativeInt | None = Field(
+        default=None, description="a sparse-attention indexer's key size (its own K-only cache)"
+    )
+    indexer_layers: list[bool] | None = Field(
+        default=None,
+        max_length=MAX_LAYERS,
+        description="the layers with an indexer cache, where the GGUF says (indexer.types)",
+    )
+
+    @model_validator(mode="after")
+    def _arrays_agree(self) -> KvLayers:
+        n = len(self.head_count_kv)
+        for name in ("sliding_window_layers", "indexer_layers"):
+            given = getattr(self, name)
+            if given is not None and len(given) != n:
+                raise ValueError(f"{name} has {len(given)} layers, head_count_kv {n}")
+        if self.nextn_layers + self.shared_kv_layers > n:
+            raise ValueError("more next-token-prediction and shared-KV layers than layers")
+        return self
+
+
 class ModelInfo(_Strict):
     """The model measured. `name` is the display name; `sha256` of the GGUF file when known.
     Architecture numbers are those the KV-cache size follows from."""
@@ -216,6 +275,9 @@ class ModelInfo(_Strict):
     )
     n_swa_layers: NonNegativeInt | None = Field(
         default=None, description="layers that attend within the sliding window only"
+    )
+    layers: KvLayers | None = Field(
+        default=None, description="the KV geometry layer by layer (schema version 6)"
     )
 
     @field_validator("name")
@@ -252,6 +314,11 @@ class RunSettings(_Strict):
     n_threads_batch: NonNegativeInt | None = None
     cache_type_k: Text | None = Field(default=None, max_length=16)
     cache_type_v: Text | None = Field(default=None, max_length=16)
+    swa_full: bool | None = Field(
+        default=None,
+        description="sliding-window layers kept a cache as large as the context's (llama.cpp's "
+        "--swa-full; the library's default; schema version 6)",
+    )
 
 
 class _Open(BaseModel):
@@ -421,6 +488,9 @@ _FIELD_VERSIONS = {
 _SERVING_FIELDS = ("kind", "server", "serving_points", "slo_search")
 # What a report may go without to reach an older registry: the rest defines the run.
 _DROPPABLE = ("device_memory", "buffers", "slo_search")
+# Fields within a part of the report (its model, its settings), by the version that
+# introduced them; all may be left out for an older registry, and are None without.
+_PART_FIELD_VERSIONS = {("model", "layers"): 6, ("settings", "swa_full"): 6}
 
 
 class RunReport(_Strict):
@@ -434,7 +504,7 @@ class RunReport(_Strict):
     points per node lower than the schema does (FLEETBENCH_MAX_POINTS_PER_REPORT,
     FLEETBENCH_MAX_SERIES_PER_NODE): over them it answers 422 saying which."""
 
-    schema_version: Literal[1, 2, 3, 4, 5]
+    schema_version: Literal[1, 2, 3, 4, 5, 6]
     run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
     node: Name
     started_at: UTCDateTime
@@ -489,6 +559,11 @@ class RunReport(_Strict):
             serving_only = self.kind == "offline" and name in _SERVING_FIELDS
             if serving_only or (since > self.schema_version and not data.get(name)):
                 data.pop(name, None)
+        for (part, name), since in _PART_FIELD_VERSIONS.items():
+            within = data.get(part)
+            newer = since > self.schema_version
+            if newer and isinstance(within, dict) and within.get(name) is None:
+                within.pop(name, None)
         return data
 
     @model_validator(mode="after")
@@ -509,6 +584,9 @@ class RunReport(_Strict):
             since = _FIELD_VERSIONS[name]
             if getattr(self, name) and (self.kind == "serving" or self.schema_version < since):
                 raise ValueError(f"{name} came with schema version {since}, for offline runs")
+        for (part, name), since in _PART_FIELD_VERSIONS.items():
+            if _part_field(self, part, name) is not None and self.schema_version < since:
+                raise ValueError(f"{part}.{name} came with schema version {since}")
         return self
 
     @model_validator(mode="after")
@@ -527,24 +605,38 @@ class RunReport(_Strict):
         return self
 
 
+def _part_field(report: RunReport, part: str, name: str) -> Any:
+    return getattr(getattr(report, part), name)
+
+
 def oldest_version(report: RunReport) -> int:
     """The oldest schema version that holds everything the report carries."""
-    carried = (v for name, v in _FIELD_VERSIONS.items() if name != "kind" and getattr(report, name))
+    carried = [v for name, v in _FIELD_VERSIONS.items() if name != "kind" and getattr(report, name)]
+    carried += [
+        v
+        for (part, name), v in _PART_FIELD_VERSIONS.items()
+        if _part_field(report, part, name) is not None
+    ]
     return max((SCHEMA_VERSION, *carried))
 
 
 def older_version(report: RunReport) -> tuple[RunReport, list[str]] | None:
     """The report as the next older version holds it, without what only its own version
-    holds (a version 5 run's GPU memory, a version 4 one's buffers, a version 3 serving
-    run's SLO search), and the fields it lost; None where no older version holds the run."""
-    lost = [name for name in _DROPPABLE if _FIELD_VERSIONS[name] == report.schema_version]
-    if not lost:
+    holds (a version 6 run's per-layer facts and swa_full, a version 5 one's GPU memory,
+    a version 4 one's buffers, a version 3 serving run's SLO search), and the fields it
+    lost; None where no older version holds the run."""
+    version = report.schema_version
+    lost = [name for name in _DROPPABLE if _FIELD_VERSIONS[name] == version]
+    parts_lost = [key for key, since in _PART_FIELD_VERSIONS.items() if since == version]
+    if not lost and not parts_lost:
         return None
     fields = RunReport.model_fields
-    older = report.model_copy(
-        update={name: fields[name].get_default(call_default_factory=True) for name in lost}
-    )
-    version = oldest_version(older)
-    return older.model_copy(update={"schema_version": version}), [
-        name for name in lost if getattr(report, name)
+    update = {name: fields[name].get_default(call_default_factory=True) for name in lost}
+    for part, name in parts_lost:
+        within = update.get(part, getattr(report, part))
+        update[part] = within.model_copy(update={name: None})
+    older = report.model_copy(update=update)
+    return older.model_copy(update={"schema_version": oldest_version(older)}), [
+        *(name for name in lost if getattr(report, name)),
+        *(f"{p}.{n}" for p, n in parts_lost if _part_field(report, p, n) is not None),
     ]

@@ -42,6 +42,7 @@ from fleetbench.registry.models import (
     LatestServingRun,
     Model,
     Node,
+    Run,
     newer_run,
     table_of,
 )
@@ -120,6 +121,8 @@ def record_latest(connection: Connection, candidates: Sequence[LatestCandidate])
             "cache_type_k": c.settings.cache_type_k,
             "cache_type_v": c.settings.cache_type_v,
             "n_ubatch": c.settings.n_ubatch,
+            "flash_attn": c.settings.flash_attn,
+            "swa_full": c.settings.swa_full,
             "engine_on_accelerator": c.engine_on_accelerator,
             "beside_kv_bytes": c.beside_kv_bytes,
         }
@@ -244,8 +247,8 @@ def fill_unknown_knees(session: Session) -> int:
 @functools.cache
 def latest_points_statement() -> Select[*tuple[Any, ...]]:
     """Every point of each node's latest successful run of each model, with its node,
-    model, run and build; by node, model, PP, TG, B, so that the `limit` parameter cuts the
-    same rows each time."""
+    model, run, build and the KV cache predicted and allocated for it; by node, model, PP,
+    TG, B, so that the `limit` parameter cuts the same rows each time."""
     return (
         select(
             Node.name.label("node"),
@@ -254,6 +257,8 @@ def latest_points_statement() -> Select[*tuple[Any, ...]]:
             LatestRun.started_at,
             LatestRun.received_at,
             EngineBuild.build_number,
+            Run.kv_predicted_bytes,
+            Run.kv_allocated_bytes,
             LatestPoint.pp,
             LatestPoint.tg,
             LatestPoint.b,
@@ -271,6 +276,7 @@ def latest_points_statement() -> Select[*tuple[Any, ...]]:
         .join(Node, Node.id == LatestPoint.node_id)
         .join(Model, Model.id == LatestPoint.model_id)
         .join(EngineBuild, EngineBuild.id == LatestRun.build_id)
+        .join(Run, Run.id == LatestRun.run_id)
         .order_by(
             Node.name,
             Model.name,

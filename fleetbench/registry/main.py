@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from fleetbench.contract.wire import (
-    DEVICE_MEMORY_SCHEMA_VERSION,
+    LAYERS_SCHEMA_VERSION,
     SCHEMA_VERSION,
     SERVING_SCHEMA_VERSION,
 )
@@ -47,7 +47,7 @@ The fleet's batching curves (llama-batched-bench points) and the question they a
 
 Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema version
 {SCHEMA_VERSION} for offline runs, {SERVING_SCHEMA_VERSION} for serving runs, and the newer
-versions that add what those carry, up to {DEVICE_MEMORY_SCHEMA_VERSION}) using a token
+versions that add what those carry, up to {LAYERS_SCHEMA_VERSION}) using a token
 from `fleetbench-registry token create --node NAME`.
 
 A busy registry answers 503 with a `Retry-After` header rather than queueing without bound;

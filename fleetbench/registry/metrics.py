@@ -17,9 +17,10 @@ one process (the tests) keep separate counts. Three kinds of metrics:
   successful (`ok` or `partial`) run of each model, per `node`, `model`, `pp`, `tg`, `b`:
   `fleetbench_decode_tokens_per_second` (S_TG), `fleetbench_per_user_tokens_per_second`
   (S_TG / B) and `fleetbench_prefill_tokens_per_second` (S_PP); per `node`, `model`:
-  `fleetbench_latest_run_timestamp_seconds` (its start) and
-  `fleetbench_latest_run_build_number`; and `fleetbench_fleet_collect_success` (0 when the
-  query failed) with `fleetbench_fleet_collect_duration_seconds`.
+  `fleetbench_latest_run_timestamp_seconds` (its start),
+  `fleetbench_latest_run_build_number` and `fleetbench_kv_prediction_error_percent` (the
+  KV-cache maths against what llama.cpp allocated); and `fleetbench_fleet_collect_success`
+  (0 when the query failed) with `fleetbench_fleet_collect_duration_seconds`.
 
 `/metrics` is open like the other reads: it needs a reader or admin token only when
 `FLEETBENCH_READ_TOKEN_REQUIRED` is true.
@@ -47,6 +48,7 @@ from starlette.routing import BaseRoute, Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetbench.contract import wire
+from fleetbench.contract.allocation import kv_prediction_error_pct
 from fleetbench.registry.costs import Steps
 from fleetbench.registry.deps import ReadAccess
 from fleetbench.registry.latest import latest_points_statement
@@ -123,6 +125,13 @@ class FleetCollector(Collector):
                 labels=_RUN_LABELS,
             ),
             GaugeMetricFamily(
+                "fleetbench_kv_prediction_error_percent",
+                "how far the KV-cache maths predicted from what llama.cpp allocated in each "
+                "node's latest successful run of each model: (predicted - allocated) / "
+                "allocated, %; runs that logged no KV buffer have none",
+                labels=_RUN_LABELS,
+            ),
+            GaugeMetricFamily(
                 "fleetbench_fleet_collect_success",
                 "1 when the fleet gauges were read from the database at this scrape, else 0",
             ),
@@ -138,7 +147,9 @@ class FleetCollector(Collector):
         ]
 
     def collect(self) -> Iterable[Metric]:
-        decode, per_user, prefill, started, build, success, truncated, duration = self._families()
+        decode, per_user, prefill, started, build, kv_error, success, truncated, duration = (
+            self._families()
+        )
         begun = time.perf_counter()
         try:
             with self._sessions() as session:
@@ -165,6 +176,9 @@ class FleetCollector(Collector):
                 started.add_metric(run_key, row.started_at.timestamp())
                 if row.build_number is not None:
                     build.add_metric(run_key, row.build_number)
+                error = kv_prediction_error_pct(row.kv_predicted_bytes, row.kv_allocated_bytes)
+                if error is not None:
+                    kv_error.add_metric(run_key, error)
             elif run_of[run_key] != row.run_id:
                 continue
             point_key = (row.node, row.model, str(row.pp), str(row.tg), str(row.b))
@@ -178,7 +192,7 @@ class FleetCollector(Collector):
                 prefill.add_metric(point_key, row.s_pp)
         success.add_metric([], 1)
         duration.add_metric([], time.perf_counter() - begun)
-        return [decode, per_user, prefill, started, build, success, truncated, duration]
+        return [decode, per_user, prefill, started, build, kv_error, success, truncated, duration]
 
 
 class RegistryMetrics:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -78,4 +79,16 @@ def model_info(model: Model, facts: ModelFacts | None) -> wire.ModelInfo:
             for name in wire.ModelInfo.model_fields
             if hasattr(facts, name)
         }
+        values["layers"] = _layers(facts.layers)
     return wire.ModelInfo.model_construct(**values)
+
+
+def _layers(stored: dict[str, Any] | None) -> wire.KvLayers | None:
+    """The per-layer facts as stored; None where they no longer validate (a row stored
+    under older rules says nothing per layer rather than failing every answer)."""
+    if stored is None:
+        return None
+    try:
+        return wire.KvLayers.model_validate(stored)
+    except ValidationError:
+        return None

@@ -209,6 +209,8 @@ class ModelFacts(Base):
     n_ctx_train: Mapped[int | None]
     sliding_window: Mapped[int | None]
     n_swa_layers: Mapped[int | None]
+    # wire.KvLayers, where the model's layers differ (NULL: they are alike, or not stated)
+    layers: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Run(Base):
@@ -264,6 +266,7 @@ class Run(Base):
     n_threads_batch: Mapped[int | None]
     cache_type_k: Mapped[str | None] = mapped_column(String(16))
     cache_type_v: Mapped[str | None] = mapped_column(String(16))
+    swa_full: Mapped[bool | None]
 
     node: Mapped[Node] = relationship()
     build: Mapped[EngineBuild] = relationship()
@@ -439,6 +442,8 @@ class LatestRun(Base):
     cache_type_k: Mapped[str | None] = mapped_column(String(16))
     cache_type_v: Mapped[str | None] = mapped_column(String(16))
     n_ubatch: Mapped[int | None]
+    flash_attn: Mapped[str | None] = mapped_column(String(8))
+    swa_full: Mapped[bool | None]
     engine_on_accelerator: Mapped[bool | None]  # the run's
     # weights, compute and outputs as the run's llama.cpp allocated them (None: not logged)
     beside_kv_bytes: Mapped[int | None] = mapped_column(BigInteger)

@@ -45,6 +45,7 @@ from fleetbench.registry.questions.placement import (
     largest_fitting_concurrency,
     serving_choices,
     why_fit_unchecked,
+    why_kv_unknown,
 )
 
 __all__ = ["place"]
@@ -130,6 +131,7 @@ def place(
         rejected=rejected,
         unchecked=sorted(unchecked),
         kv_cache_bytes=_kv_sizes(found, facts, context_tokens),
+        kv_rules=_kv_rules(found, facts),
         fit_checked=offline_fits | _serving_fits(served, context_tokens),
         facts_from=_facts_sources(found, facts),
         kind=kind,
@@ -189,6 +191,16 @@ def _kv_sizes(
             sizes[key] = memory.kv_bytes(concurrency=choice.b, tokens_per_user=tokens)
         found_sizes[choice.node] = sizes[key]
     return found_sizes
+
+
+def _kv_rules(found: PlacementRows, facts: FleetFacts) -> dict[str, str]:
+    """Which rules size each listed node's KV cache, or why none can ("fit unknown")."""
+    rules = {}
+    for choice in found.qualifying:
+        memory = memory_of(found.configs[choice.node], facts)
+        why = why_kv_unknown(memory)
+        rules[choice.node] = f"fit unknown: {why}" if why is not None else memory.kv_rules
+    return rules
 
 
 def _rejected(

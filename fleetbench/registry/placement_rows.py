@@ -53,6 +53,32 @@ class FitConfig:
     cache_type_v: str | None
     n_ubatch: int | None
     beside_kv_bytes: int | None  # weights, compute and outputs as allocated (None: not logged)
+    build_id: int  # the llama.cpp build: its rules size the cache
+    flash_attn: str | None
+    swa_full: bool | None
+    build_number: int | None = None  # the build's (one per build_id)
+
+
+# What a fit config holds of a node's latest run (heads), in FitConfig's order.
+_FIT_COLUMNS = (
+    "model_id",
+    "facts_id",
+    "memory_bytes",
+    "cache_type_k",
+    "cache_type_v",
+    "n_ubatch",
+    "beside_kv_bytes",
+    "build_id",
+    "flash_attn",
+    "swa_full",
+)
+
+
+def _fit_config(row: Any) -> FitConfig:
+    """The fit config of a row holding _FIT_COLUMNS and build_number."""
+    values = row._mapping
+    fields = {name: values[name] for name in _FIT_COLUMNS}
+    return FitConfig(**fields, build_number=values["build_number"])
 
 
 class PlacementRows(NamedTuple):
@@ -105,6 +131,8 @@ def _heads(shape: _Shape) -> Any:
         LatestRun.cache_type_v,
         LatestRun.n_ubatch,
         LatestRun.beside_kv_bytes,
+        LatestRun.flash_attn,
+        LatestRun.swa_full,
         LatestRun.engine_on_accelerator,
     ]
     if not shape.several_models:
@@ -128,18 +156,7 @@ def _heads(shape: _Shape) -> Any:
 def _cap_expression(heads: Any, caps: Mapping[FitConfig, int]) -> ColumnElement[Any]:
     """The most users of each node that fit (NULL: not capped), from its fit config."""
     whens = [
-        (
-            and_(
-                heads.c.model_id == config.model_id,
-                _same(heads.c.facts_id, config.facts_id),
-                _same(heads.c.memory_bytes, config.memory_bytes),
-                _same(heads.c.cache_type_k, config.cache_type_k),
-                _same(heads.c.cache_type_v, config.cache_type_v),
-                _same(heads.c.n_ubatch, config.n_ubatch),
-                _same(heads.c.beside_kv_bytes, config.beside_kv_bytes),
-            ),
-            cap,
-        )
+        (and_(*(_same(heads.c[name], getattr(config, name)) for name in _FIT_COLUMNS)), cap)
         for config, cap in caps.items()
     ]
     return case(*whens, else_=None)
@@ -177,17 +194,10 @@ def _placement_statement(
             point.s_tg,
             point.past_knee,
             detectable.change.label("min_detectable_change"),
-            heads.c.model_id,
             heads.c.run_id,
             heads.c.started_at,
-            heads.c.build_id,
-            heads.c.facts_id,
-            heads.c.memory_bytes,
-            heads.c.cache_type_k,
-            heads.c.cache_type_v,
-            heads.c.n_ubatch,
-            heads.c.beside_kv_bytes,
             heads.c.engine_on_accelerator,
+            *(heads.c[name] for name in _FIT_COLUMNS),
         )
         .select_from(point)
         .join(heads, and_(heads.c.node_id == point.node_id, heads.c.model_id == point.model_id))
@@ -246,14 +256,8 @@ def _placement_statement(
             chosen.c.s_tg,
             chosen.c.past_knee,
             chosen.c.min_detectable_change,
-            chosen.c.model_id,
-            chosen.c.facts_id,
-            chosen.c.memory_bytes,
-            chosen.c.cache_type_k,
-            chosen.c.cache_type_v,
-            chosen.c.n_ubatch,
-            chosen.c.beside_kv_bytes,
             chosen.c.engine_on_accelerator,
+            *(chosen.c[name] for name in _FIT_COLUMNS),
             func.sum(chosen.c.meets).over().label("qualifying"),
         )
         .select_from(chosen)
@@ -293,47 +297,24 @@ def placement_rows(
     rows = session.connection().execute(statement, params).all()
     choices = []
     configs = {}
-    for (
-        node,
-        run_id,
-        started_at,
-        build_number,
-        pp,
-        tg,
-        b,
-        s_pp,
-        s_tg,
-        past_knee,
-        min_detectable_change,
-        model_id,
-        facts_id,
-        memory_bytes,
-        cache_type_k,
-        cache_type_v,
-        n_ubatch,
-        beside_kv_bytes,
-        engine_on_accelerator,
-        _,
-    ) in rows:
+    for row in rows:
         choices.append(
             NodeChoice(
-                node=node,
-                run_id=run_id,
-                measured_at=started_at,
-                llama_cpp_build=build_number,
-                pp=pp,
-                tg=tg,
-                b=b,
-                s_pp=s_pp,
-                s_tg=s_tg,  # the query keeps only points with an S_TG
-                past_knee=past_knee,
-                engine_on_accelerator=engine_on_accelerator,
-                min_detectable_change=min_detectable_change,
+                node=row.name,
+                run_id=row.run_id,
+                measured_at=row.started_at,
+                llama_cpp_build=row.build_number,
+                pp=row.pp,
+                tg=row.tg,
+                b=row.b,
+                s_pp=row.s_pp,
+                s_tg=row.s_tg,  # the query keeps only points with an S_TG
+                past_knee=row.past_knee,
+                engine_on_accelerator=row.engine_on_accelerator,
+                min_detectable_change=row.min_detectable_change,
             )
         )
-        configs[node] = FitConfig(
-            model_id, facts_id, memory_bytes, cache_type_k, cache_type_v, n_ubatch, beside_kv_bytes
-        )
+        configs[row.name] = _fit_config(row)
     count = int(rows[0].qualifying) if rows else 0
     if count:
         return PlacementRows(choices[:count], count, None, None, configs)
@@ -371,19 +352,12 @@ def longest_prompt(
 @functools.cache
 def _fit_config_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
     heads = _heads(shape)
-    keys = (
-        heads.c.model_id,
-        heads.c.facts_id,
-        heads.c.memory_bytes,
-        heads.c.cache_type_k,
-        heads.c.cache_type_v,
-        heads.c.n_ubatch,
-        heads.c.beside_kv_bytes,
-    )
+    keys = (*(heads.c[name] for name in _FIT_COLUMNS), EngineBuild.build_number)
     return (
-        select(*keys, func.count(), func.min(Node.name))
+        select(*keys, func.count().label("nodes"), func.min(Node.name).label("first"))
         .select_from(heads)
         .join(Node, Node.id == heads.c.node_id)
+        .join(EngineBuild, EngineBuild.id == heads.c.build_id)
         .group_by(*keys)
     )
 
@@ -397,6 +371,9 @@ def memory_of(config: FitConfig, facts: FleetFacts, *, node: str = "") -> NodeMe
         cache_type_v=config.cache_type_v,
         n_ubatch=config.n_ubatch,
         beside_kv_bytes=config.beside_kv_bytes,
+        build=config.build_number,
+        flash_attn=config.flash_attn,
+        swa_full=config.swa_full,
     )
 
 
@@ -407,7 +384,4 @@ def fit_configs(
     first node's name)."""
     statement = _fit_config_statement(_shape(model_ids, since, None))
     rows = session.connection().execute(statement, _params(model_ids, since))
-    return [
-        (FitConfig(model_id, facts_id, memory, cache_k, cache_v, ubatch, beside), count, first)
-        for model_id, facts_id, memory, cache_k, cache_v, ubatch, beside, count, first in rows
-    ]
+    return [(_fit_config(row), row.nodes, row.first) for row in rows]

@@ -13,6 +13,7 @@ from fleetbench.contract import bounds as wire_bounds
 from fleetbench.contract import wire
 from fleetbench.contract.allocation import kv_prediction_error_pct
 from fleetbench.contract.bounds import Text
+from fleetbench.contract.kv_cache import rules_for
 from fleetbench.contract.plans import PlanState
 from fleetbench.registry.models import Regression, Run, Token
 from fleetbench.registry.questions.health import Health
@@ -156,6 +157,11 @@ class RunPublic(_Public):
         description="(predicted - allocated) / allocated, in %: how far placement's fit "
         "maths was from what llama.cpp allocated for this run",
     )
+    kv_rules: str | None = Field(
+        default=None,
+        description="which of llama.cpp's rules predicted kv_predicted_bytes, for the run's "
+        "build (null: no prediction)",
+    )
 
 
 class RunsPublic(_Public):
@@ -205,6 +211,9 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "kv_prediction_error_pct": kv_prediction_error_pct(
             run.kv_predicted_bytes, run.kv_allocated_bytes
         ),
+        "kv_rules": rules_for(run.build.build_number)
+        if run.kv_predicted_bytes is not None
+        else None,
     }
 
 

@@ -14,13 +14,19 @@ def write_tiny_gguf(
     arch: str = "gemma3",
     n_layer: int = 18,
     swa_pattern: int | list[bool] | None = None,
+    head_count_kv: int | list[int] = 1,
+    numbers: dict[str, int] | None = None,
 ) -> Path:
+    """A model file of `arch` with no weights worth loading: its header for the reader.
+    `numbers`: more `<arch>.<key>` = integer keys."""
     writer = GGUFWriter(path, arch)
     writer.add_name("tiny")
     writer.add_block_count(n_layer)
     writer.add_embedding_length(64)
     writer.add_head_count(4)
-    writer.add_head_count_kv(1)
+    writer.add_head_count_kv(head_count_kv)
+    for key, value in (numbers or {}).items():
+        writer.add_uint32(f"{arch}.{key}", value)
     writer.add_key_length(32)
     writer.add_value_length(32)
     writer.add_context_length(32768)

@@ -6,7 +6,13 @@ from typing import get_args
 
 import pytest
 
-from fleetbench.contract.kv_cache import CACHE_TYPE_BYTES, CacheType, fits, kv_cache_bytes
+from fleetbench.contract.kv_cache import (
+    CACHE_TYPE_BYTES,
+    CacheShape,
+    CacheType,
+    fits,
+    kv_cache_bytes,
+)
 from fleetbench.contract.wire import ModelInfo
 from tests.factories import ARTICLE_MODEL_INFO
 
@@ -45,14 +51,15 @@ def test_without_architecture_numbers_nothing_is_claimed() -> None:
 
 
 def test_fits_says_why_not() -> None:
-    common = {"n_seq": 32, "n_ubatch": 512, "cache_type_k": "f16", "cache_type_v": "f16"}
-    assert fits(NEMO, n_ctx=20_480, free_bytes=24 * GIB, **common) is None  # type: ignore[arg-type]
-    reason = fits(NEMO, n_ctx=256_000, free_bytes=24 * GIB, **common)  # type: ignore[arg-type]
+    small, large = CacheShape(n_ctx=20_480, n_seq=32), CacheShape(n_ctx=256_000, n_seq=32)
+    assert fits(NEMO, small, free_bytes=24 * GIB) is None
+    reason = fits(NEMO, large, free_bytes=24 * GIB)
+    # 32 separate sequences of 8000 cells, each padded to 8192 (llama.cpp b6975+): 40 GiB
     assert reason == (
-        "its KV cache for 256000 cells needs 39.06 GiB beside 6.96 GiB of weights; "
+        "its KV cache for 256000 cells needs 40.00 GiB beside 6.96 GiB of weights; "
         "24.00 GiB is free"
     )
-    assert fits(NEMO, n_ctx=256_000, free_bytes=None, **common) is None  # type: ignore[arg-type]
+    assert fits(NEMO, large, free_bytes=None) is None
 
 
 def test_a_cache_type_the_table_lacks_gives_no_estimate_and_upper_case_is_read() -> None:
@@ -64,3 +71,11 @@ def test_a_cache_type_the_table_lacks_gives_no_estimate_and_upper_case_is_read()
 
 def test_every_cache_type_a_spec_takes_has_a_size() -> None:
     assert set(get_args(CacheType)) == set(CACHE_TYPE_BYTES)
+
+
+def test_a_model_of_any_layer_count_is_sized_at_once() -> None:
+    """Layers alike are counted, not listed: a report claiming 2^31 - 1 layers costs the
+    registry no more than one of 40."""
+    huge = NEMO.model_copy(update={"n_layer": 2**31 - 1})
+    per_layer_cell = 8 * 128 * 2 * 2
+    assert kv_cache_bytes(huge, n_ctx=256) == 256 * (2**31 - 1) * per_layer_cell

@@ -10,17 +10,15 @@ import uuid
 from typing import Any
 
 import pytest
-from alembic import command
-from sqlalchemy import inspect
 
 from fleetbench.agent.client import RegistryClient
 from fleetbench.contract import wire
-from fleetbench.registry.db import alembic_config, create_db_engine, upgrade_schema
 from tests.agent.flaky_registry import flaky_registry
 from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_MODEL_INFO,
     LiveRegistry,
+    columns_down_and_up,
     make_report,
     post_report,
 )
@@ -30,10 +28,13 @@ M4PRO_24GB = wire.HardwareFingerprint(
     hash="a" * 64,
     data={"probes": {"apple": {"chip": "Apple M4 Pro", "memory_bytes": 24 * 2**30}}},
 )
-# The article's sweep (B up to 32, PP 512 + TG 128): 32 x 640 cells of 160 KiB = 3,200 MiB
-# predicted; this llama.cpp allocated 3,072 MiB of KV cache, 7,131 MiB of weights and
-# 2,000 MiB of compute scratch on Metal.
-SETTINGS = wire.RunSettings(n_ctx=32 * 640, n_ubatch=512, cache_type_k="f16", cache_type_v="f16")
+# The article's sweep (B up to 32, PP 512 + TG 128) in one unified cache: 32 x 640 cells of
+# 160 KiB = 3,200 MiB predicted (separate caches would pad each sequence's 640 to 768); this
+# llama.cpp allocated 3,072 MiB of KV cache, 7,131 MiB of weights and 2,000 MiB of compute
+# scratch on Metal.
+SETTINGS = wire.RunSettings(
+    n_ctx=32 * 640, n_ubatch=512, cache_type_k="f16", cache_type_v="f16", kv_unified=True
+)
 BUFFERS = [
     wire.AllocatedBuffer(kind="model", device="Metal_Mapped", bytes=7_131 * MIB),
     wire.AllocatedBuffer(kind="output", device="CPU", bytes=4 * MIB),
@@ -112,9 +113,10 @@ def test_a_run_without_buffers_has_a_prediction_and_nothing_to_check_it_with(
 def test_placement_fits_users_beside_the_measured_weights_and_compute_buffers(
     live_registry: LiveRegistry,
 ) -> None:
-    """Predicted only (the file's 6.96 GiB stands for everything beside the KV cache), 9 users
-    of 8,000 tokens fit the M4 Pro's GPU share: concurrency 8. Measured, the weights and
-    the compute scratch take 8.88 GiB: 7 users fit, and the largest measured B below is 4."""
+    """Predicted only (the file's 6.96 GiB stands for everything beside the KV cache), 8 users
+    of 8,000 tokens (each padded to 8,192 cells) fit the M4 Pro's GPU share: concurrency 8.
+    Measured, the weights and the compute scratch take 8.88 GiB: 7 users fit, and the
+    largest measured B below is 4."""
     with live_registry.client(live_registry.token("m4pro")) as client:
         assert post_report(client, _report("m4pro", settings=SETTINGS)).status_code == 201
     predicted = _placement(live_registry)
@@ -199,18 +201,7 @@ def test_a_gpu_run_steps_down_to_the_newest_version_the_registry_takes(
 
 
 def test_the_buffer_columns_go_with_a_downgrade_and_come_back(database_url: str) -> None:
-    engine = create_db_engine(database_url)
-
-    def columns(table: str) -> set[str]:
-        return {c["name"] for c in inspect(engine).get_columns(table)}
-
-    try:
-        command.downgrade(alembic_config(engine), "0011")
-        gone = columns("runs"), columns("latest_runs")
-        upgrade_schema(engine)
-        back = columns("runs"), columns("latest_runs")
-    finally:
-        engine.dispose()
+    gone, back = columns_down_and_up(database_url, "0011", "runs", "latest_runs")
     added = {"buffers", "kv_predicted_bytes", "kv_allocated_bytes", "device_memory"}
     assert not added & gone[0] and "beside_kv_bytes" not in gone[1]
     assert added <= back[0] and "beside_kv_bytes" in back[1]

@@ -136,7 +136,7 @@ def _without(field: str) -> dict[str, Any]:
         (_with_point(t_tg=4.0), ["body", "points", 0, "s_tg"]),
         (_with_point(t_tg=0.0), ["body", "points", 0, "s_tg"]),
         (_with_point(b=2**40), ["body", "points", 0, "b"]),
-        ({**_valid_body(), "schema_version": 6}, ["body", "schema_version"]),
+        ({**_valid_body(), "schema_version": 7}, ["body", "schema_version"]),
         (_without("schema_version"), ["body", "schema_version"]),
         ({**_valid_body(), "started_at": "2026-10-16T12:00:00"}, ["body", "started_at"]),
         ({**_valid_body(), "source": "guess"}, ["body", "source"]),

@@ -118,12 +118,13 @@ def test_placement_checks_each_node_against_its_own_model_facts(
     for report in [liar, honest] if liar_first else [honest, liar]:
         assert _post(live_registry, report).status_code == 201
     answer = _fit_answer(live_registry)
-    # The honest node's fit is its own facts' (9 users of 8,000 tokens fit in 24 GiB),
+    # The honest node's fit is its own facts' (8 users of 8,000 tokens, each padded to 8,192
+    # cells, fit in 24 GiB),
     # whoever reported the model first; the other node's 747 GB file fits nowhere.
     [candidate] = answer["candidates"]
     assert (candidate["node"], candidate["concurrency"]) == ("honest", 8)
     assert (candidate["fit"], candidate["facts_from"]) == ("fits", "node")
-    assert candidate["kv_cache_gib"] == pytest.approx(8 * 8000 * 160 * 1024 / 2**30)
+    assert candidate["kv_cache_gib"] == pytest.approx(8 * 8192 * 160 * 1024 / 2**30)
     refused = {r["node"]: r for r in answer["rejected"]}
     assert refused["honest"]["concurrency"] == 32
     assert "not even one user fits" in refused["liar"]["reason"]

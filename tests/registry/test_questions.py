@@ -156,8 +156,9 @@ NEMO = ARTICLE_MODEL_INFO
 def test_largest_fitting_concurrency_on_a_24_gib_m4_pro() -> None:
     memory = NodeMemory("m4pro", 18 * GIB, NEMO, None, None, None)
     assert why_fit_unchecked(memory) is None
-    # (18 GiB - 6.96 GiB of weights) / 1.22 GiB per 8,000-token user = 9.04
-    assert largest_fitting_concurrency(memory, tokens_per_user=8_000) == 9
+    # (18 GiB - 6.96 GiB of weights) / 1.25 GiB per 8,000-token user (its share padded to
+    # 8,192 cells, as llama.cpp b6975+ pads each sequence's) = 8.83
+    assert largest_fitting_concurrency(memory, tokens_per_user=8_000) == 8
     assert largest_fitting_concurrency(memory, tokens_per_user=20_480) == 3
     assert largest_fitting_concurrency(memory, tokens_per_user=10_000_000) == 0
 

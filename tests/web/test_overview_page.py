@@ -214,4 +214,6 @@ def test_the_node_page_checks_the_kv_maths_against_what_llama_cpp_allocated(
     assert "KV-cache maths+4.2% of what llama.cpp allocated in the latest run" in facts
     [row] = dashboard.table("#models")
     assert row[5] == "3072.0 MiB (predicted +4.2%)"
+    rules = page.get_attribute("#models td.kv-check", "title")
+    assert rules == "llama.cpp b10243+ rules, for b11429"
     dashboard.assert_clean()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from fleetbench.contract.kv_cache import fits
+from fleetbench.contract.kv_cache import CacheShape, fits
 from fleetbench.contract.sweep_spec import LLAMA_CPP_NAMES, SweepSpec, needed_cells
 from fleetbench.contract.wire import (
     AllocatedBuffer,
@@ -60,16 +60,16 @@ def plan_grid(
     runnable, skipped = [], []
     for pp, tg, pl in spec.grid():
         cells = spec.n_ctx or needed_cells(pp, tg, pl, spec)
-        reason = fits(
-            model,
+        shape = CacheShape(
             n_ctx=cells,
             n_seq=max(spec.npl),
             n_ubatch=spec.n_ubatch,
             cache_type_k=spec.cache_type_k,
             cache_type_v=spec.cache_type_v,
-            free_bytes=free_bytes,
             unified=spec.kv_unified,
-        )
+            flash_attn=spec.flash_attn,
+        )  # the engine's own build: the newest rules
+        reason = fits(model, shape, free_bytes=free_bytes)
         if reason is None:
             runnable.append((pp, tg, pl))
         else:

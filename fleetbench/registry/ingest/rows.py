@@ -34,7 +34,8 @@ class KnownRows:
 
     builds: dict[str, int] = field(default_factory=dict)
     models: dict[str, int] = field(default_factory=dict)
-    # by (model, the facts' values in MODEL_FACTS' order): no digest for facts known already
+    # by (model, the facts' values in MODEL_FACTS' order and the layers' JSON): no digest
+    # for facts known already
     facts: dict[tuple[int, tuple[Any, ...]], int] = field(default_factory=dict)
 
     def learn(self, other: KnownRows) -> None:
@@ -152,12 +153,15 @@ def facts_id_of(
     learned: KnownRows,
 ) -> int | None:
     """The row of the model's facts as this report states them (None: it states none)."""
-    facts = {f: getattr(info, f) for f in MODEL_FACTS}
+    facts: dict[str, Any] = {f: getattr(info, f) for f in MODEL_FACTS}
     if all(value is None for value in facts.values()):
         return None
-    key = (model_id, tuple(facts.values()))
+    layers = info.layers.model_dump_json() if info.layers is not None else None
+    key = (model_id, (*facts.values(), layers))
     facts_id = learned.facts.get(key) or known.facts.get(key)
     if facts_id is None:
+        if info.layers is not None:  # absent from the identity of the facts stored without
+            facts["layers"] = info.layers.model_dump(mode="json")
         keys = {"model_id": model_id, "identity": build_identity(facts)}
         facts_id = _get_or_insert(connection, sql.facts_by_identity, sql.insert_facts, keys, facts)
         learned.facts[key] = facts_id

@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
 from fleetbench.contract.answers import (
@@ -32,7 +32,14 @@ from fleetbench.contract.answers import (
     PlacementKind,
     RejectedConcurrency,
 )
-from fleetbench.contract.kv_cache import CACHE_TYPE_BYTES, fits, kv_cache_bytes
+from fleetbench.contract.kv_cache import (
+    CacheShape,
+    KvPrediction,
+    KvUnknown,
+    fits,
+    predict_kv,
+    rules_for,
+)
 from fleetbench.contract.wire import ModelInfo
 from fleetbench.registry.questions.knee import find_knee
 
@@ -191,21 +198,31 @@ class NodeMemory:
     # the weights, compute and output buffers of the node's latest run as llama.cpp allocated
     # them; None: not logged, the fit is checked with the file's size (predicted only)
     beside_kv_bytes: int | None = None
+    build: int | None = None  # the llama.cpp build of the node's latest run
+    flash_attn: str | None = None  # and its settings
+    swa_full: bool | None = None
 
-    def _cache(self, concurrency: int, tokens_per_user: int) -> dict[str, Any]:
-        return {
-            "n_ctx": concurrency * tokens_per_user,
-            "n_seq": concurrency,
-            "n_ubatch": self.n_ubatch or 512,
-            "cache_type_k": self.cache_type_k or "f16",
-            "cache_type_v": self.cache_type_v or "f16",
-        }
+    def _shape(self, concurrency: int, tokens_per_user: int) -> CacheShape:
+        return CacheShape(
+            n_ctx=concurrency * tokens_per_user,
+            n_seq=concurrency,
+            n_ubatch=self.n_ubatch or 512,
+            cache_type_k=self.cache_type_k or "f16",
+            cache_type_v=self.cache_type_v or "f16",
+            swa_full=bool(self.swa_full),
+            flash_attn=self.flash_attn,
+            build=self.build,
+        )
+
+    @property
+    def kv_rules(self) -> str:
+        """Which of llama.cpp's rules size this node's KV cache (its build's)."""
+        return rules_for(self.build)
 
     def kv_bytes(self, *, concurrency: int, tokens_per_user: int) -> int | None:
         """The users' KV cache, or None when why_kv_unknown says why not."""
-        if why_kv_unknown(self) is not None:
-            return None
-        return kv_cache_bytes(self.model, **self._cache(concurrency, tokens_per_user))
+        found = predict_kv(self.model, self._shape(concurrency, tokens_per_user))
+        return found.bytes if isinstance(found, KvPrediction) else None
 
     def shortfall(self, *, concurrency: int, tokens_per_user: int) -> str | None:
         """Why these users' KV caches and the weights do not fit the node's memory (the
@@ -213,21 +230,16 @@ class NodeMemory:
         must be checkable (why_fit_unchecked is None)."""
         return fits(
             self.model,
-            **self._cache(concurrency, tokens_per_user),
+            self._shape(concurrency, tokens_per_user),
             free_bytes=self.memory_bytes,
             beside_bytes=self.beside_kv_bytes,
         )
 
 
 def why_kv_unknown(memory: NodeMemory) -> str | None:
-    """Why the KV cache's size cannot be computed, or None when it can."""
-    model = memory.model
-    if not (model.n_layer and model.n_head_kv and model.head_dim_k and model.head_dim_v):
-        return "the model's architecture numbers are unknown"
-    for cache_type in (memory.cache_type_k, memory.cache_type_v):
-        if cache_type is not None and cache_type.lower() not in CACHE_TYPE_BYTES:
-            return f"its KV cache type {cache_type!r} is unknown"
-    return None
+    """Why the KV cache's size cannot be computed ("fit unknown"), or None when it can."""
+    found = predict_kv(memory.model, memory._shape(1, 256))
+    return found.reason if isinstance(found, KvUnknown) else None
 
 
 def why_fit_unchecked(memory: NodeMemory) -> str | None:
@@ -277,6 +289,7 @@ def answer_placement(
     rejected: Sequence[RejectedConcurrency] = (),
     unchecked: Sequence[tuple[str, str, int]] = (),
     kv_cache_bytes: Mapping[str, int | None] | None = None,
+    kv_rules: Mapping[str, str] | None = None,
     fit_checked: Mapping[str, FitBasis] | None = None,
     facts_from: Mapping[str, FactsSource] | None = None,
     kind: PlacementKind = "any",
@@ -288,7 +301,8 @@ def answer_placement(
     first of `qualifying_count`). When none does, the reason names the `fastest` point per
     user, or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt`.
     `unchecked`: (a node, why its fit is not checked, how many nodes alike).
-    `kv_cache_bytes`: each listed node's users' KV cache at its concurrency;
+    `kv_cache_bytes`: each listed node's users' KV cache at its concurrency; `kv_rules`:
+    which rules predicted it, or "fit unknown: <why>" where none can;
     `fit_checked`: the nodes whose fit was checked, and against what; `facts_from`: whose
     model facts each listed node's figures used. `small_slots`: serving nodes left out,
     their server holding fewer tokens per slot than `context_tokens`; `untimed`: nodes
@@ -351,7 +365,7 @@ def answer_placement(
     if unchecked:
         node, why, _ = unchecked[0]
         nodes = sum(count for _, _, count in unchecked)
-        reason += f"; KV-cache fit not checked for {nodes} node(s) ({node}: {why})"
+        reason += f"; KV-cache fit unknown for {nodes} node(s) ({node}: {why})"
     if untimed and (qualifying or fastest is not None):
         reason += (
             f"; {untimed} node(s) meeting the speed on their offline curves alone are left "
@@ -395,6 +409,7 @@ def answer_placement(
                 _candidate(
                     c,
                     (kv_cache_bytes or {}).get(c.node),
+                    (kv_rules or {}).get(c.node),
                     (fit_checked or {}).get(c.node),
                     (facts_from or {}).get(c.node, "none"),
                 )
@@ -409,6 +424,7 @@ def answer_placement(
 def _candidate(
     choice: NodeChoice,
     kv_bytes: int | None,
+    kv_rules: str | None,
     fit_basis: FitBasis | None,
     facts_from: FactsSource,
 ) -> dict[str, object]:
@@ -425,6 +441,7 @@ def _candidate(
         "run_id": choice.run_id,
         "past_knee": choice.past_knee,
         "kv_cache_gib": kv_bytes / GIB if kv_bytes is not None else None,
+        "kv_rules": kv_rules,
         "fit": "fits" if fit_basis is not None else "not checked",
         "fit_basis": fit_basis,
         "facts_from": facts_from,

@@ -137,7 +137,7 @@ async function showNode(node) {
         h("td", {}, timeElement(run.started_at)),
         h("td", {}, h("span", { class: `badge ${run.status}` }, run.status)),
         h("td", {}, engineText(run.engine) ?? dash()),
-        h("td", { class: "kv-check" }, kvCheckText(run) ?? dash()),
+        h("td", { class: "kv-check", title: run.kv_rules }, kvCheckText(run) ?? dash()),
       ),
     ),
   );
@@ -151,7 +151,8 @@ async function showNode(node) {
   done();
 }
 
-/** "18.0 MiB (predicted +0.4%)": the KV cache llama.cpp allocated against the fit maths. */
+/** "18.0 MiB (predicted +0.4%)": the KV cache llama.cpp allocated against the fit maths
+ * (the rules that predicted it in the cell's title). */
 function kvCheckText(run) {
   if (run.kv_allocated_bytes == null) return null;
   const allocated = `${(run.kv_allocated_bytes / 2 ** 20).toFixed(1)} MiB`;

@@ -73,7 +73,13 @@ function candidateRow(candidate, index, model) {
       candidate.llama_cpp_build === null ? dash() : `b${candidate.llama_cpp_build}`,
     ),
     h("td", {}, pastKnee),
-    h("td", { class: "num" }, orDash(candidate.kv_cache_gib, fmt)),
+    h(
+      "td",
+      { class: "num", title: candidate.kv_rules },
+      candidate.kv_cache_gib === null && candidate.kv_rules?.startsWith("fit unknown")
+        ? candidate.kv_rules
+        : orDash(candidate.kv_cache_gib, fmt),
+    ),
     h(
       "td",
       {},

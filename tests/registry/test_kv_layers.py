@@ -1,0 +1,164 @@
+"""Per-layer KV facts as the registry keeps and uses them (schema version 6): stored with the
+model's facts, sized by the node's build's rules in placement (which say which rules, for
+which build), "fit unknown" with its reason where the maths cannot say, the way to an older
+registry, the migration, and the prediction's error in /metrics; on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from fleetbench.agent.client import RegistryClient
+from fleetbench.contract import wire
+from tests.agent.flaky_registry import flaky_registry
+from tests.factories import LiveRegistry, columns_down_and_up, make_report, post_report
+from tests.registry.test_metrics import scrape, series
+
+GIB, MIB = 2**30, 2**20
+H100 = wire.HardwareFingerprint(
+    hash="b" * 64,
+    data={
+        "probes": {
+            "nvidia": {
+                "driver_version": "550.54.15",
+                "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * GIB}],
+            }
+        }
+    },
+)
+# Gemma 4 12B's layers: 40 sliding-window ones of 8 KV heads x 256, 8 full ones of 1 x 512
+GEMMA4 = wire.ModelInfo(
+    name="gemma-4-12b",
+    file_size=7 * GIB,
+    n_layer=48,
+    n_head_kv=8,
+    head_dim_k=512,
+    head_dim_v=512,
+    sliding_window=1024,
+    n_swa_layers=40,
+    layers=wire.KvLayers(
+        architecture="gemma4",
+        head_count_kv=[8, 8, 8, 8, 8, 1] * 8,
+        sliding_window_layers=([True] * 5 + [False]) * 8,
+        head_dim_k_swa=256,
+        head_dim_v_swa=256,
+    ),
+)  # fmt: skip
+# A GLM-DSA file that does not say which layers keep an indexer cache
+GLM_DSA = wire.ModelInfo(
+    name="glm-5.2",
+    file_size=7 * GIB,
+    n_layer=79,
+    n_head_kv=1,
+    head_dim_k=576,
+    head_dim_v=512,
+    layers=wire.KvLayers(
+        architecture="glm-dsa", head_count_kv=[1] * 79, mla=True, nextn_layers=1,
+        indexer_head_dim=128,
+    ),
+)  # fmt: skip
+
+
+def _report(model: wire.ModelInfo, **fields: Any) -> wire.RunReport:
+    return make_report(
+        node="h100", model=model, hardware=H100, schema_version=6, build_number=10505, **fields
+    )
+
+
+def _placement(registry: LiveRegistry, model: str, **params: Any) -> dict[str, Any]:
+    with registry.client() as client:
+        response = client.get(
+            "/v1/placement", params={"model": model, "min_tps_per_user": 6, **params}
+        )
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def test_per_layer_facts_size_the_cache_by_the_node_s_build(live_registry: LiveRegistry) -> None:
+    sent = _report(GEMMA4, settings=wire.RunSettings(swa_full=True))
+    with live_registry.client(live_registry.token("h100")) as client:
+        assert post_report(client, sent).status_code == 201
+    [candidate] = _placement(live_registry, GEMMA4.name)["candidates"]
+    # 32 users at the point's 640 tokens, each padded to 768 cells in a stream of its own;
+    # the window layers as large as the context (swa_full): 8 x 512 + 40 x 2048 per cell
+    assert candidate["concurrency"] == 32
+    per_cell = (8 * 512 + 40 * 2048) * 2 * 2
+    assert candidate["kv_cache_gib"] == pytest.approx(32 * 768 * per_cell / GIB)
+    assert candidate["kv_rules"] == "llama.cpp b10243+ rules, for b10505"
+    assert live_registry.count("model_facts WHERE layers IS NOT NULL") == 1
+
+
+def test_a_model_the_maths_cannot_express_is_fit_unknown(live_registry: LiveRegistry) -> None:
+    with live_registry.client(live_registry.token("h100")) as client:
+        assert post_report(client, _report(GLM_DSA)).status_code == 201
+    answer = _placement(live_registry, GLM_DSA.name, context_tokens=8000)
+    [candidate] = answer["candidates"]
+    assert candidate["kv_cache_gib"] is None and candidate["fit"] == "not checked"
+    assert candidate["kv_rules"].startswith("fit unknown: GLM-DSA keeps an indexer cache")
+    assert "KV-cache fit unknown for 1 node(s) (h100: GLM-DSA keeps an indexer" in answer["reason"]
+
+
+def test_per_layer_facts_came_with_schema_version_6(live_registry: LiveRegistry) -> None:
+    body = _report(GEMMA4).model_dump(mode="json") | {"schema_version": 5}
+    swa_full = _report(GLM_DSA.model_copy(update={"layers": None})).model_dump(mode="json")
+    swa_full |= {"schema_version": 5, "settings": {"swa_full": True}}
+    with live_registry.client(live_registry.token("h100")) as client:
+        refused = [post_report(client, b) for b in (body, swa_full)]
+    assert [r.status_code for r in refused] == [422, 422]
+    assert "model.layers came with schema version 6" in refused[0].text
+    assert "settings.swa_full came with schema version 6" in refused[1].text
+
+
+def test_a_run_with_per_layer_facts_reaches_an_older_registry_without_them() -> None:
+    sent = _report(GEMMA4, settings=wire.RunSettings(n_ctx=4096, swa_full=True))
+    assert wire.oldest_version(sent) == 6
+    with flaky_registry() as older, RegistryClient(older.url, token="t") as client:
+        older.newest_version = 5
+        receipt = client.submit_run(sent)
+    assert receipt.run_id == sent.run_id
+    first, resent = older.bodies[:2]
+    assert (first["schema_version"], resent["schema_version"]) == (6, 1)
+    assert "layers" in first["model"] and "layers" not in resent["model"]
+    assert first["settings"]["swa_full"] is True and "swa_full" not in resent["settings"]
+    assert resent["points"] == first["points"]
+
+
+def test_an_older_report_is_written_as_before() -> None:
+    """A version 1 report's body has neither part field: its digest, a retry's identity, is
+    what it was."""
+    body = make_report().model_dump(mode="json")
+    assert "layers" not in body["model"] and "swa_full" not in body["settings"]
+
+
+def test_the_prediction_s_error_is_in_metrics(live_registry: LiveRegistry) -> None:
+    # 20480 cells of the article's model (160 KiB each) in one unified cache: 3,200 MiB
+    # predicted, 3,072 allocated
+    settings = wire.RunSettings(n_ctx=20480, kv_unified=True)
+    buffers = [wire.AllocatedBuffer(kind="kv", device="CUDA0", bytes=3_072 * MIB)]
+    article = wire.ModelInfo(name="nemo", n_layer=40, n_head_kv=8, head_dim_k=128, head_dim_v=128)
+    sent = make_report(
+        node="h100", model=article, settings=settings, buffers=buffers, schema_version=4
+    )
+    with live_registry.client(live_registry.token("h100")) as client:
+        assert post_report(client, sent).status_code == 201
+        errors = series(scrape(client), "fleetbench_kv_prediction_error_percent", "node", "model")
+    assert errors == {("h100", "nemo"): pytest.approx(100 * 128 / 3072)}
+
+
+def test_the_layer_columns_go_with_a_downgrade_and_come_back(database_url: str) -> None:
+    gone, back = columns_down_and_up(database_url, "0016", "model_facts", "runs", "latest_runs")
+    assert "layers" not in gone[0] and "swa_full" not in gone[1]
+    assert not {"flash_attn", "swa_full"} & gone[2]
+    assert "layers" in back[0] and "swa_full" in back[1]
+    assert {"flash_attn", "swa_full"} <= back[2]
+
+
+def test_a_retry_finds_the_facts_stored_with_their_layers(live_registry: LiveRegistry) -> None:
+    first, second = _report(GEMMA4), _report(GEMMA4, run_id=uuid.uuid4())
+    with live_registry.client(live_registry.token("h100")) as client:
+        assert post_report(client, first).status_code == 201
+        assert post_report(client, second).status_code == 201
+    assert live_registry.count("model_facts") == 1
