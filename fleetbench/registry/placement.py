@@ -27,6 +27,7 @@ from fleetbench.contract.answers import (
     PlacementKind,
     RejectedConcurrency,
 )
+from fleetbench.contract.kv_cache import KvPrediction, KvUnknown
 from fleetbench.registry.model_facts import FleetFacts
 from fleetbench.registry.models import Model
 from fleetbench.registry.placement_rows import (
@@ -45,7 +46,6 @@ from fleetbench.registry.questions.placement import (
     largest_fitting_concurrency,
     serving_choices,
     why_fit_unchecked,
-    why_kv_unknown,
 )
 
 __all__ = ["place"]
@@ -118,6 +118,7 @@ def place(
         for c in found.qualifying
         if found.configs[c.node] in caps
     }
+    predicted = _kv_caches(found, facts, context_tokens)
     return answer_placement(
         model=models[0].name,
         min_tps_per_user=min_tps_per_user,
@@ -130,8 +131,11 @@ def place(
         context_tokens=context_tokens,
         rejected=rejected,
         unchecked=sorted(unchecked),
-        kv_cache_bytes=_kv_sizes(found, facts, context_tokens),
-        kv_rules=_kv_rules(found, facts),
+        kv_cache_bytes={node: _bytes(kv) for node, kv in predicted.items()},
+        kv_rules={
+            node: kv.rules if isinstance(kv, KvPrediction) else f"fit unknown: {kv.reason}"
+            for node, kv in predicted.items()
+        },
         fit_checked=offline_fits | _serving_fits(served, context_tokens),
         facts_from=_facts_sources(found, facts),
         kind=kind,
@@ -173,34 +177,28 @@ def _facts_sources(found: PlacementRows, facts: FleetFacts) -> dict[str, FactsSo
     return sources
 
 
-def _kv_sizes(
+def _kv_caches(
     found: PlacementRows,
     facts: FleetFacts,
     context_tokens: int | None,
-) -> dict[str, int | None]:
+) -> dict[str, KvPrediction | KvUnknown]:
     """The listed nodes' users' KV cache at their concurrency, at `context_tokens` each (or
-    the point's own PP + TG); nodes alike share one computation."""
-    sizes: dict[tuple[FitConfig, int, int], int | None] = {}
-    found_sizes = {}
+    the point's own PP + TG), or why it cannot be said; nodes alike share one computation."""
+    computed: dict[tuple[FitConfig, int, int], KvPrediction | KvUnknown] = {}
+    caches = {}
     for choice in found.qualifying:
         config = found.configs[choice.node]
         tokens = context_tokens or choice.pp + choice.tg
         key = (config, choice.b, tokens)
-        if key not in sizes:
+        if key not in computed:
             memory = memory_of(config, facts)
-            sizes[key] = memory.kv_bytes(concurrency=choice.b, tokens_per_user=tokens)
-        found_sizes[choice.node] = sizes[key]
-    return found_sizes
+            computed[key] = memory.kv_cache(concurrency=choice.b, tokens_per_user=tokens)
+        caches[choice.node] = computed[key]
+    return caches
 
 
-def _kv_rules(found: PlacementRows, facts: FleetFacts) -> dict[str, str]:
-    """Which rules size each listed node's KV cache, or why none can ("fit unknown")."""
-    rules = {}
-    for choice in found.qualifying:
-        memory = memory_of(found.configs[choice.node], facts)
-        why = why_kv_unknown(memory)
-        rules[choice.node] = f"fit unknown: {why}" if why is not None else memory.kv_rules
-    return rules
+def _bytes(kv: KvPrediction | KvUnknown) -> int | None:
+    return kv.bytes if isinstance(kv, KvPrediction) else None
 
 
 def _rejected(
@@ -217,7 +215,7 @@ def _rejected(
         if cap is None or choice.b <= cap:
             continue
         memory = memory_of(config, facts)
-        kv = memory.kv_bytes(concurrency=choice.b, tokens_per_user=context_tokens) or 0
+        kv = _bytes(memory.kv_cache(concurrency=choice.b, tokens_per_user=context_tokens)) or 0
         shortfall = memory.shortfall(concurrency=choice.b, tokens_per_user=context_tokens)
         refused.append(
             RejectedConcurrency(

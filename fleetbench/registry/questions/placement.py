@@ -38,7 +38,6 @@ from fleetbench.contract.kv_cache import (
     KvUnknown,
     fits,
     predict_kv,
-    rules_for,
 )
 from fleetbench.contract.wire import ModelInfo
 from fleetbench.registry.questions.knee import find_knee
@@ -214,15 +213,10 @@ class NodeMemory:
             build=self.build,
         )
 
-    @property
-    def kv_rules(self) -> str:
-        """Which of llama.cpp's rules size this node's KV cache (its build's)."""
-        return rules_for(self.build)
-
-    def kv_bytes(self, *, concurrency: int, tokens_per_user: int) -> int | None:
-        """The users' KV cache, or None when why_kv_unknown says why not."""
-        found = predict_kv(self.model, self._shape(concurrency, tokens_per_user))
-        return found.bytes if isinstance(found, KvPrediction) else None
+    def kv_cache(self, *, concurrency: int, tokens_per_user: int) -> KvPrediction | KvUnknown:
+        """The users' KV cache and the rules of the node's build that size it, or why it
+        cannot be said ("fit unknown")."""
+        return predict_kv(self.model, self._shape(concurrency, tokens_per_user))
 
     def shortfall(self, *, concurrency: int, tokens_per_user: int) -> str | None:
         """Why these users' KV caches and the weights do not fit the node's memory (the
@@ -238,7 +232,7 @@ class NodeMemory:
 
 def why_kv_unknown(memory: NodeMemory) -> str | None:
     """Why the KV cache's size cannot be computed ("fit unknown"), or None when it can."""
-    found = predict_kv(memory.model, memory._shape(1, 256))
+    found = memory.kv_cache(concurrency=1, tokens_per_user=256)
     return found.reason if isinstance(found, KvUnknown) else None
 
 

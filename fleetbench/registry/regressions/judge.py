@@ -184,16 +184,29 @@ def judge_due(
     *,
     delay: timedelta = timedelta(0),
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    measured: Callable[[Steps], None] | None = None,
+    regressed: Callable[[], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> Judged:
-    """Judges every check due now, batch after batch (judge_next_batch), until none is."""
+    """Judges every check due now, batch after batch (judge_next_batch), until none is or
+    `stop` is set; after each batch, `measured` is told what it cost (even when it failed)
+    and `regressed` is called if it stored a regression."""
     judged = Judged()
-    while True:
-        batch = judge_next_batch(sessions, delay=delay, now=now)
+    while stop is None or not stop.is_set():
+        steps = Steps()
+        try:
+            batch = judge_next_batch(sessions, delay=delay, now=now, steps=steps)
+        finally:
+            if measured is not None:
+                measured(steps)
+        if batch.regressed and regressed is not None:
+            regressed()
         judged.checks += batch.checks
         judged.regressed |= batch.regressed
         judged.next_due = batch.next_due
         if not batch.checks:
-            return judged
+            break
+    return judged
 
 
 class RegressionJudge:
@@ -265,21 +278,17 @@ class RegressionJudge:
         notifier after each; returns how long to sleep before the next pass."""
         with self._lock:
             self._due_at = None
-        judged = Judged()
-        while not self._stop.is_set():
-            steps = Steps()
-            try:
-                judged = judge_next_batch(self.sessions, delay=self.delay, steps=steps)
-            except Exception:  # the database may be down: keep the thread, try again later
-                log.exception("judging the queued series checks failed")
-                return self.poll_s
-            finally:
-                if self._measured is not None:
-                    self._measured(steps)
-            if judged.regressed and self._regressed is not None:
-                self._regressed()
-            if not judged.checks:
-                break
+        try:
+            judged = judge_due(
+                self.sessions,
+                delay=self.delay,
+                measured=self._measured,
+                regressed=self._regressed,
+                stop=self._stop,
+            )
+        except Exception:  # the database may be down: keep the thread, try again later
+            log.exception("judging the queued series checks failed")
+            return self.poll_s
         if judged.next_due is None:
             return self.poll_s
         until = (judged.next_due - datetime.now(UTC)).total_seconds()
