@@ -220,3 +220,49 @@ def test_placement_where_reads_are_closed_takes_a_reader_token(database_url: str
         answered = agent(*question, "--token", registry.scoped_token("reader"), **env)
     assert answered.returncode == 0, answered.stderr
     assert [c["concurrency"] for c in json.loads(answered.stdout)["candidates"]] == [8]
+
+
+def test_dry_run_says_where_each_table_starts_and_what_it_passed_over() -> None:
+    """ggml-org/llama.cpp PR #16894's output: one batched-bench table, llama-bench's after."""
+    result = import_file(
+        FIXTURES / "import" / "bench-models-pr-16894.md",
+        "--dry-run",
+        "--measured-at",
+        "2025-10-31T00:00:00Z",
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "bench-models-pr-16894.md: line 7: 6 rows, B 1..4; settings: n_ctx=20480 n_batch=2048 "
+        "n_ubatch=2048 flash_attn=on pp_shared=False n_gpu_layers=-1 n_threads=16 "
+        "n_threads_batch=16; build: none printed" in result.stderr
+    )
+    assert (
+        "bench-models-pr-16894.md: line 18: a llama-bench table, not llama-batched-bench's: "
+        "passed over" in result.stderr
+    )
+    [report] = json.loads(result.stdout)
+    assert [p["s_tg"] for p in report["points"]][:3] == [79.04, 136.37, 224.52]
+
+
+def test_a_crashed_run_is_stored_as_failed_with_its_reason(live_registry: LiveRegistry) -> None:
+    """ggml-org/llama.cpp issue #13553: the header printed, then no rows."""
+    token = live_registry.token("m4pro")
+    log = FIXTURES / "import" / "no-rows-issue-13553.log"
+    dry = import_file(log, "--dry-run", "--measured-at", "2025-05-15T00:00:00Z")
+    assert dry.returncode == 0, dry.stderr
+    assert "line 2: failed run: the table has no rows" in dry.stderr
+    assert "settings: n_ctx=4096 n_batch=2048" in dry.stderr
+
+    result = import_file(log, "--registry", live_registry.url, "--token", token)
+    assert result.returncode == 0, result.stderr
+    assert "run 1/1 (line 2): failed: the table has no rows" in result.stderr
+    assert result.stdout.startswith("created: run ")
+    with live_registry.client() as client:
+        [run] = client.get("/v1/runs", params={"node": "m4pro"}).json()["data"]
+        detail = client.get(f"/v1/runs/{run['id']}").json()
+    assert run["status"] == "failed"
+    assert detail["error"] == (
+        "the table has no rows: the run stopped before its first row and printed no error"
+    )
+    assert detail["settings"]["n_ctx"] == 4096 and detail["points"] == []
+    assert live_registry.count("run_points") == 0

@@ -1,9 +1,12 @@
 """Read llama-batched-bench output: its tables, settings line, build line and JSONL records.
 
-Accepts what nodes and people actually have: the CLI's full 10-column table, the 6-column
-table pasted into reports (or any subset of the columns that names PP, TG, B and a decode
-figure), several tables in one markdown file or log with unrelated lines in between, and
-`--output-format jsonl` records. Pure: text in, `ParsedRun`s out.
+Accepts what nodes and people actually have: the CLI's full 10-column table in every
+spelling of its header (agent.batched_bench_table), the 6-column table pasted into reports
+(or any subset of the columns that names PP, TG, B and a decode figure), several tables in
+one markdown file or log with unrelated lines and other tools' tables in between (passed
+over, each with why), a header with no rows after it (a failed run, with the error printed
+after it), a log whose line breaks were lost, and `--output-format jsonl` records. Pure:
+text in, `ParsedRun`s out.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fleetbench.agent.batched_bench_build import BuildInfo, with_build
+from fleetbench.agent.batched_bench_table import Header, NotOurs, header_of, rows_of
 from fleetbench.contract.kv_cache import kv_cells
 from fleetbench.contract.wire import S_TG_TOLERANCE, EngineBuild, Point, RunSettings
 
@@ -24,8 +29,8 @@ __all__ = [
     "BatchedBenchOutputError",
     "NoTableFound",
     "ParsedRun",
+    "PassedOver",
     "parse_batched_bench_output",
-    "parse_build",
 ]
 
 
@@ -51,156 +56,184 @@ class ParsedRun:
     settings: RunSettings = field(default_factory=RunSettings)
     engine: EngineBuild = field(default_factory=EngineBuild)
     points: list[Point] = field(default_factory=list)
+    failure: str | None = None  # a header with no rows after it: why (the run crashed)
 
 
-# header cell (lowercased, spaces removed) -> Point field
-_HEADER_CELLS = {
-    "pp": "pp",
-    "tg": "tg",
-    "b": "b",
-    "n_kv": "n_kv",
-    "t_pps": "t_pp",
-    "s_ppt/s": "s_pp",
-    "t_tgs": "t_tg",
-    "s_tgt/s": "s_tg",
-    "ts": "t",
-    "st/s": "s",
-}
 _INT_COLUMNS = {"pp", "tg", "b", "n_kv"}
 
 _SETTINGS_LINE = re.compile(r"^(?:[\w.]+:\s*)?(n_kv_max\s*=.*)$")
+_SETTINGS_INSIDE = re.compile(r"(?:^|\s)((?:[\w.]+:\s*)?n_kv_max\s*=[^|]*)$")
 _SETTING = re.compile(r"(\w+)\s*=\s*(-?\d+)")
-_BUILD_LINE = re.compile(r"^build:\s*(\w+)\s*\((\w+)\)")
-_VERSION_LINE = re.compile(
-    r"^version:\s*\S+\s*\(build\s+(\d+),\s*commit\s+(\w+)\)|^version:\s*(\d+)\s*\((\w+)\)"
-)
-_BACKEND_HINTS = (
-    (re.compile(r"load_backend: loaded (\w+) backend"), None),
-    (re.compile(r"ggml_cuda_init:"), "CUDA"),
-    (re.compile(r"ggml_metal_(?:init|device_init)"), "Metal"),
-    (re.compile(r"ggml_vulkan:"), "Vulkan"),
-    (re.compile(r"ggml_hip|ROCm devices"), "ROCm"),
-)
 _FLASH_ATTN = {-1: "auto", 0: "off", 1: "on"}
+# What a run that dies after printing its header says (CUDA, Metal, ggml, the shell).
+_CRASH = re.compile(
+    r"error|assert|abort|out of memory|failed|segmentation fault|core dumped|killed|"
+    r"terminate called|exception",
+    re.IGNORECASE,
+)
+MAX_CRASH_LINE = 500
+
+
+@dataclass(frozen=True)
+class PassedOver:
+    """A table-like block that is not a llama-batched-bench table, and why."""
+
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.reason}"
 
 
 def parse_batched_bench_output(
-    text: str, *, skipped: list[BadRow] | None = None
+    text: str,
+    *,
+    skipped: list[BadRow] | None = None,
+    passed_over: list[PassedOver] | None = None,
 ) -> list[ParsedRun]:
-    """Every run found in `text`, in order. Raises `NoTableFound` when there is none, and
-    `BadRow` for a row that is not a valid measurement; with `skipped`, a table holding such
-    a row is left out instead, its BadRow appended there, and the other tables are read
-    (BadRow is raised only when no table is left). A file whose one build line comes after
-    every table (a report's footer) gives that build to every table."""
-    runs: list[ParsedRun] = []
-    table: _TableBuilder | None = None
-    settings: dict[str, int] = {}
-    build = _BuildInfo()
-    problems: list[BadRow] = []
-    build_lines, build_line_at = 0, 0
-
-    def close() -> None:
-        if table is not None and table.problem is not None:
-            problems.append(table.problem)
-        else:
-            _close(table, runs)
-
+    """Every run found in `text`, in order; a header printed with no rows after it (the run
+    crashed) is a run without points whose `failure` says why. Raises `NoTableFound` when
+    there is none, and `BadRow` for a row that is not a valid measurement or a header with a
+    column the tool never printed; with `skipped`, such a table is left out instead, its
+    BadRow appended there, and the other tables are read (BadRow is raised only when no
+    table is left). Other tools' tables are passed over, each said in `passed_over`. A file
+    whose one build line comes after every table (a report's footer) gives that build to
+    every table."""
+    reader = _Reader()
     for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if build.observe(line):
-            build_lines, build_line_at = build_lines + 1, number
-        if (match := _SETTINGS_LINE.match(line)) is not None:
-            close()
-            table = None
-            settings = {k: int(v) for k, v in _SETTING.findall(match.group(1))}
-        elif line.startswith("{") and "speed_tg" in line:
-            close()
-            table = None
-            _add_jsonl_record(line, number, runs, build)
-        elif line.startswith("|"):
-            cells = _cells(line)
-            if cells is None:  # a |---| separator: it ends a table that has rows
-                if table is not None and table.run.points:
-                    close()
-                    table = None
-            elif (columns := _header_columns(cells)) is not None:
-                close()
-                table = _TableBuilder(number, columns, settings, build.engine())
-                settings = {}  # a settings line describes the one table after it
-            elif table is not None and not table.add_row(cells, number):
-                close()  # a row of some other table ends ours
-                table = None
-        # Any other line (stderr noise, prose) is skipped, inside a table too.
-
-    close()
+        reader.read(raw.strip(), number)
+    reader.close()
+    runs, problems = reader.runs, reader.problems
     if problems and (skipped is None or not runs):
         raise problems[0]
     if skipped is not None:
         skipped.extend(problems)
-    if build_lines == 1 and all(run.line < build_line_at for run in runs):
+    if passed_over is not None:
+        passed_over.extend(reader.passed_over)
+    if reader.build_lines == 1 and all(run.line < reader.build_line_at for run in runs):
         for run in runs:  # the one build line, after every table: a report's footer
-            run.engine = _with_build(run.engine, build.engine())
+            run.engine = with_build(run.engine, reader.build.engine())
     if not runs:
+        seen = "".join(f"; passed over {p}" for p in reader.passed_over)
         raise NoTableFound(
             "no llama-batched-bench table found: expected a header such as "
-            "'| PP | TG | B | N_KV | S_PP t/s | S_TG t/s |' followed by rows, "
-            "or --output-format jsonl records"
+            "'| PP | TG | B | N_KV | S_PP t/s | S_TG t/s |' (or PL for B, units in "
+            "parentheses) followed by rows, or --output-format jsonl records" + seen
         )
     return runs
 
 
-def parse_build(text: str) -> EngineBuild:
-    """The llama.cpp build a log or `--version` output announces (number, commit, backend)."""
-    build = _BuildInfo()
-    for line in text.splitlines():
-        build.observe(line.strip())
-    return build.engine()
-
-
-class _BuildInfo:
-    """The build and backend a log announces; applies to the tables after it."""
+class _Reader:
+    """The state of one pass over the lines: the table being read, the settings line that
+    describes the next table, the build announced so far."""
 
     def __init__(self) -> None:
-        self.number: int | None = None
-        self.commit: str | None = None
-        self.backend: str | None = None
+        self.runs: list[ParsedRun] = []
+        self.problems: list[BadRow] = []
+        self.passed_over: list[PassedOver] = []
+        self.table: _TableBuilder | None = None
+        self.settings: dict[str, int] = {}
+        self.build = BuildInfo()
+        self.build_lines, self.build_line_at = 0, 0
+        self.other: tuple[int, NotOurs] | None = None  # the last |-line not ours, unsaid
 
-    def observe(self, line: str) -> bool:
-        """Takes what the line says; True when it is a build (or version) line."""
-        for pattern, backend in _BACKEND_HINTS:
-            if (hint := pattern.search(line)) is not None:
-                self.backend = backend or hint.group(1)
-                break
-        if (m := _BUILD_LINE.match(line)) is not None:
-            first, second = m.groups()
-            # llama.cpp prints `build: <number> (<commit>)`; people also write it reversed.
-            number, commit = (first, second) if first.isdigit() else (second, first)
-            if number.isdigit():
-                self.number, self.commit = int(number), commit
-                return True
-        elif (m := _VERSION_LINE.match(line)) is not None:
-            number, commit = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-            self.number, self.commit = int(number), commit
+    def read(self, line: str, number: int) -> None:
+        if not line.startswith("|") and (table_at := _table_inside(line)) is not None:
+            # A log whose line breaks were lost: what comes before the table (its settings
+            # line among other text), then the table.
+            before = line[:table_at]
+            settings = _SETTINGS_INSIDE.search(before)
+            self.read(settings.group(1) if settings else before.strip(), number)
+            self.read(line[table_at:], number)
+            return
+        if self.build.observe(line):
+            self.build_lines, self.build_line_at = self.build_lines + 1, number
+        if (match := _SETTINGS_LINE.match(line)) is not None:
+            self.close()
+            self.settings = {k: int(v) for k, v in _SETTING.findall(match.group(1))}
+        elif line.startswith("{") and "speed_tg" in line:
+            self.close()
+            _add_jsonl_record(line, number, self.runs, self.build)
+        elif line.startswith("|"):
+            rows = rows_of(line)
+            if len(rows) > 1 and not self._flattened(rows, number):
+                return
+            for cells in rows:
+                self._row(cells, number)
+            return
+        self.other = None
+        if self.table is not None and not self.table.run.points:
+            self.table.observe_crash(line)
+        # Any other line (stderr noise, prose) is skipped, inside a table too.
+
+    def _row(self, cells: list[str] | None, number: int) -> None:
+        if cells is None:  # a |---| alignment row: it ends a table that has rows
+            if self.other is not None:  # ... and makes the line above it a table's header
+                self._pass_over(*self.other)
+            if self.table is not None and self.table.run.points:
+                self.close()
+            return
+        self.other = None
+        if self.table is not None and self.table.add_row(cells, number):
+            return
+        header = header_of(cells)
+        if isinstance(header, Header):
+            self.close()
+            self.table = _TableBuilder(number, header.columns, self.settings, self.build.engine())
+            self.settings = {}  # a settings line describes the one table after it
+            return
+        self.close()  # a row of some other table ends ours
+        if header.ours:
+            self.problems.append(BadRow(f"line {number}: {header.reason}"))
+        else:
+            self.other = (number, header)
+
+    def _flattened(self, rows: list[list[str] | None], number: int) -> bool:
+        """Whether the rows of a line whose line breaks were lost can be told apart: its
+        header's, and every row as many cells as the header has columns."""
+        first = rows[0]
+        if first is None or not isinstance(header_of(first), Header):
+            return True  # not a table of ours: its rows are read (or passed over) one by one
+        widths = {len(row) for row in rows[1:] if row is not None}
+        if widths <= {len(first)}:
             return True
+        self.close()
+        self.problems.append(
+            BadRow(
+                f"line {number}: a table whose line breaks were lost, with rows of "
+                f"{', '.join(str(w) for w in sorted(widths))} cells under a header of "
+                f"{len(first)}: its rows cannot be told apart; put each row on its own line"
+            )
+        )
         return False
 
-    def engine(self) -> EngineBuild:
-        return EngineBuild(
-            build_number=self.number,
-            commit=self.commit,
-            backend=self.backend,
-            binding="llama-batched-bench",
-        )
+    def _pass_over(self, number: int, header: NotOurs) -> None:
+        self.passed_over.append(PassedOver(number, header.reason))
+        self.other = None
+
+    def close(self) -> None:
+        table, self.table = self.table, None
+        if table is None:
+            return
+        if table.problem is not None:
+            self.problems.append(table.problem)
+        elif table.run.points:
+            table.run.settings = _with_kv_layout(table.run.settings, table.run.points)
+            self.runs.append(table.run)
+        else:
+            table.run.failure = table.crash or (
+                "the table has no rows: the run stopped before its first row and printed no error"
+            )
+            self.runs.append(table.run)
 
 
-def _with_build(engine: EngineBuild, build: EngineBuild) -> EngineBuild:
-    """`engine` with what it lacks taken from the file's one build line."""
-    missing = {
-        name: getattr(build, name)
-        for name in ("build_number", "commit", "backend")
-        if getattr(engine, name) is None and getattr(build, name) is not None
-    }
-    return engine.model_copy(update=missing) if missing else engine
+def _table_inside(line: str) -> int | None:
+    """Where a llama-batched-bench header starts inside a line that holds other text first."""
+    at = line.find("|")
+    if at <= 0:
+        return None
+    first = rows_of(line[at:])[0]
+    return at if first is not None and isinstance(header_of(first), Header) else None
 
 
 class _TableBuilder:
@@ -215,6 +248,11 @@ class _TableBuilder:
             engine=engine,
         )
         self.problem: BadRow | None = None  # its first row that is no valid measurement
+        self.crash: str | None = None  # the error printed after its header, before any row
+
+    def observe_crash(self, line: str) -> None:
+        if self.crash is None and _CRASH.search(line):
+            self.crash = f"the run stopped before its first row: {line[:MAX_CRASH_LINE]}"
 
     def add_row(self, cells: list[str], line: int) -> bool:
         """Adds the row if it belongs to this table (as many cells, all numbers); a row that
@@ -247,32 +285,6 @@ def _number(cell: str, *, integer: bool) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None  # `inf` or `nan` printed for a zero time: the figure is unknown
     return value
-
-
-def _cells(line: str) -> list[str] | None:
-    """The cells of a `|`-row, or None for a |---|---| separator."""
-    # Text after the closing pipe is not a cell (reports sometimes run prose into a row).
-    end = line.rindex("|") if line.count("|") > 1 else len(line)
-    cells = [c.strip() for c in line[1:end].split("|")]
-    if all(set(c) <= set("-: ") for c in cells):
-        return None
-    return cells
-
-
-def _header_columns(cells: list[str]) -> list[str] | None:
-    keys = [_HEADER_CELLS.get(c.lower().replace(" ", "")) for c in cells]
-    if any(k is None for k in keys):
-        return None
-    columns = [k for k in keys if k is not None]
-    if not {"pp", "tg", "b"} <= set(columns) or not {"s_tg", "t_tg"} & set(columns):
-        return None
-    return columns
-
-
-def _close(table: _TableBuilder | None, runs: list[ParsedRun]) -> None:
-    if table is not None and table.run.points:
-        table.run.settings = _with_kv_layout(table.run.settings, table.run.points)
-        runs.append(table.run)
 
 
 def _with_kv_layout(settings: RunSettings, points: list[Point]) -> RunSettings:
@@ -334,7 +346,7 @@ _JSONL_FIGURES = {
 _BARE_NON_FINITE = re.compile(r"(?<=[:\s])-?(?:nan|inf)(?=\s*[,}])", re.IGNORECASE)
 
 
-def _add_jsonl_record(line: str, number: int, runs: list[ParsedRun], build: _BuildInfo) -> None:
+def _add_jsonl_record(line: str, number: int, runs: list[ParsedRun], build: BuildInfo) -> None:
     # llama-batched-bench prints figures with %f: a zero time gives a bare nan or inf,
     # which is not JSON. The figure is unknown.
     try:

@@ -12,7 +12,7 @@ import typer
 from pydantic import ValidationError
 from rich.progress import Progress
 
-from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError
+from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError, PassedOver
 from fleetbench.agent.cli_options import RegistryOption, command_settings, int_list
 from fleetbench.agent.cli_serving import serve_sweep_command
 from fleetbench.agent.config import open_spool
@@ -22,6 +22,7 @@ from fleetbench.agent.display import (
     err,
     error_line,
     fail,
+    imported_run_line,
     out,
     placement_table,
     spool_table,
@@ -72,12 +73,18 @@ def import_output(
         typer.Option(help="when it was measured (ISO 8601; default: the file's mtime)"),
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="print the reports as JSON, send nothing")
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="say where each table starts, its settings and build, and which other "
+            "tables were passed over and why; print the reports as JSON; send nothing",
+        ),
     ] = False,
 ) -> None:
     """Read llama-batched-bench tables (or --output-format jsonl) and report each as a run."""
     settings = command_settings()
     skipped: list[BadRow] = []  # tables left out for a row that is no valid measurement
+    passed_over: list[PassedOver] = []  # other tools' tables
     try:
         text = file.read_text(encoding="utf-8", errors="replace")
         info = describe_gguf(model_file, name=model) if model_file else ModelInfo(name=model)
@@ -85,7 +92,12 @@ def import_output(
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
         reports = reports_from_output(
-            text, node=node, model=info, measured_at=when, skipped=skipped
+            text,
+            node=node,
+            model=info,
+            measured_at=when,
+            skipped=skipped,
+            passed_over=passed_over,
         )
     except (OSError, ModelFileError) as exc:
         raise fail(str(exc)) from exc
@@ -100,6 +112,10 @@ def import_output(
             highlight=False,
         )
     if dry_run:
+        for line, report in reports:
+            err.print(f"{file}: {imported_run_line(line, report)}", highlight=False)
+        for other in passed_over:
+            err.print(f"{file}: {other}: passed over", highlight=False)
         out.print_json(json.dumps([r.report.model_dump(mode="json") for r in reports]))
         if skipped:
             raise typer.Exit(1)
@@ -114,6 +130,9 @@ def import_output(
     url = registry or settings.registry_url
     for number, (line, report) in enumerate(reports, start=1):
         build = report.engine.build_number
+        if report.status == "failed":
+            err.print(f"run {number}/{len(reports)} (line {line}): failed: {report.error}")
+            continue
         err.print(
             curve_table(
                 report.points,

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from fleetbench.agent.spool import SpooledRun
 from fleetbench.contract.answers import BLIND_ABOVE_PCT, PlacementAnswer
-from fleetbench.contract.wire import Point, ServingPoint
+from fleetbench.contract.wire import Point, RunReport, ServingPoint
 
 __all__ = [
     "SPOOL_UNWRITABLE_EXIT",
@@ -181,3 +181,28 @@ def spool_table(runs: Sequence[SpooledRun]) -> Table:
 
 def _when(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def imported_run_line(line: int, report: RunReport) -> str:
+    """Where a table of an imported file starts, what it holds, its settings and build."""
+    if report.status == "failed":
+        found = f"failed run: {report.error}"
+    else:
+        bs = [p.b for p in report.points]
+        found = f"{len(bs)} rows, B {min(bs)}..{max(bs)}"
+    settings = report.settings.model_dump(exclude_none=True)
+    said = " ".join(f"{k}={v}" for k, v in settings.items()) or "none printed"
+    engine = report.engine
+    build = (
+        " ".join(
+            part
+            for part in (
+                f"b{engine.build_number}" if engine.build_number is not None else None,
+                f"({engine.commit})" if engine.commit else None,
+                engine.backend,
+            )
+            if part
+        )
+        or "none printed"
+    )
+    return f"line {line}: {found}; settings: {said}; build: {build}"

@@ -6,7 +6,11 @@ import uuid
 from datetime import datetime
 from typing import NamedTuple
 
-from fleetbench.agent.batched_bench_output import BadRow, parse_batched_bench_output
+from fleetbench.agent.batched_bench_output import (
+    BadRow,
+    PassedOver,
+    parse_batched_bench_output,
+)
 from fleetbench.contract.wire import LAYERS_SCHEMA_VERSION, ModelInfo, RunReport, oldest_version
 
 __all__ = ["IMPORT_NAMESPACE", "ImportedRun", "reports_from_output"]
@@ -30,18 +34,22 @@ def reports_from_output(
     model: ModelInfo,
     measured_at: datetime,
     skipped: list[BadRow] | None = None,
+    passed_over: list[PassedOver] | None = None,
 ) -> list[ImportedRun]:
-    """One report per table (or block of JSONL records) in `text`; with `skipped`, tables
-    holding a row that is no valid measurement are left out and said there. Raises
-    BatchedBenchOutputError for text that cannot be read."""
+    """One report per table (or block of JSONL records) in `text`, a failed run for a
+    header with no rows (the run crashed: its error is the reason); with `skipped`, tables
+    holding a row that is no valid measurement are left out and said there, and other
+    tools' tables in `passed_over`. Raises BatchedBenchOutputError for text that cannot be
+    read."""
     reports = []
-    for parsed in parse_batched_bench_output(text, skipped=skipped):
+    for parsed in parse_batched_bench_output(text, skipped=skipped, passed_over=passed_over):
         draft = RunReport(
             schema_version=LAYERS_SCHEMA_VERSION,
             run_id=_PLACEHOLDER,
             node=node,
             started_at=measured_at,
-            status="ok",
+            status="failed" if parsed.failure is not None else "ok",
+            error=parsed.failure,
             source="import",
             engine=parsed.engine,
             model=model,

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
+from fleetbench.agent.batched_bench_build import parse_build
 from fleetbench.agent.batched_bench_output import (
     BadRow,
     NoTableFound,
     parse_batched_bench_output,
-    parse_build,
 )
 from tests.factories import FIXTURES
 

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fleetbench.agent import _proc
+from fleetbench.agent.batched_bench_build import parse_build
 from fleetbench.agent.batched_bench_output import (
     BatchedBenchOutputError,
     parse_batched_bench_output,
-    parse_build,
 )
 from fleetbench.agent.runners import (
     PointCallback,
