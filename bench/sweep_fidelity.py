@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from fleetbench.agent.runners import SweepSpec, batched_bench_binary
 from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner
@@ -54,6 +55,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ctx", type=int, default=2048)
     parser.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
     parser.add_argument("--threads", type=int, help="default: the physical cores")
+    parser.add_argument("--json-out", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
     if args.pairs == 1 or args.overhead_pairs == 1:
         parser.error("quartiles need at least 2 pairs (0 skips a part)")
@@ -84,7 +86,7 @@ def pair_specs(args: argparse.Namespace, spec: SweepSpec) -> list[SweepSpec]:
     return [spec.model_copy(update={"npl": (b,)}) for b in spec.npl]
 
 
-def fidelity(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
+def fidelity(args: argparse.Namespace, model: Path, spec: SweepSpec) -> list[dict[str, Any]]:
     ratios: dict[tuple[int, int, int], dict[str, list[float]]] = {}
     for pair in range(args.pairs):
         for part, part_spec in enumerate(pair_specs(args, spec)):
@@ -94,29 +96,35 @@ def fidelity(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
             for name in order:
                 run = run_inprocess if name == "in-process" else run_binary
                 results[name] = run(args, model, part_spec)
-            for a, b in zip(results["in-process"], results["binary"], strict=True):
-                assert (a.pp, a.tg, a.b, a.n_kv) == (b.pp, b.tg, b.b, b.n_kv), (a, b)
-                slot = ratios.setdefault((a.pp, a.tg, a.b), {"s_pp": [], "s_tg": []})
-                slot["s_pp"].append((a.s_pp or 0) / (b.s_pp or 1))
-                slot["s_tg"].append((a.s_tg or 0) / (b.s_tg or 1))
+            for mine, theirs in zip(results["in-process"], results["binary"], strict=True):
+                cell = (mine.pp, mine.tg, mine.b)
+                assert (*cell, mine.n_kv) == (theirs.pp, theirs.tg, theirs.b, theirs.n_kv)
+                slot = ratios.setdefault(cell, {"s_pp": [], "s_tg": []})
+                slot["s_pp"].append((mine.s_pp or 0) / (theirs.s_pp or 1))
+                slot["s_tg"].append((mine.s_tg or 0) / (theirs.s_tg or 1))
         print(f"  pair {pair + 1}/{args.pairs} done", file=sys.stderr)
     print(
         f"\nfidelity: in-process / llama-batched-bench, median of {args.pairs} pairs "
         f"paired by {args.pairing} (P25-P75 of the pair ratios); target 0.97-1.03"
     )
     print(f"{'PP':>5} {'TG':>4} {'B':>3} {'S_PP ratio':>22} {'S_TG ratio':>22}")
+    rows: list[dict[str, Any]] = []
     for (pp, tg, b), slot in sorted(ratios.items()):
         cells = []
+        row: dict[str, Any] = {"pp": pp, "tg": tg, "b": b}
         for key in ("s_pp", "s_tg"):
             q1, median, q3 = quartiles(slot[key])
             verdict = "ok" if 0.97 <= median <= 1.03 else "MISS"
             cells.append(f"{median:6.3f} ({q1:5.3f}-{q3:5.3f}) {verdict:>4}")
+            row[f"{key}_ratio"] = {"median": median, "p25": q1, "p75": q3}
         cold = args.pairing == "sweep" and b == spec.npl[0]
         note = "  (first point after warm-up, cold for both)" if cold else ""
         print(f"{pp:>5} {tg:>4} {b:>3} {cells[0]:>22} {cells[1]:>22}{note}")
+        rows.append(row | {"cold": cold})
+    return rows
 
 
-def overhead(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
+def overhead(args: argparse.Namespace, model: Path, spec: SweepSpec) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as state:
         env_args = ["env", f"XDG_STATE_HOME={state}", f"XDG_CACHE_HOME={state}"]
         agent = [
@@ -161,6 +169,13 @@ def overhead(args: argparse.Namespace, model: Path, spec: SweepSpec) -> None:
     print(f"  llama-batched-bench     median {statistics.median(walls['binary']):6.2f} s")
     verdict = "ok" if median <= 1.15 else "MISS"
     print(f"  ratio (per pair)        median {median:6.3f} (P25-P75 {q1:.3f}-{q3:.3f}) {verdict}")
+    return {
+        "agent_s": statistics.median(walls["agent"]),
+        "binary_s": statistics.median(walls["binary"]),
+        "ratio": median,
+        "ratio_p25": q1,
+        "ratio_p75": q3,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,10 +198,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"model {model.name}; binary: {(version.stdout + version.stderr).splitlines()[0]}")
     shown = ("npp", "ntg", "npl", "ctx", "flash_attn", "threads", "pairing")
     print(json.dumps({name: getattr(args, name) for name in shown}))
+    figures: dict[str, Any] = {}
     if args.pairs:
-        fidelity(args, model, spec)
+        figures["fidelity"] = fidelity(args, model, spec)
     if args.overhead_pairs:
-        overhead(args, model, spec)
+        figures["overhead"] = overhead(args, model, spec)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(figures, indent=1))
     return 0
 
 

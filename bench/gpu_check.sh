@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU check, one script for the day an NVIDIA node is lent: builds llama-cpp-python and
+# llama-batched-bench for CUDA (the GPU's architecture from nvidia-smi, ccache where it is
+# installed, the built wheel kept for the next run), then bench/gpu_check.py measures: the
+# NVML fingerprint, an in-process and a --binary sweep of Gemma 3 270M at B = 1..64 with every
+# layer offloaded, each reported to a local registry, the checks (CUDA backend,
+# engine_on_accelerator, NVML's memory beside the logged buffers), 5 fidelity pairs and
+# placement's answer, all in OUT/summary.json (format: README, "The GPU check").
+#   bench/gpu_check.sh [--out DIR] [--wheels DIR]    on an NVIDIA node with the CUDA toolkit
+#   bench/gpu_check.sh --cpu-dry-run [--out DIR]     the same steps on the CPU, small
+# --wheels DIR: install offline from DIR (wheels, and llama-cpp-python's sdist), for a node
+# that reaches no package index. Without a GPU it stops at once (exit 2) and says so.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="$ROOT/.fleetbench/gpu-check"
+MODE=gpu
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --cpu-dry-run) MODE=cpu; shift ;;
+        --out) OUT="${2:?--out takes a folder}"; shift 2 ;;
+        --wheels) export PIP_NO_INDEX=1 PIP_FIND_LINKS="${2:?--wheels takes a folder}"; shift 2 ;;
+        *) echo "usage: $0 [--cpu-dry-run] [--out DIR] [--wheels DIR]" >&2; exit 2 ;;
+    esac
+done
+
+if [ "$MODE" = gpu ]; then
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+        echo "no NVIDIA GPU here: nvidia-smi is not installed. The GPU check needs an NVIDIA" \
+            "GPU and its driver; '$0 --cpu-dry-run' runs its steps on the CPU." >&2
+        exit 2
+    fi
+    if ! GPUS="$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>&1)" \
+        || [ -z "$GPUS" ]; then
+        echo "no NVIDIA GPU here: nvidia-smi found none ($GPUS)." >&2
+        exit 2
+    fi
+    command -v nvcc >/dev/null 2>&1 || {
+        echo "the CUDA toolkit is missing: nvcc is not on PATH (llama.cpp's CUDA build needs it)" >&2
+        exit 2
+    }
+    ARCH="$(echo "$GPUS" | head -n 1 | cut -d, -f2 | tr -d ' .')"
+    echo "GPU: $(echo "$GPUS" | head -n 1 | cut -d, -f1); building for sm_$ARCH" >&2
+    LAUNCHER=()
+    if command -v ccache >/dev/null 2>&1; then
+        LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+            -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+    fi
+    export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DGGML_NATIVE=OFF ${LAUNCHER[*]}"
+    export CMAKE_BUILD_PARALLEL_LEVEL="$(getconf _NPROCESSORS_ONLN)"
+    # pip's wheel cache does not know build flags: a CUDA wheel of our own, built once per arch
+    WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels-cuda-sm$ARCH"
+    if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+        echo "building llama-cpp-python for CUDA sm_$ARCH (once; kept in $WHEELS)" >&2
+        python3 -m pip wheel --quiet --no-cache-dir --no-deps "llama-cpp-python>=0.3.16" -w "$WHEELS"
+    fi
+    export PIP_FIND_LINKS="$WHEELS${PIP_FIND_LINKS:+ $PIP_FIND_LINKS}"
+    export FLEETBENCH_VENV="${FLEETBENCH_VENV:-$ROOT/.venv-cuda}"
+fi
+
+source "$ROOT/scripts/bootstrap.sh"
+if [ "$MODE" = gpu ]; then
+    python -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())' || {
+        echo "the installed llama-cpp-python has no GPU offload: remove $VENV and run again" >&2
+        exit 1
+    }
+    BINARY="$(LLAMA_GPU_ARCHITECTURES="$ARCH" "$ROOT/scripts/build-llama-tool.sh" --backend cuda)"
+    python "$ROOT/bench/gpu_check.py" --binary "$BINARY" --out "$OUT"
+else
+    BINARY="$("$ROOT/scripts/build-llama-tool.sh")"
+    python "$ROOT/bench/gpu_check.py" --binary "$BINARY" --out "$OUT" --cpu-dry-run
+fi
