@@ -45,7 +45,7 @@ if [ "$MODE" = gpu ]; then
         LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
             -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     fi
-    export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DGGML_NATIVE=OFF ${LAUNCHER[*]}"
+    export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH ${LAUNCHER[*]}"
     export CMAKE_BUILD_PARALLEL_LEVEL="$(getconf _NPROCESSORS_ONLN)"
     # pip's wheel cache does not know build flags: a CUDA wheel of our own, built once per arch
     WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels-cuda-sm$ARCH"
