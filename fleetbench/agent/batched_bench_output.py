@@ -20,9 +20,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetbench.agent.batched_bench_build import BuildInfo, with_build
+from fleetbench.agent.batched_bench_figures import derived_figures, with_kv_layout
 from fleetbench.agent.batched_bench_table import Header, NotOurs, header_of, rows_of
-from fleetbench.contract.kv_cache import kv_cells
-from fleetbench.contract.wire import S_TG_TOLERANCE, EngineBuild, Point, RunSettings
+from fleetbench.contract.bounds import storable_text
+from fleetbench.contract.wire import ERROR_LENGTH, EngineBuild, Point, RunSettings
 
 __all__ = [
     "BadRow",
@@ -65,13 +66,15 @@ _SETTINGS_LINE = re.compile(r"^(?:[\w.]+:\s*)?(n_kv_max\s*=.*)$")
 _SETTINGS_INSIDE = re.compile(r"(?:^|\s)((?:[\w.]+:\s*)?n_kv_max\s*=[^|]*)$")
 _SETTING = re.compile(r"(\w+)\s*=\s*(-?\d+)")
 _FLASH_ATTN = {-1: "auto", 0: "off", 1: "on"}
-# What a run that dies after printing its header says (CUDA, Metal, ggml, the shell).
+# Lines that say a run died (ggml's asserts and aborts, CUDA's and the C++ runtime's errors,
+# the shell's signals), not prose that mentions an error.
 _CRASH = re.compile(
-    r"error|assert|abort|out of memory|failed|segmentation fault|core dumped|killed|"
-    r"terminate called|exception",
+    r"GGML_ASSERT|ggml_abort|CUDA error|out of memory|segmentation fault|core dumped|"
+    r"\baborted\b|\bkilled\b|terminate called|failed to \w+|\berror:",
     re.IGNORECASE,
 )
-MAX_CRASH_LINE = 500
+CRASH_WITHIN_LINES = 20
+MAX_SAID = 5  # passed-over tables named in the error when none is importable
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def parse_batched_bench_output(
     every table."""
     reader = _Reader()
     for number, raw in enumerate(text.splitlines(), start=1):
-        reader.read(raw.strip(), number)
+        reader.read(_unquoted(raw.strip()), number)
     reader.close()
     runs, problems = reader.runs, reader.problems
     if problems and (skipped is None or not runs):
@@ -114,7 +117,9 @@ def parse_batched_bench_output(
         for run in runs:  # the one build line, after every table: a report's footer
             run.engine = with_build(run.engine, reader.build.engine())
     if not runs:
-        seen = "".join(f"; passed over {p}" for p in reader.passed_over)
+        seen = "".join(f"; passed over {p}" for p in reader.passed_over[:MAX_SAID])
+        if len(reader.passed_over) > MAX_SAID:
+            seen += f"; and {len(reader.passed_over) - MAX_SAID} more"
         raise NoTableFound(
             "no llama-batched-bench table found: expected a header such as "
             "'| PP | TG | B | N_KV | S_PP t/s | S_TG t/s |' (or PL for B, units in "
@@ -138,12 +143,15 @@ class _Reader:
         self.other: tuple[int, NotOurs] | None = None  # the last |-line not ours, unsaid
 
     def read(self, line: str, number: int) -> None:
-        if not line.startswith("|") and (table_at := _table_inside(line)) is not None:
-            # A log whose line breaks were lost: what comes before the table (its settings
-            # line among other text), then the table.
+        if not line.startswith("|") and (table_at := _whole_table_at(line)) is not None:
+            # A log whose line breaks were lost: what comes before the table (a build line,
+            # a settings line among other text), then the table.
             before = line[:table_at]
-            settings = _SETTINGS_INSIDE.search(before)
-            self.read(settings.group(1) if settings else before.strip(), number)
+            if settings := _SETTINGS_INSIDE.search(before):
+                self.read(before[: settings.start(1)].strip(), number)
+                self.read(settings.group(1).strip(), number)
+            else:
+                self.read(before.strip(), number)
             self.read(line[table_at:], number)
             return
         if self.build.observe(line):
@@ -156,27 +164,30 @@ class _Reader:
             _add_jsonl_record(line, number, self.runs, self.build)
         elif line.startswith("|"):
             rows = rows_of(line)
-            if len(rows) > 1 and not self._flattened(rows, number):
+            if len(rows) > 1 and not self._rows_told_apart(rows, number):
                 return
             for cells in rows:
                 self._row(cells, number)
             return
         self.other = None
-        if self.table is not None and not self.table.run.points:
-            self.table.observe_crash(line)
+        if self.table is not None and not self.table.rows:
+            self.table.observe_crash(line, number)
         # Any other line (stderr noise, prose) is skipped, inside a table too.
 
     def _row(self, cells: list[str] | None, number: int) -> None:
         if cells is None:  # a |---| alignment row: it ends a table that has rows
             if self.other is not None:  # ... and makes the line above it a table's header
                 self._pass_over(*self.other)
-            if self.table is not None and self.table.run.points:
+            if self.table is not None and self.table.rows:
                 self.close()
             return
         self.other = None
         if self.table is not None and self.table.add_row(cells, number):
             return
         header = header_of(cells)
+        if self.table is not None and not self.table.rows and self.table.crash is None:
+            # Rows came after the header, but none of it: the table is not a crashed run.
+            self._close_unread(number, header)
         if isinstance(header, Header):
             self.close()
             self.table = _TableBuilder(number, header.columns, self.settings, self.build.engine())
@@ -188,9 +199,29 @@ class _Reader:
         else:
             self.other = (number, header)
 
-    def _flattened(self, rows: list[list[str] | None], number: int) -> bool:
-        """Whether the rows of a line whose line breaks were lost can be told apart: its
-        header's, and every row as many cells as the header has columns."""
+    def _close_unread(self, number: int, header: Header | NotOurs) -> None:
+        """A table that has no rows, whose header is followed by a |-row not of it: another
+        table's header (the first was a template or an example), or a row that does not fit
+        it, which is an error naming both lines."""
+        table, self.table = self.table, None
+        assert table is not None
+        if isinstance(header, Header):
+            reason = "a llama-batched-bench header with no rows before the next table"
+            self.passed_over.append(PassedOver(table.run.line, reason))
+        else:
+            self.problems.append(
+                BadRow(
+                    f"line {number}: a row that does not fit the llama-batched-bench header "
+                    f"at line {table.run.line} (cells that are not numbers, or too many or too "
+                    "few of them)"
+                )
+            )
+
+    def _rows_told_apart(self, rows: list[list[str] | None], number: int) -> bool:
+        """Whether the rows of a |-line holding several can be read one by one: those of
+        other tables always, those of a table whose line breaks were lost when each has as
+        many cells as its header has columns (else the error says they cannot be told
+        apart)."""
         first = rows[0]
         if first is None or not isinstance(header_of(first), Header):
             return True  # not a table of ours: its rows are read (or passed over) one by one
@@ -217,42 +248,57 @@ class _Reader:
             return
         if table.problem is not None:
             self.problems.append(table.problem)
-        elif table.run.points:
-            table.run.settings = _with_kv_layout(table.run.settings, table.run.points)
+        elif table.rows:
+            table.run.settings = with_kv_layout(table.run.settings, table.run.points)
             self.runs.append(table.run)
         else:
-            table.run.failure = table.crash or (
-                "the table has no rows: the run stopped before its first row and printed no error"
+            table.run.failure = storable_text(
+                table.crash
+                or "the table has no rows: the run stopped before its first row and printed "
+                "no error",
+                ERROR_LENGTH,
             )
             self.runs.append(table.run)
 
 
-def _table_inside(line: str) -> int | None:
-    """Where a llama-batched-bench header starts inside a line that holds other text first."""
+def _unquoted(line: str) -> str:
+    """A line of a markdown quote (`> | PP | TG |...`, a GitHub reply) without its quote."""
+    return line.lstrip(">").lstrip() if line.startswith(">") else line
+
+
+def _whole_table_at(line: str) -> int | None:
+    """Where a llama-batched-bench table starts inside a line that holds other text first
+    and the table's rows too (a log whose line breaks were lost)."""
     at = line.find("|")
     if at <= 0:
         return None
-    first = rows_of(line[at:])[0]
-    return at if first is not None and isinstance(header_of(first), Header) else None
+    rows = rows_of(line[at:])
+    first = rows[0]
+    whole = len(rows) > 1 and first is not None and isinstance(header_of(first), Header)
+    return at if whole else None
 
 
 class _TableBuilder:
     def __init__(
         self, line: int, columns: list[str], settings: dict[str, int], engine: EngineBuild
     ) -> None:
-        self.run = ParsedRun(
-            line=line,
-            format="table",
-            columns=columns,
-            settings=_settings_from(settings),
-            engine=engine,
-        )
         self.problem: BadRow | None = None  # its first row that is no valid measurement
+        try:
+            run_settings = _settings_from(settings, line=line)
+        except BadRow as bad:
+            run_settings, self.problem = RunSettings(), bad
+        self.run = ParsedRun(
+            line=line, format="table", columns=columns, settings=run_settings, engine=engine
+        )
         self.crash: str | None = None  # the error printed after its header, before any row
+        self.rows = 0  # that belong to it, valid or not
 
-    def observe_crash(self, line: str) -> None:
-        if self.crash is None and _CRASH.search(line):
-            self.crash = f"the run stopped before its first row: {line[:MAX_CRASH_LINE]}"
+    def observe_crash(self, line: str, number: int) -> None:
+        """Takes the line as the reason the run stopped if it is an error a crash prints,
+        within a few lines of the header."""
+        near = number - self.run.line <= CRASH_WITHIN_LINES
+        if self.crash is None and near and _CRASH.search(line):
+            self.crash = f"the run stopped before its first row: {line}"
 
     def add_row(self, cells: list[str], line: int) -> bool:
         """Adds the row if it belongs to this table (as many cells, all numbers); a row that
@@ -267,6 +313,7 @@ class _TableBuilder:
                 return False
             values[column] = number  # type: ignore[assignment]
             decimals[column] = len(cell.partition(".")[2])
+        self.rows += 1
         try:
             self.run.points.append(_point(values, self.run.settings, decimals, line=line))
         except BadRow as bad:
@@ -287,21 +334,16 @@ def _number(cell: str, *, integer: bool) -> object:
     return value
 
 
-def _with_kv_layout(settings: RunSettings, points: list[Point]) -> RunSettings:
-    """Shared prompt and unified KV cache, where N_KV shows them: with B > 1 sequences, only a
-    shared prompt in a unified cache uses PP + B*TG cells (batched-bench's n_ctx_req)."""
-    if settings.kv_unified is not None:
-        return settings
-    for p in points:
-        if p.b > 1 and p.pp > 0 and p.n_kv == kv_cells(p.pp, p.tg, p.b, shared=True, unified=True):
-            return settings.model_copy(update={"pp_shared": True, "kv_unified": True})
-        separate = kv_cells(p.pp, p.tg, p.b, shared=False, unified=False)
-        if p.b > 1 and settings.pp_shared and p.n_kv == separate:
-            return settings.model_copy(update={"kv_unified": False})
-    return settings
+def _settings_from(values: dict[str, Any], *, line: int) -> RunSettings:
+    """The settings a settings line or a JSONL record gives; BadRow naming the table's (or
+    record's) line for a value no run may carry (n_kv_max past 2^31, say)."""
+    try:
+        return _run_settings(values)
+    except ValidationError as exc:
+        raise BadRow(f"line {line}: its settings: {_problems(exc)}") from None
 
 
-def _settings_from(values: dict[str, Any]) -> RunSettings:
+def _run_settings(values: dict[str, Any]) -> RunSettings:
     def flag(key: str) -> bool | None:
         return bool(values[key]) if key in values else None
 
@@ -355,7 +397,7 @@ def _add_jsonl_record(line: str, number: int, runs: list[ParsedRun], build: Buil
         raise BadRow(f"line {number}: not a JSON record: {exc}") from None
     if not isinstance(record, dict) or not {"pp", "tg", "pl"} <= record.keys():
         raise BadRow(f"line {number}: a record without pp, tg and pl")
-    settings = _settings_from({k: record[k] for k in _JSONL_SETTINGS if k in record})
+    settings = _settings_from({k: record[k] for k in _JSONL_SETTINGS if k in record}, line=number)
     if not runs or runs[-1].format != "jsonl" or runs[-1].settings != settings:
         runs.append(
             ParsedRun(
@@ -390,67 +432,12 @@ def _point(
 ) -> Point:
     """A Point with the derived figures filled in where they follow exactly."""
     try:
-        return Point.model_validate(_derived(values, settings, decimals))
+        return Point.model_validate(derived_figures(values, settings, decimals))
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'row'}: {e['msg']}" for e in exc.errors()
-        )
-        raise BadRow(f"line {line}: {problems}") from None
+        raise BadRow(f"line {line}: {_problems(exc)}") from None
 
 
-def _derived(
-    values: dict[str, float | int | None], settings: RunSettings, decimals: dict[str, int]
-) -> dict[str, float | int | None]:
-    v = dict(values)
-    b, pp, tg = int(v["b"] or 0), int(v["pp"] or 0), int(v["tg"] or 0)
-
-    shared = settings.pp_shared
-    if b == 1:
-        shared = False  # one sequence: shared and separate prompts are the same work
-    elif shared is None and v.get("n_kv") == kv_cells(pp, tg, b, shared=True, unified=True):
-        shared = True  # only a shared prompt in a unified KV cache uses PP + B*TG cells
-
-    decode_tokens = b * tg
-    _fill_rate(v, "t_tg", "s_tg", decode_tokens)
-    _mend_rounding(v, "t_tg", "s_tg", decode_tokens, decimals)
-    if shared is not None:
-        prompt_tokens = pp if shared else b * pp
-        _fill_rate(v, "t_pp", "s_pp", prompt_tokens)
-        if v.get("t") is None and v.get("t_pp") is not None and v.get("t_tg") is not None:
-            v["t"] = float(v["t_pp"]) + float(v["t_tg"])  # type: ignore[arg-type]
-        _fill_rate(v, "t", "s", prompt_tokens + decode_tokens)
-        if v.get("n_kv") is None and not shared:
-            v["n_kv"] = kv_cells(pp, tg, b, shared=False, unified=False)
-    return v
-
-
-def _fill_rate(v: dict[str, float | int | None], time: str, speed: str, tokens: int) -> None:
-    """speed = tokens / time: fill whichever of the two is missing."""
-    t, s = v.get(time), v.get(speed)
-    if t is None and s:
-        v[time] = tokens / s
-    elif s is None and t:
-        v[speed] = tokens / t
-
-
-def _mend_rounding(
-    v: dict[str, float | int | None],
-    time: str,
-    speed: str,
-    tokens: int,
-    decimals: dict[str, int],
-) -> None:
-    """The table prints times to 3 decimals and speeds to 2: on short runs (the time) or on
-    slow machines (the speed: 0.16 t/s for 5 tokens in 30.895 s) rounding alone can move
-    tokens/time past the 1% the wire format allows. Where one figure's printed precision
-    explains the gap, that figure is taken from the other, more precise one."""
-    t, s = v.get(time), v.get(speed)
-    if not t or not s or not tokens or time not in decimals or speed not in decimals:
-        return
-    from_time = tokens / t
-    if abs(s - from_time) / from_time <= S_TG_TOLERANCE:
-        return
-    if abs(tokens / s - t) <= 0.5 * 10 ** -decimals[time]:
-        v[time] = tokens / s
-    elif abs(from_time - s) <= 0.5 * 10 ** -decimals[speed]:
-        v[speed] = from_time
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'row'}: {e['msg']}" for e in exc.errors()
+    )

@@ -50,7 +50,7 @@ class NotOurs:
     printed, and why."""
 
     reason: str
-    ours: bool  # it names PP, TG and B: a batched-bench table with a column not known
+    ours: bool  # a batched-bench header with a column the tool never printed: an error
 
 
 def header_of(cells: list[str]) -> Header | NotOurs:
@@ -59,9 +59,11 @@ def header_of(cells: list[str]) -> Header | NotOurs:
     known = {k for k in keys if k is not None}
     if {"pp", "tg", "b"} <= known:
         unknown = [cell for cell, key in zip(cells, keys, strict=True) if key is None]
-        if unknown:
-            names = ", ".join(repr(c) for c in unknown)
+        if named := [cell for cell in unknown if cell]:
+            names = ", ".join(repr(c) for c in named)
             return NotOurs(f"a llama-batched-bench header with a column not known: {names}", True)
+        if unknown:
+            return NotOurs("a table of PP, TG and B with a column without a name", False)
         if len(known) < len(keys):
             return NotOurs("a llama-batched-bench header naming a column twice", True)
         if not {"s_tg", "t_tg"} & known:

@@ -131,7 +131,10 @@ def import_output(
     for number, (line, report) in enumerate(reports, start=1):
         build = report.engine.build_number
         if report.status == "failed":
-            err.print(f"run {number}/{len(reports)} (line {line}): failed: {report.error}")
+            err.print(
+                f"run {number}/{len(reports)} (line {line}): failed: {report.error}",
+                highlight=False,
+            )
             continue
         err.print(
             curve_table(

@@ -57,7 +57,12 @@ def reports_from_output(
             points=parsed.points,
         )
         draft = draft.model_copy(update={"schema_version": oldest_version(draft)})
-        run_id = uuid.uuid5(IMPORT_NAMESPACE, _measured(draft))
+        identity = _measured(draft)
+        if parsed.failure is not None:
+            # A failed run measured nothing that tells two crashes apart: where its header
+            # stands and when it ran do.
+            identity += f"\nline {parsed.line}, {measured_at.isoformat()}"
+        run_id = uuid.uuid5(IMPORT_NAMESPACE, identity)
         reports.append(ImportedRun(parsed.line, draft.model_copy(update={"run_id": run_id})))
     return reports
 

@@ -5,6 +5,8 @@ header with no rows after it (the run crashed), and a table whose line breaks we
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from fleetbench.agent.batched_bench_output import (
@@ -14,6 +16,8 @@ from fleetbench.agent.batched_bench_output import (
     parse_batched_bench_output,
 )
 from fleetbench.agent.batched_bench_table import Header, NotOurs, header_of, rows_of
+from fleetbench.agent.importer import reports_from_output
+from fleetbench.contract.wire import ModelInfo
 from tests.factories import FIXTURES
 
 IMPORTS = FIXTURES / "import"
@@ -212,3 +216,89 @@ def test_rows_of_a_line() -> None:
         ["3", "4"],
     ]
     assert rows_of("| 1 | 2 |\\") == [["1", "2"]]  # a markdown line break after the row
+
+
+HEADER = (
+    "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s "
+    "|    S t/s |"
+)
+ROW = (
+    "|   512 |    128 |    1 |    640 |    0.500 |  1024.00 |    2.000 |    64.00 |    2.500 "
+    "|   256.00 |"
+)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        ROW.replace("   64.00 ", "**64.00**"),
+        ROW + " fast |",
+        ROW.replace("1024.00", "1,024.0"),
+    ],
+)
+def test_rows_that_do_not_fit_their_header_are_an_error_not_a_crash(row: str) -> None:
+    with pytest.raises(BadRow, match=r"line 3: a row that does not fit .* header at line 1"):
+        parse_batched_bench_output(f"{HEADER}\n|---|\n{row}\n")
+
+
+def test_a_quoted_table_is_read() -> None:
+    """A GitHub reply quoting a table: each line begins with `> `."""
+    [run] = parse_batched_bench_output(f"> {HEADER}\n> |---|---|\n> {ROW}\n")
+    assert [(p.b, p.s_tg) for p in run.points] == [(1, 64.0)]
+
+
+def test_a_header_shown_as_an_example_before_the_results_is_passed_over() -> None:
+    text = f"The columns:\n\n{HEADER}\n\nThe failed attempt, then the run:\n\n{HEADER}\n{ROW}\n"
+    passed_over: list[PassedOver] = []
+    [run] = parse_batched_bench_output(text, passed_over=passed_over)
+    assert run.line == 7 and run.failure is None
+    assert [str(p) for p in passed_over] == [
+        "line 3: a llama-batched-bench header with no rows before the next table"
+    ]
+
+
+def test_a_crash_line_is_made_storable_and_two_crashes_are_two_runs() -> None:
+    crash = "CUDA error: out of memory \x00\x00 garbage"
+    text = f"{HEADER}\n{crash}\n\n{HEADER}\n{crash}\n"
+    first, second = parse_batched_bench_output(text)
+    assert (
+        first.failure
+        == "the run stopped before its first row: CUDA error: out of memory \ufffd\ufffd garbage"
+    )
+    assert second.failure == first.failure
+    reports = reports_from_output(
+        text, node="n1", model=ModelInfo(name="m"), measured_at=datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    assert [r.report.status for r in reports] == ["failed", "failed"]
+    assert reports[0].report.run_id != reports[1].report.run_id
+
+
+def test_a_one_line_log_keeps_the_build_line_before_its_settings() -> None:
+    text = (
+        "build: 6527 (e7a5130a) with cc (GCC) 13.2.1 ggml_cuda_init: found 1 CUDA devices "
+        "main: n_kv_max = 4096, n_batch = 2048, is_pp_shared = 0 | PP | TG | B | S_TG t/s | "
+        "| 512 | 128 | 1 | 60.00 |"
+    )
+    [run] = parse_batched_bench_output(text)
+    assert (run.engine.build_number, run.engine.backend, run.settings.n_ctx) == (
+        6527,
+        "CUDA",
+        4096,
+    )
+
+
+def test_a_column_without_a_name_is_passed_over_not_an_error() -> None:
+    passed_over: list[PassedOver] = []
+    labelled = "| | PP | TG | B | S_TG t/s |\n|---|---|---|---|---|\n| GPU0 | 1 | 2 | 1 | 3.0 |\n"
+    text = f"{labelled}\n{HEADER}\n{ROW}\n"
+    [run] = parse_batched_bench_output(text, passed_over=passed_over)
+    assert run.line == 5
+    assert [str(p) for p in passed_over] == [
+        "line 1: a table of PP, TG and B with a column without a name"
+    ]
+
+
+def test_a_settings_line_no_run_may_carry_names_the_table() -> None:
+    text = f"main: n_kv_max = 4294967296, n_batch = 2048\n{HEADER}\n{ROW}\n"
+    with pytest.raises(BadRow, match=r"line 2: its settings: n_ctx: Input should be less"):
+        parse_batched_bench_output(text)

@@ -184,7 +184,8 @@ def _one_run(
                     [run] = parse_batched_bench_output(line)
                 except BatchedBenchOutputError:
                     continue
-                yield run.points[0], run.settings
+                if run.points:  # a JSONL record is one point
+                    yield run.points[0], run.settings
         finally:
             process.stdout.close()
             returncode = process.wait()
