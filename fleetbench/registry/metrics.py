@@ -358,23 +358,23 @@ class HttpMetricsMiddleware:
         (without the prefixes of the routers it was included by), so matching every route
         again, a fifth of a small request's CPU, is needed only when it picked none (404,
         or an answer of the middleware inside: 413, 503)."""
-        if self._routes is None:
-            self._routes = flat_routes(self.router.routes)
-            self._templates = {
-                id(getattr(route, "original_route", route)): path
-                for route in self._routes
-                if isinstance(path := getattr(route, "path_format", None), str)
-            }
         picked = scope.get("route")
         if picked is not None and (template := self._templates.get(id(picked))) is not None:
             return template
-        return route_template(self._routes, scope)
+        return route_template(self._routes or [], scope)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         method = scope["method"] if scope["method"] in _METHODS else "other"
+        if self._routes is None:  # at the first request: every route is included by then
+            self._routes = flat_routes(self.router.routes)
+            self._templates = {
+                id(getattr(route, "original_route", route)): path
+                for route in self._routes
+                if isinstance(path := getattr(route, "path_format", None), str)
+            }
         status = 500
         recorded = False
         begun = time.perf_counter()
