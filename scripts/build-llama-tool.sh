@@ -35,6 +35,12 @@ SOURCE="$HOME_DIR/src/vendor/llama.cpp"
 BUILD="build"  # the CPU build keeps the folder it always had; others have one each
 [ "$BACKEND" = cpu ] || BUILD="build-$BACKEND"
 BINARY="$SOURCE/$BUILD/bin/$TOOL"
+mkdir -p "$HOME_DIR"
+# One build at a time (the test suite's workers may ask together): the others wait for it.
+if command -v flock >/dev/null 2>&1; then
+    exec 9>"$HOME_DIR/.build.lock"
+    flock 9
+fi
 if [ -x "$BINARY" ]; then
     echo "$BINARY"
     exit 0

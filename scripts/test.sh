@@ -34,4 +34,6 @@ fi
 ruff check .
 ruff format --check .
 mypy
-python -m pytest "$@"
+# Two workers, each taking whole test files (their module fixtures built once): the suite
+# waits on servers, subprocesses and the database as much as it computes.
+python -m pytest -n "${FLEETBENCH_TEST_WORKERS:-2}" --dist loadfile "$@"
