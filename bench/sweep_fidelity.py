@@ -52,7 +52,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--npp", default="128")
     parser.add_argument("--ntg", default="32")
     parser.add_argument("--npl", default="1,2,4,8")
-    parser.add_argument("--ctx", type=int, default=2048)
+    parser.add_argument("--ctx", type=int, help="KV cells (default: sized to fit the sweep)")
     parser.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
     parser.add_argument("--threads", type=int, help="default: the physical cores")
     parser.add_argument("--json-out", type=Path, help="also write the figures here as JSON")
@@ -135,8 +135,7 @@ def overhead(args: argparse.Namespace, model: Path, spec: SweepSpec) -> dict[str
             "sweep",
             "-m",
             str(model),
-            "-c",
-            str(args.ctx),
+            *(["-c", str(args.ctx)] if args.ctx else []),
             "--npp",
             args.npp,
             "--ntg",

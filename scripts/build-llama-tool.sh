@@ -33,7 +33,7 @@ VERSION="$(python -c 'import importlib.metadata as m; print(m.version("llama-cpp
 HOME_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/llama.cpp-$VERSION"
 SOURCE="$HOME_DIR/src/vendor/llama.cpp"
 BUILD="build"  # the CPU build keeps the folder it always had; others have one each
-[ "$BACKEND" = cpu ] || BUILD="build-$BACKEND"
+[ "$BACKEND" = cpu ] || BUILD="build-$BACKEND${ARCHS:+-${ARCHS// /-}}"
 BINARY="$SOURCE/$BUILD/bin/$TOOL"
 mkdir -p "$HOME_DIR"
 # One build at a time (the test suite's workers may ask together): the others wait for it.
@@ -48,7 +48,7 @@ fi
 echo "building $TOOL of llama-cpp-python $VERSION for $BACKEND (several minutes on 2 cores)" >&2
 if [ ! -d "$SOURCE" ]; then
     mkdir -p "$HOME_DIR"
-    python -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$HOME_DIR" >&2
+    python -m pip download --quiet --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$HOME_DIR" >&2
     rm -rf "$HOME_DIR/src" && mkdir -p "$HOME_DIR/src"
     tar xzf "$HOME_DIR/llama_cpp_python-$VERSION.tar.gz" -C "$HOME_DIR/src" --strip-components=1
 fi

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def run(*argv: str, path: str, timeout: float) -> subprocess.CompletedProcess[st
 def test_without_nvidia_smi_it_stops_at_once_and_says_so(tmp_path: Path) -> None:
     bare = tmp_path / "bin"
     bare.mkdir()
-    for tool in ("bash", "dirname", "getconf"):
+    for tool in ("bash", "dirname", "getconf", "realpath"):
         (bare / tool).symlink_to(f"/usr/bin/{tool}")
     done = run("--out", str(tmp_path / "out"), path=str(bare), timeout=30)
     assert done.returncode == 2
@@ -54,11 +55,8 @@ def test_the_cpu_dry_run_runs_every_step_into_its_summary(tmp_path: Path) -> Non
     done = run("--cpu-dry-run", "--out", str(tmp_path), path=os.environ["PATH"], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["mode"], summary["passed"], summary["summary_version"]) == (
-        "cpu-dry-run",
-        True,
-        1,
-    )
+    assert (summary["mode"], summary["passed"], summary["error"]) == ("cpu-dry-run", True, None)
+    assert summary["model"] == "gemma-3-270m-Q4_K_M.gguf" and summary["gpus"] == []
     checks = {c["check"]: c["ok"] for c in summary["checks"]}
     assert checks == {
         "NVML sees a GPU": None,
@@ -86,3 +84,29 @@ def test_the_cpu_dry_run_runs_every_step_into_its_summary(tmp_path: Path) -> Non
         "placement",
         "fidelity pairs",
     }
+
+
+def test_a_step_that_fails_keeps_what_was_measured_before(tmp_path: Path) -> None:
+    """No binary where it is said to be: the --binary sweep cannot run; the summary still
+    holds the fingerprint's and the in-process sweep's figures, and the error."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_check.py"),
+            "--binary",
+            str(tmp_path / "no-such-llama-batched-bench"),
+            "--out",
+            str(tmp_path),
+            "--cpu-dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["passed"] is False
+    assert summary["error"].startswith("StepFailed: fleetbench-agent sweep exited")
+    assert [p["b"] for p in summary["sweeps"]["in-process"]["points"]] == [1, 2]
+    assert "binary" not in summary["sweeps"]
+    assert set(summary["seconds"]) == {"fingerprint", "in-process sweep"}

@@ -351,7 +351,7 @@ class HttpMetricsMiddleware:
         self.router = router
         self._routes: list[BaseRoute] | None = None  # flattened at the first request
         # id of the router's pick (routes live as long as the app) -> its full template
-        self._templates: dict[int, str] = {}
+        self._templates: dict[int, str | None] = {}
 
     def _template(self, scope: Scope) -> str:
         """The template of the route that answered: the router leaves its pick in the scope
@@ -370,11 +370,13 @@ class HttpMetricsMiddleware:
         method = scope["method"] if scope["method"] in _METHODS else "other"
         if self._routes is None:  # at the first request: every route is included by then
             self._routes = flat_routes(self.router.routes)
-            self._templates = {
-                id(getattr(route, "original_route", route)): path
-                for route in self._routes
-                if isinstance(path := getattr(route, "path_format", None), str)
-            }
+            templates: dict[int, str | None] = {}
+            for route in self._routes:
+                if isinstance(path := getattr(route, "path_format", None), str):
+                    key = id(getattr(route, "original_route", route))
+                    # A router included twice gives one route two templates: match those.
+                    templates[key] = path if templates.get(key, path) == path else None
+            self._templates = templates
         status = 500
         recorded = False
         begun = time.perf_counter()
