@@ -34,6 +34,11 @@ fi
 ruff check .
 ruff format --check .
 mypy
-# Two workers, each taking whole test files (their module fixtures built once): the suite
-# waits on servers, subprocesses and the database as much as it computes.
-python -m pytest -n "${FLEETBENCH_TEST_WORKERS:-2}" --dist loadfile "$@"
+# FLEETBENCH_TEST_WORKERS=2 runs the suite on two workers, each taking whole test files
+# (2.4x faster here), but a few tests that compare timings taken minutes apart fail now and
+# then under the second worker's load: one process is the default until they are mended.
+WORKERS="${FLEETBENCH_TEST_WORKERS:-1}"
+if [ "$WORKERS" != 1 ]; then
+    set -- -n "$WORKERS" --dist loadfile "$@"
+fi
+python -m pytest "$@"

@@ -36,10 +36,8 @@ def test_llama_cpp_pythons_server_is_measured_as_an_openai_compatible_one(
     for point in (one, two):
         assert (point.completed, point.output_tokens, point.errors) == (4, 32, {})
     # it serves one request at a time: a second user waits for the first, and the wait shows
-    # in the time to first token (a waiting request's is about a whole other request's time,
-    # compared within one point so that the machine's load at the time cancels out) while
-    # the throughput stays that of one user
-    assert two.ttft_ms_p90 > 0.75 * two.e2e_ms_p50  # type: ignore[operator]
+    # in the time to first token while the throughput stays that of one user
+    assert two.ttft_ms_p90 > 1.5 * one.ttft_ms_p90  # type: ignore[operator]
     assert two.total_tps < 1.3 * one.total_tps  # type: ignore[operator]
 
 
