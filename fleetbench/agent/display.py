@@ -13,6 +13,7 @@ from rich.text import Text
 
 from fleetbench.agent.spool import SpooledRun
 from fleetbench.contract.answers import BLIND_ABOVE_PCT, PlacementAnswer
+from fleetbench.contract.build_label import build_label
 from fleetbench.contract.wire import Point, RunReport, ServingPoint
 
 __all__ = [
@@ -193,16 +194,6 @@ def imported_run_line(line: int, report: RunReport) -> str:
     settings = report.settings.model_dump(exclude_none=True)
     said = " ".join(f"{k}={v}" for k, v in settings.items()) or "none printed"
     engine = report.engine
-    build = (
-        " ".join(
-            part
-            for part in (
-                f"b{engine.build_number}" if engine.build_number is not None else None,
-                f"({engine.commit})" if engine.commit else None,
-                engine.backend,
-            )
-            if part
-        )
-        or "none printed"
-    )
+    printed = engine.build_number is not None or engine.commit or engine.backend
+    build = build_label(engine) if printed else "none printed"
     return f"line {line}: {found}; settings: {said}; build: {build}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 from fleetbench.contract import wire
+from fleetbench.contract.build_label import build_label
 
 __all__ = [
     "SETTING_NAMES",
@@ -19,36 +20,11 @@ __all__ = [
 ]
 
 
-class _BuildFields(Protocol):
-    @property
-    def engine(self) -> str: ...
-    @property
-    def build_number(self) -> int | None: ...
-    @property
-    def commit(self) -> str | None: ...
-    @property
-    def backend(self) -> str | None: ...
-
-
 class _BindingFields(Protocol):
     @property
     def binding(self) -> str | None: ...
     @property
     def binding_version(self) -> str | None: ...
-
-
-def build_label(build: _BuildFields) -> str:
-    """The llama.cpp build as people name it: `llama.cpp b11429 (d812350) Metal`."""
-    parts = [build.engine]
-    if build.build_number is not None:
-        parts.append(f"b{build.build_number}")
-    if build.commit:
-        parts.append(
-            f"({build.commit[:7]})" if build.build_number is not None else build.commit[:12]
-        )
-    if build.backend:
-        parts.append(build.backend)
-    return " ".join(parts)
 
 
 def binding_label(build: _BindingFields) -> str | None:
