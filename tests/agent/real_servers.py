@@ -17,6 +17,11 @@ from tests.factories import free_port
 
 __all__ = ["llama_cpp_python_server", "llama_server"]
 
+# One engine thread: the suite runs on two workers, and llama.cpp's threads wait for each
+# other at every step, spinning, so two of them on a core the other worker also wants slow
+# decoding down many times over (8 tokens took seconds); one thread shares a core smoothly.
+ENGINE_THREADS = "1"
+
 
 @contextmanager
 def _serving(
@@ -61,10 +66,11 @@ def llama_server(
     ctx_per_slot: int,
     extra: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """llama-server with `slots` slots of `ctx_per_slot` tokens, 2 threads."""
+    """llama-server with `slots` slots of `ctx_per_slot` tokens, one thread (ENGINE_THREADS)."""
     command = [
         str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "{port}",
-        "-np", str(slots), "-c", str(ctx_per_slot * slots), "-t", "2", "--no-webui", *extra,
+        "-np", str(slots), "-c", str(ctx_per_slot * slots), "-t", ENGINE_THREADS, "--no-webui",
+        *extra,
     ]  # fmt: skip
     with _serving(command, log, "/health") as running:
         yield running
@@ -78,7 +84,7 @@ def llama_cpp_python_server(
     `interrupt` (its default) a new request cuts the one streaming short."""
     command = [
         sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-        "--port", "{port}", "--n_ctx", "2048", "--n_threads", "2",
+        "--port", "{port}", "--n_ctx", "2048", "--n_threads", ENGINE_THREADS,
         "--interrupt_requests", str(interrupt),
     ]  # fmt: skip
     with _serving(command, log, "/v1/models") as running:

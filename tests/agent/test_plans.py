@@ -287,12 +287,16 @@ def test_a_plan_saved_once_is_run_by_every_matching_agent_process(
             for name in names:
                 assert client.post(f"/v1/plans/sweep-now/{name}").status_code == 202
 
-        def every_node_ran() -> bool:
+        def every_node_ran_and_said_so() -> bool:
+            # the run first, then the daemon's status saying how its plan's sweep went
             with live_registry.client() as client:
                 runs = client.get("/v1/runs").json()["data"]
-            return {r["node"] for r in runs} == set(names)
+            nodes = _nodes(live_registry)
+            said = all(nodes[n]["plans"] and nodes[n]["plans"][0]["last_status"] for n in names)
+            return {r["node"] for r in runs} == set(names) and said
 
-        _wait(every_node_ran, seconds=120, logs=[tmp_path / n / "daemon.log" for n in names])
+        logs = [tmp_path / n / "daemon.log" for n in names]
+        _wait(every_node_ran_and_said_so, seconds=120, logs=logs)
     finally:
         for daemon in daemons:
             daemon.terminate()

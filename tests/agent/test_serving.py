@@ -38,6 +38,7 @@ def gemma_server(
         yield url
 
 
+@pytest.mark.alone
 def test_a_serving_sweep_of_a_real_llama_server(gemma_server: str) -> None:
     spec = ServeSpec(concurrency=(1, 2, 4), prompt_tokens=64, gen_tokens=24, requests=8)
     outcome = serve_sweep(gemma_server, "gemma-3-270m", spec)
