@@ -5,8 +5,6 @@ unreachable fails the tests; it never skips them."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -19,11 +17,8 @@ from sqlalchemy.orm import Session
 
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine, session_factory, upgrade_schema
+from tests.databases import POSTGRES_URL, fresh_database, migrate
 from tests.factories import LiveRegistry, running_registry
-
-POSTGRES_URL = os.environ.get(
-    "FLEETBENCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +57,7 @@ def llama_server() -> Path:
 
 
 @pytest.fixture(scope="session")
-def _migrated_sqlite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def migrated_sqlite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Migrate once; each test gets a copy of the file."""
     path = tmp_path_factory.mktemp("sqlite-template") / "registry.db"
     engine = create_db_engine(f"sqlite:///{path}")
@@ -74,20 +69,8 @@ def _migrated_sqlite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The URL of a fresh database with no schema at all."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'registry.db'}"
-        return
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_db_engine(POSTGRES_URL)
-    with admin.begin() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with fresh_database(request.param, tmp_path) as url:
+        yield url
 
 
 @pytest.fixture
@@ -112,16 +95,9 @@ def postgres_database_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def database_url(empty_database_url: str, _migrated_sqlite_file: Path) -> str:
+def database_url(empty_database_url: str, migrated_sqlite_file: Path) -> str:
     """The URL of a fresh database migrated to head."""
-    sqlite_path = make_url(empty_database_url).database
-    if empty_database_url.startswith("sqlite") and sqlite_path:
-        shutil.copy(_migrated_sqlite_file, sqlite_path)  # faster than migrating each time
-        return empty_database_url
-    engine = create_db_engine(empty_database_url)
-    upgrade_schema(engine)
-    engine.dispose()
-    return empty_database_url
+    return migrate(empty_database_url, migrated_sqlite_file)
 
 
 @pytest.fixture
