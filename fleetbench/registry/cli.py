@@ -33,7 +33,6 @@ from fleetbench.registry.db import (
     upgrade_schema,
     write_transaction,
 )
-from fleetbench.registry.metrics import MULTIPROCESS_DIR
 from fleetbench.registry.schemas import TokenPublic, TokenRequest, token_public
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
@@ -139,9 +138,10 @@ def serve(
 ) -> None:
     """Serve the registry's API and dashboard (docs at /docs), in plain HTTP unless given a
     certificate: a fleet reaches it through a TLS proxy, or with --ssl-certfile."""
-    import uvicorn
+    import uvicorn  # the server's stack (FastAPI with it) loads for `serve` alone
 
     from fleetbench.registry.main import create_app
+    from fleetbench.registry.metrics import MULTIPROCESS_DIR
 
     if (ssl_certfile is None) != (ssl_keyfile is None):
         raise typer.BadParameter("give both or neither", param_hint="--ssl-certfile/--ssl-keyfile")
