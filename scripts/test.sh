@@ -34,11 +34,12 @@ fi
 ruff check .
 ruff format --check .
 mypy
-# Two pytest-xdist workers (FLEETBENCH_TEST_WORKERS, 1 for one process), each taking whole
-# test files: the suite waits on servers, subprocesses and the database as much as it
-# computes. Tests marked `alone` compare speeds measured at different moments, which the
-# other worker's load would move: they run afterwards, by themselves.
-WORKERS="${FLEETBENCH_TEST_WORKERS:-$(( $(nproc) > 1 ? 2 : 1 ))}"
+# pytest-xdist workers, each taking whole test files: one more than the cores (at most 4),
+# as the suite waits on servers, subprocesses and the database as much as it computes
+# (FLEETBENCH_TEST_WORKERS=1: one process). Tests marked `alone` compare speeds measured at
+# different moments, which the other workers' load would move: they run afterwards, alone.
+cores="$(nproc)"
+WORKERS="${FLEETBENCH_TEST_WORKERS:-$(( cores > 1 ? (cores < 4 ? cores + 1 : 4) : 1 ))}"
 if [ "$WORKERS" = 1 ]; then
     python -m pytest "$@"
     exit

@@ -4,6 +4,7 @@ OpenAI-compatible server, a second implementation of the protocol."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -17,10 +18,11 @@ from tests.factories import free_port
 
 __all__ = ["llama_cpp_python_server", "llama_server"]
 
-# One engine thread: the suite runs on two workers, and llama.cpp's threads wait for each
-# other at every step, spinning, so two of them on a core the other worker also wants slow
-# decoding down many times over (8 tokens took seconds); one thread shares a core smoothly.
-ENGINE_THREADS = "1"
+# One engine thread under pytest-xdist: llama.cpp's threads wait for each other at every
+# step, spinning, so two of them on cores the other workers also want slow decoding down
+# many times over (8 tokens took seconds); one thread shares a core smoothly. Alone (the
+# tests marked so run by themselves), two.
+ENGINE_THREADS = "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"
 
 
 @contextmanager
