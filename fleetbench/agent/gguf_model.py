@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from fleetbench.contract.wire import KvLayers, ModelInfo
 
-__all__ = ["ModelFileError", "describe_gguf", "model_info", "sha256_of"]
+__all__ = ["FILE_TYPES", "ModelFileError", "describe_gguf", "model_info", "sha256_of"]
 
 # Where a GGUF has no `<arch>.attention.sliding_window_pattern`, llama.cpp assumes a pattern
 # per architecture (every n-th layer attends globally); these are its defaults for the
@@ -27,6 +27,49 @@ __all__ = ["ModelFileError", "describe_gguf", "model_info", "sha256_of"]
 _DEFAULT_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "gpt-oss": 2}
 
 _HASH_CHUNK = 1 << 20
+
+# general.file_type: llama.cpp's llama_ftype (include/llama.h), named as the gguf package's
+# LlamaFileType names it less its MOSTLY_ prefix. A table of our own because model_info runs
+# in the engine's process before its timed loop, and importing gguf loads numpy there (and
+# OpenBLAS's thread pool); tests check it against the package.
+FILE_TYPES = {
+    0: "ALL_F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    19: "IQ2_XXS",
+    20: "IQ2_XS",
+    21: "Q2_K_S",
+    22: "IQ3_XS",
+    23: "IQ3_XXS",
+    24: "IQ1_S",
+    25: "IQ4_NL",
+    26: "IQ3_S",
+    27: "IQ3_M",
+    28: "IQ2_S",
+    29: "IQ2_M",
+    30: "IQ4_XS",
+    31: "IQ1_M",
+    32: "BF16",
+    36: "TQ1_0",
+    37: "TQ2_0",
+    38: "MXFP4_MOE",
+    39: "NVFP4",
+    40: "Q1_0",
+    1024: "GUESSED",
+}
 
 
 class ModelFileError(ValueError):
@@ -169,8 +212,6 @@ def model_info(
 ) -> ModelInfo:
     """The architecture numbers KV-cache maths needs, from GGUF metadata (key -> value), as
     llama.cpp reads them. Raises ModelFileError when there is no architecture."""
-    from gguf import LlamaFileType
-
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(f"{name} has no general.architecture: not a model GGUF")
@@ -193,10 +234,7 @@ def model_info(
     file_type = metadata.get("general.file_type")
     quantization = None
     if isinstance(file_type, int):
-        try:
-            quantization = LlamaFileType(file_type).name.removeprefix("MOSTLY_")
-        except ValueError:
-            quantization = None
+        quantization = FILE_TYPES.get(file_type)
     sliding_window = key("attention.sliding_window")
     pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
     head_dim_k = key("attention.key_length") or head_dim

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetbench.agent.gguf_model import ModelFileError, describe_gguf, model_info
+from fleetbench.agent.gguf_model import FILE_TYPES, ModelFileError, describe_gguf, model_info
 from fleetbench.contract.kv_cache import kv_cache_bytes
 from tests.agent.tiny_gguf import write_tiny_gguf
 
@@ -98,3 +98,11 @@ def test_per_layer_facts_that_disagree_are_the_file_s_error() -> None:
     }
     with pytest.raises(ModelFileError, match="per-layer facts do not agree"):
         model_info(metadata, name="m", sha256=None, file_size=None, n_params=None)
+
+
+def test_file_types_are_named_as_the_gguf_package_names_them() -> None:
+    from gguf import LlamaFileType
+
+    named = {t.value: t.name.removeprefix("MOSTLY_") for t in LlamaFileType}
+    assert {value: named.get(value) for value in FILE_TYPES} == FILE_TYPES
+    assert FILE_TYPES[15] == "Q4_K_M" and FILE_TYPES[1] == "F16"
