@@ -4,7 +4,6 @@ OpenAI-compatible server, a second implementation of the protocol."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -18,11 +17,11 @@ from tests.factories import free_port
 
 __all__ = ["llama_cpp_python_server", "llama_server"]
 
-# One engine thread under pytest-xdist: llama.cpp's threads wait for each other at every
-# step, spinning, so two of them on cores the other workers also want slow decoding down
-# many times over (8 tokens took seconds); one thread shares a core smoothly. Alone (the
-# tests marked so run by themselves), two.
-ENGINE_THREADS = "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"
+# One engine thread: llama.cpp's threads wait for each other at every step, spinning, so
+# two of them on cores other test workers also want slow decoding down many times over (8
+# tokens took seconds); one thread shares a core smoothly. Alone, two were no faster here
+# (the llama-server sweep marked alone: 61 s against 37 s).
+ENGINE_THREADS = "1"
 
 
 @contextmanager
