@@ -40,15 +40,23 @@ mypy
 # different moments, which the other workers' load would move: they run afterwards, alone.
 cores="$(nproc)"
 WORKERS="${FLEETBENCH_TEST_WORKERS:-$(( cores > 1 ? (cores < 4 ? cores + 1 : 4) : 1 ))}"
+for argument in "$@"; do
+    # A marker expression of the caller's own replaces ours (pytest keeps the last -m): one run.
+    case "$argument" in -m*) WORKERS=1 ;; esac
+done
 if [ "$WORKERS" = 1 ]; then
     python -m pytest "$@"
     exit
 fi
 others=0
 python -m pytest -n "$WORKERS" --dist loadfile -m "not alone" "$@" || others=$?
+[ "$others" = 2 ] && exit 2  # interrupted (Ctrl-C): not on to the second run
 alone=0
 python -m pytest -m alone "$@" || alone=$?
-# 5: no test of that kind among those asked for
+# 5: no test of that kind among those asked for, which is fine unless it holds for both
+if [ "$others" = 5 ] && [ "$alone" = 5 ]; then
+    exit 5
+fi
 [ "$others" = 5 ] && others=0
 [ "$alone" = 5 ] && alone=0
 exit $(( others != 0 ? others : alone ))

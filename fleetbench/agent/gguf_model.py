@@ -109,9 +109,9 @@ def sha256_of(path: Path, *, cache: Path | None = None) -> str:
 def describe_gguf(
     path: Path, *, name: str | None = None, sha256_cache: Path | None = None
 ) -> ModelInfo:
-    """ModelInfo for a GGUF file read with the `gguf` package (slow for large vocabularies:
-    sweeps take the same numbers from llama.cpp, which loads the model anyway);
-    `name` defaults to the file name without `.gguf`."""
+    """ModelInfo for a GGUF file, from its header alone (sweeps take the same numbers from
+    llama.cpp, which loads the model anyway); `name` defaults to the file name without
+    `.gguf`."""
     try:
         with path.open("rb") as f:
             metadata, n_params = _read_header(f)
