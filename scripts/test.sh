@@ -33,7 +33,9 @@ fi
 
 ruff check .
 ruff format --check .
-mypy
+# mypy's cache beside pip's, not in the checkout: a fresh clone checks only what changed
+# (mypy compares the files' hashes), 30 s -> 1 s here
+MYPY_CACHE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/mypy" mypy
 # pytest-xdist workers, each taking whole test files: one more than the cores (at most 4),
 # as the suite waits on servers, subprocesses and the database as much as it computes
 # (FLEETBENCH_TEST_WORKERS=1: one process). Tests marked `alone` compare speeds measured at
