@@ -7,6 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from fleetbench.contract.wire import SCHEMA_VERSION
 from fleetbench.registry.config import RegistrySettings
 from tests.agent.tiny_gguf import write_tiny_gguf
 from tests.factories import ARTICLE_MODEL, FIXTURES, LiveRegistry, agent, running_registry
@@ -143,7 +144,7 @@ def test_dry_run_prints_reports_and_sends_nothing() -> None:
     )
     assert result.returncode == 0, result.stderr
     [report] = json.loads(result.stdout)
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == SCHEMA_VERSION
     assert report["source"] == "import"
     assert report["started_at"] == "2026-11-01T00:00:00Z"
     assert [p["b"] for p in report["points"]] == [1, 2, 4]

@@ -1,9 +1,9 @@
 # The registry's image: fleetbench[registry] alone (no llama.cpp, no compiler).
-#   docker build -f deploy/container/registry.Dockerfile -t fleetbench-registry .
+#   docker build -f deploy/container/registry.Dockerfile -t fleetbench-registry:0.1.0 .
 #   docker run -e FLEETBENCH_DATABASE_URL=postgresql+psycopg://... fleetbench-registry migrate
 #   docker run -p 127.0.0.1:8787:8787 -e FLEETBENCH_DATABASE_URL=... fleetbench-registry
 # It speaks plain HTTP on 8787: put a TLS-terminating proxy (or an ingress) in front of it.
-FROM python:3.11-slim
+FROM python:3.11.11-slim-bookworm
 
 # A fixed uid, so that Kubernetes can run as it and own its volumes (fsGroup)
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /var/lib/fleetbench fleetbench

@@ -432,9 +432,6 @@ def placement(
             closed = getattr(exc, "status_code", None) in (401, 403)
             hint = "; this registry's reads are closed: pass --token with a reader token"
             raise fail(str(exc) + (hint if closed else "")) from exc
-    if (kind not in (None, answer.kind)) or (max_ttft_ms is not None and not answer.max_ttft_ms):
-        # a registry that predates serving placement answers as if they were not asked
-        raise fail(f"the registry at {url} does not answer --kind and --max-ttft-ms: upgrade it")
     if as_json:
         out.print_json(answer.model_dump_json())
     else:

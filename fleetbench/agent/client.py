@@ -16,10 +16,7 @@ import httpx
 from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
 from fleetbench.contract.answers import PlacementAnswer, PlacementKind, RunReceipt
 from fleetbench.contract.plans import KINDS, NodePlans, NodeStatus
-from fleetbench.contract.wire import (
-    RunReport,
-    older_version,
-)
+from fleetbench.contract.wire import RunReport
 
 __all__ = ["RegistryClient"]
 
@@ -54,37 +51,24 @@ class RegistryClient:
         )
 
     def submit_run(self, report: RunReport) -> RunReceipt:
-        """Sends the report. A registry older than the report's schema version (a 422
-        naming `schema_version`) is sent it as the older versions `older_version` says,
-        step by step, without what only the newer ones hold, rather than refused it: a
-        serving run's points outlast its search, an offline run's its memory figures."""
-        while True:
-            try:
-                response = self._send(report)
-                return RunReceipt.model_validate_json(response.content)
-            except RequestRejected as exc:
-                stepped = older_version(report)
-                if exc.status_code != 422 or "schema_version" not in exc.detail or not stepped:
-                    raise
-                older, lost = stepped
-                log.warning(
-                    "registry at %s takes no schema version %d: run %s sent as version %d, "
-                    "without its %s",
-                    self._http.base_url,
-                    report.schema_version,
-                    report.run_id,
-                    older.schema_version,
-                    ", ".join(lost) or "nothing",
-                )
-                report = older
-
-    def _send(self, report: RunReport) -> httpx.Response:
-        return self._request(
+        """Sends the report. An older registry stores what it knows of it and names the
+        fields it left out, which are logged: the run is stored all the same."""
+        response = self._request(
             "POST",
             "/v1/runs",
             content=report.model_dump_json(),
             headers={"Content-Type": "application/json"},
         )
+        receipt = RunReceipt.model_validate_json(response.content)
+        if receipt.ignored_fields:
+            log.warning(
+                "registry at %s stored run %s without %s, which it does not know: "
+                "upgrade it to keep them",
+                self._http.base_url,
+                report.run_id,
+                ", ".join(receipt.ignored_fields),
+            )
+        return receipt
 
     def placement(
         self,
@@ -118,8 +102,7 @@ class RegistryClient:
         """This node's plans and their ETag; (etag, None) when they are unchanged since
         `etag` (a 304)."""
         headers = {"If-None-Match": etag} if etag else {}
-        # every kind this agent runs, and plans' repeats as written (auto included)
-        params: dict[str, Any] = {"kind": list(KINDS), "auto_repeats": True}
+        params = {"kind": list(KINDS)}  # every kind this agent runs
         response = self._request("GET", "/v1/agent/plans", headers=headers, params=params)
         tag = response.headers.get("ETag")
         if response.status_code == 304:

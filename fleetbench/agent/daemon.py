@@ -34,7 +34,7 @@ from fleetbench.agent.daemon_config import (
 )
 from fleetbench.agent.errors import ClientError, RequestRejected, SpoolUnwritable
 from fleetbench.agent.plans import PLAN_PREFIX, PlanCache, PlannedSweep, pull_plans, resolve_plan
-from fleetbench.agent.probes.nvidia import nvml_session
+from fleetbench.agent.probes.nvidia import busiest_gpu_percent
 from fleetbench.agent.spool import RETRYABLE_STATUS
 from fleetbench.agent.sweep import sweep_lock
 from fleetbench.agent.sweep_state import SweepState
@@ -71,20 +71,6 @@ def busy_reason(
     return None
 
 
-def _gpu_percent() -> float | None:
-    try:
-        with nvml_session() as (nvml, _):
-            if nvml is None:
-                return None  # no NVIDIA GPU: nothing to guard
-            rates = [
-                nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(i)).gpu
-                for i in range(nvml.nvmlDeviceGetCount())
-            ]
-    except Exception:  # NVML failing is no reason to hold sweeps back
-        return None
-    return float(max(rates)) if rates else None
-
-
 class Daemon:
     def __init__(
         self,
@@ -99,7 +85,7 @@ class Daemon:
         self.spool = open_spool(settings)
         self.lock_path = self.spool.path.with_name("sweep.lock")
         self.sha256_cache = settings.cache_dir / "sha256.json"
-        self.load = load or (lambda: (psutil.cpu_percent(interval=1.0), _gpu_percent()))
+        self.load = load or (lambda: (psutil.cpu_percent(interval=1.0), busiest_gpu_percent()))
         self._state = SweepState(self.spool.path.with_name("sweeps.db"))
         self.plan_cache = PlanCache(self.spool.path.with_name("plans.json"))
         self._plans = self.plan_cache.load() if settings.plans else None  # (etag, plans)

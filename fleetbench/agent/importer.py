@@ -11,7 +11,7 @@ from fleetbench.agent.batched_bench_output import (
     PassedOver,
     parse_batched_bench_output,
 )
-from fleetbench.contract.wire import LAYERS_SCHEMA_VERSION, ModelInfo, RunReport, oldest_version
+from fleetbench.contract.wire import SCHEMA_VERSION, ModelInfo, RunReport, defining_json
 
 __all__ = ["IMPORT_NAMESPACE", "ImportedRun", "reports_from_output"]
 
@@ -44,7 +44,7 @@ def reports_from_output(
     reports = []
     for parsed in parse_batched_bench_output(text, skipped=skipped, passed_over=passed_over):
         draft = RunReport(
-            schema_version=LAYERS_SCHEMA_VERSION,
+            schema_version=SCHEMA_VERSION,
             run_id=_PLACEHOLDER,
             node=node,
             started_at=measured_at,
@@ -56,7 +56,6 @@ def reports_from_output(
             settings=parsed.settings,
             points=parsed.points,
         )
-        draft = draft.model_copy(update={"schema_version": oldest_version(draft)})
         identity = _measured(draft)
         if parsed.failure is not None:
             # A failed run measured nothing that tells two crashes apart: where its header
@@ -68,9 +67,10 @@ def reports_from_output(
 
 
 def _measured(report: RunReport) -> str:
-    """What a run id is derived from: the report as it was before per-layer model facts
-    (schema version 6) existed, so a table imported before them is the same run now."""
+    """What a run id is derived from: what defines the run, without the model's per-layer
+    facts (read from the model file when one is given: the same table imported with and
+    without it is one run)."""
     model = report.model.model_copy(update={"layers": None})
-    before = report.model_copy(update={"model": model})
-    before = before.model_copy(update={"schema_version": oldest_version(before)})
-    return before.model_dump_json(exclude={"run_id", "started_at"})
+    return defining_json(
+        report.model_copy(update={"model": model}), exclude={"run_id", "started_at"}
+    )

@@ -24,15 +24,14 @@ from fleetbench.contract.allocation import (
 from fleetbench.contract.bounds import storable_text
 from fleetbench.contract.wire import (
     ERROR_LENGTH,
-    LAYERS_SCHEMA_VERSION,
     REASON_LENGTH,
+    SCHEMA_VERSION,
     DeviceMemoryUse,
     EngineBuild,
     FailedPoint,
     HardwareFingerprint,
     ModelInfo,
     RunReport,
-    oldest_version,
 )
 
 __all__ = ["measure_run", "memory_line", "run_report", "sweep_lock"]
@@ -157,8 +156,8 @@ def run_report(
     if not points:
         status = "failed"
         error = error or "no point could be measured"
-    report = RunReport(
-        schema_version=LAYERS_SCHEMA_VERSION,  # the newest; sent as the oldest that holds it
+    return RunReport(
+        schema_version=SCHEMA_VERSION,
         run_id=uuid.uuid4(),
         node=node,
         started_at=started_at,
@@ -175,7 +174,6 @@ def run_report(
         buffers=buffers,
         device_memory=device_memory or [],
     )
-    return report.model_copy(update={"schema_version": oldest_version(report)})
 
 
 def memory_line(report: RunReport) -> str | None:

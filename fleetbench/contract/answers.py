@@ -42,6 +42,11 @@ class RunReceipt(BaseModel):
     outcome: Literal["created", "already stored"]
     points: int
     failures: int
+    ignored_fields: list[str] = Field(
+        default_factory=list,
+        description="fields of the report this registry does not know (a newer agent's), "
+        "left out: `settings.new_knob`, `points[].new_figure`",
+    )
 
 
 class PlacementCandidate(BaseModel):

@@ -34,7 +34,6 @@ __all__ = [
     "KINDS",
     "MAX_PLANS_PER_NODE",
     "REASON_LENGTH",
-    "SCHEDULED_FIXED_REPEATS",
     "NodePlans",
     "NodeStatus",
     "PlanBody",
@@ -80,12 +79,11 @@ class PlanModel(_Strict):
 
 # A schedule has time for the precision: repeats until each point is precise.
 _DEFAULT_SETTINGS = SweepSpec(repeats="auto")
-SCHEDULED_FIXED_REPEATS = 3  # what agents that predate auto repeats ran a schedule with
 PlanKind = Literal["offline", "serving"]
 KINDS: tuple[PlanKind, ...] = ("offline", "serving")
-# The fields of one kind of plan, which a plan of the other kind is written without: an
-# offline plan is written as agents that know no serving plans read it, and neither kind's
-# stored body depends on the other's defaults.
+# The fields of one kind of plan, which a plan of the other kind is written without: a
+# plan's stored body, and the ETag of what its nodes pull, never change with the other
+# kind's defaults.
 _FIELDS_OF: dict[str, tuple[str, ...]] = {
     "offline": ("settings", "engine", "binary"),
     "serving": ("url", "serve"),

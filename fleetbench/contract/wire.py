@@ -3,17 +3,12 @@
 Defined once, here, in the contract neither side owns: the agent builds a `RunReport`, the
 registry validates the same class on `POST /v1/runs`.
 
-Versioning: `schema_version` is a literal. A change that old registries could misread
-gets a new version; the registry answers 422 for a version it does not know. Version 2
-added serving runs (`kind: serving`, the server's identity and one `ServingPoint` per
-concurrency); version 3 a serving run's SLO search (`slo_search`); version 4 the memory
-llama.cpp allocated for an offline run (`buffers`); version 5 its GPUs' memory in use
-(`device_memory`); version 6 the model's KV geometry layer by layer (`model.layers`) and
-whether the context kept full-size sliding-window caches (`settings.swa_full`). A report is
-sent as the oldest version that holds it (offline runs as version 1, which every registry
-takes, 4 with buffers, 5 with GPU memory, 6 with per-layer facts), and an agent
-whose registry refuses a version (422 naming `schema_version`) sends the run again without
-what only that version holds, so agents may be upgraded before the registry.
+Versioning, a tolerant reader: a field added later is optional and needs no new version. A
+registry that does not know a field a newer agent sends leaves it out and names it in the
+receipt (`ignored_fields`), so agents may be upgraded before the registry. A change that an
+older registry would misread gets a new `schema_version`; a registry reads every version up to
+its own, upgrading older reports as it reads them, and answers 422 for a newer one. Versions 1
+to 5 hold subsets of version 6's fields: they are read as they are.
 """
 
 from __future__ import annotations
@@ -26,11 +21,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
@@ -50,14 +45,9 @@ from fleetbench.contract.bounds import (
 )
 
 __all__ = [
-    "BUFFERS_SCHEMA_VERSION",
-    "DEVICE_MEMORY_SCHEMA_VERSION",
     "ERROR_LENGTH",
-    "LAYERS_SCHEMA_VERSION",
     "REASON_LENGTH",
     "SCHEMA_VERSION",
-    "SERVING_SCHEMA_VERSION",
-    "SLO_SEARCH_SCHEMA_VERSION",
     "AllocatedBuffer",
     "DeviceMemoryUse",
     "EngineBuild",
@@ -73,25 +63,16 @@ __all__ = [
     "ServerIdentity",
     "ServingPoint",
     "SloSearch",
+    "defining_json",
     "model_name_key",
-    "older_version",
-    "oldest_version",
 ]
 
-SCHEMA_VERSION = 1  # offline runs
-SERVING_SCHEMA_VERSION = 2
-SLO_SEARCH_SCHEMA_VERSION = 3
-BUFFERS_SCHEMA_VERSION = 4
-DEVICE_MEMORY_SCHEMA_VERSION = 5
-LAYERS_SCHEMA_VERSION = 6
+SCHEMA_VERSION = 6
 MAX_LAYERS = 4096  # a model's layers, as a per-layer array lists them
 
 # S_TG and B·TG/T_TG may differ by rounding, never by more than this share.
 S_TG_TOLERANCE = 0.01
 
-NonNegativeFloat = Figure
-NonNegativeInt = Int32
-UTCDateTime = Moment
 # hardware.data: plain JSON within these bounds (the whole fingerprint a few dozen KB)
 HARDWARE_MAX_DEPTH = 16
 HARDWARE_MAX_VALUES = 10_000
@@ -103,30 +84,32 @@ RunStatus = Literal["ok", "partial", "failed"]
 failed: the run as a whole failed (see `error`)."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Part(BaseModel):
+    # A field this registry does not know is a newer agent's: left out, not refused
+    # (RunReport names it in `ignored_fields`).
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class Point(_Strict):
+class Point(_Part):
     """One row of the llama-batched-bench table: B sequences, PP prompt and TG generated
     tokens each. Times in seconds, speeds in tokens per second. Per-user decode speed is
     `s_tg / b`."""
 
-    pp: NonNegativeInt = Field(description="prompt tokens per sequence (PP)")
-    tg: NonNegativeInt = Field(description="generated tokens per sequence (TG)")
+    pp: Int32 = Field(description="prompt tokens per sequence (PP)")
+    tg: Int32 = Field(description="generated tokens per sequence (TG)")
     b: int = Field(ge=1, le=INT32_MAX, description="concurrent sequences (B)")
-    n_kv: NonNegativeInt | None = Field(default=None, description="KV cells used (N_KV)")
-    t_pp: NonNegativeFloat | None = Field(default=None, description="prefill time, s")
-    s_pp: NonNegativeFloat | None = Field(default=None, description="prefill speed, t/s")
-    t_tg: NonNegativeFloat | None = Field(default=None, description="decode time, s")
-    s_tg: NonNegativeFloat | None = Field(default=None, description="total decode speed, t/s")
-    t: NonNegativeFloat | None = Field(default=None, description="total time, s")
-    s: NonNegativeFloat | None = Field(default=None, description="total speed, t/s")
+    n_kv: Int32 | None = Field(default=None, description="KV cells used (N_KV)")
+    t_pp: Figure | None = Field(default=None, description="prefill time, s")
+    s_pp: Figure | None = Field(default=None, description="prefill speed, t/s")
+    t_tg: Figure | None = Field(default=None, description="decode time, s")
+    s_tg: Figure | None = Field(default=None, description="total decode speed, t/s")
+    t: Figure | None = Field(default=None, description="total time, s")
+    s: Figure | None = Field(default=None, description="total speed, t/s")
     repeats: int = Field(default=1, ge=1, le=INT32_MAX, description="times the point was measured")
-    s_pp_stdev: NonNegativeFloat | None = Field(
+    s_pp_stdev: Figure | None = Field(
         default=None, description="spread of S_PP over repeats (sample standard deviation)"
     )
-    s_tg_stdev: NonNegativeFloat | None = Field(
+    s_tg_stdev: Figure | None = Field(
         default=None, description="spread of S_TG over repeats (sample standard deviation)"
     )
 
@@ -149,21 +132,21 @@ class Point(_Strict):
         return s_tg
 
 
-class FailedPoint(_Strict):
+class FailedPoint(_Part):
     """A point of the planned grid that produced no measurement, and why
     (out of memory, `failed to find a memory slot`, skipped because it would not fit)."""
 
-    pp: NonNegativeInt
-    tg: NonNegativeInt
+    pp: Int32
+    tg: Int32
     b: int = Field(ge=1, le=INT32_MAX)
     reason: Text = Field(min_length=1, max_length=REASON_LENGTH)
 
 
-class EngineBuild(_Strict):
+class EngineBuild(_Part):
     """What ran the sweep. `build_number`/`commit` identify the llama.cpp build when known."""
 
     engine: Name = "llama.cpp"
-    build_number: NonNegativeInt | None = None
+    build_number: Int32 | None = None
     commit: Text | None = Field(default=None, max_length=64)
     backend: Text | None = Field(
         default=None, max_length=64, description="CPU, CUDA, Metal, ROCm, Vulkan, ..."
@@ -174,7 +157,7 @@ class EngineBuild(_Strict):
     binding_version: Text | None = Field(default=None, max_length=100)
 
 
-class AllocatedBuffer(_Strict):
+class AllocatedBuffer(_Part):
     """One buffer llama.cpp logged allocating for the sweep's model or context, e.g.
     "CUDA0 KV buffer size = 288.00 MiB" (to the nearest 10 KiB: it logs MiB to 2 decimals)."""
 
@@ -188,12 +171,12 @@ class AllocatedBuffer(_Strict):
     bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]
 
 
-class DeviceMemoryUse(_Strict):
+class DeviceMemoryUse(_Part):
     """One NVIDIA GPU's memory in use (by every process, as NVML counts it) before the sweep
     and at its most while the sweep ran: reached at the largest B, where the engine's
     scratch pool has grown to its largest, with the model and the context loaded."""
 
-    gpu: NonNegativeInt = Field(description="NVML's index")
+    gpu: Int32 = Field(description="NVML's index")
     total_bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]
     before_bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)] = Field(
         description="in use before the sweep loaded its model"
@@ -203,25 +186,25 @@ class DeviceMemoryUse(_Strict):
     )
 
 
-class KvLayers(_Strict):
-    """A model's KV geometry layer by layer, as its GGUF states it (schema version 6): what
+class KvLayers(_Part):
+    """A model's KV geometry layer by layer, as its GGUF states it: what
     llama.cpp sizes each layer's cache from where layers differ (Gemma 4's full and
     sliding-window layers, hybrids' recurrent layers, MLA, next-token-prediction and
     shared-KV layers, a sparse-attention indexer). ModelInfo's scalars still hold the
     full-attention layers' head sizes."""
 
     architecture: Text | None = Field(default=None, max_length=64)
-    head_count_kv: list[NonNegativeInt] = Field(
+    head_count_kv: list[Int32] = Field(
         max_length=MAX_LAYERS,
         description="KV heads of each layer (0: the layer keeps no KV cache, a recurrent one)",
     )
     sliding_window_layers: list[bool] | None = Field(
         default=None, max_length=MAX_LAYERS, description="whether each layer uses the window"
     )
-    head_dim_k_swa: NonNegativeInt | None = Field(
+    head_dim_k_swa: Int32 | None = Field(
         default=None, description="K head size of the sliding-window layers (key_length_swa)"
     )
-    head_dim_v_swa: NonNegativeInt | None = Field(
+    head_dim_v_swa: Int32 | None = Field(
         default=None, description="V head size of the sliding-window layers (value_length_swa)"
     )
     mla: bool = Field(
@@ -229,13 +212,13 @@ class KvLayers(_Strict):
         description="multi-head latent attention (the GGUF has key_length_mla): K holds the "
         "latent and the rope part, V the latent, which llama.cpp b7832+ does not store",
     )
-    nextn_layers: NonNegativeInt = Field(
+    nextn_layers: Int32 = Field(
         default=0, description="next-token-prediction layers at the end, never cached"
     )
-    shared_kv_layers: NonNegativeInt = Field(
+    shared_kv_layers: Int32 = Field(
         default=0, description="layers at the end that reuse earlier layers' KV cache"
     )
-    indexer_head_dim: NonNegativeInt | None = Field(
+    indexer_head_dim: Int32 | None = Field(
         default=None, description="a sparse-attention indexer's key size (its own K-only cache)"
     )
     indexer_layers: list[bool] | None = Field(
@@ -256,7 +239,7 @@ class KvLayers(_Strict):
         return self
 
 
-class ModelInfo(_Strict):
+class ModelInfo(_Part):
     """The model measured. `name` is the display name; `sha256` of the GGUF file when known.
     Architecture numbers are those the KV-cache size follows from."""
 
@@ -265,20 +248,18 @@ class ModelInfo(_Strict):
     quantization: Text | None = Field(default=None, max_length=64)
     n_params: Count | None = None
     file_size: Count | None = Field(default=None, description="bytes")
-    n_layer: NonNegativeInt | None = None
-    n_head_kv: NonNegativeInt | None = None
-    head_dim_k: NonNegativeInt | None = None
-    head_dim_v: NonNegativeInt | None = None
-    n_ctx_train: NonNegativeInt | None = None
-    sliding_window: NonNegativeInt | None = Field(
+    n_layer: Int32 | None = None
+    n_head_kv: Int32 | None = None
+    head_dim_k: Int32 | None = None
+    head_dim_v: Int32 | None = None
+    n_ctx_train: Int32 | None = None
+    sliding_window: Int32 | None = Field(
         default=None, description="sliding-window size of the SWA layers, in tokens"
     )
-    n_swa_layers: NonNegativeInt | None = Field(
+    n_swa_layers: Int32 | None = Field(
         default=None, description="layers that attend within the sliding window only"
     )
-    layers: KvLayers | None = Field(
-        default=None, description="the KV geometry layer by layer (schema version 6)"
-    )
+    layers: KvLayers | None = Field(default=None, description="the KV geometry layer by layer")
 
     @field_validator("name")
     @classmethod
@@ -297,12 +278,12 @@ def model_name_key(name: str) -> str:
     return name.strip().lower().removesuffix(".gguf")
 
 
-class RunSettings(_Strict):
+class RunSettings(_Part):
     """The settings that shape the results (llama-batched-bench's flags)."""
 
-    n_ctx: NonNegativeInt | None = None
-    n_batch: NonNegativeInt | None = None
-    n_ubatch: NonNegativeInt | None = None
+    n_ctx: Int32 | None = None
+    n_batch: Int32 | None = None
+    n_ubatch: Int32 | None = None
     flash_attn: Literal["on", "off", "auto"] | None = None
     kv_unified: bool | None = None
     pp_shared: bool | None = None
@@ -310,14 +291,14 @@ class RunSettings(_Strict):
     n_gpu_layers: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = Field(
         default=None, description="-1: all"
     )
-    n_threads: NonNegativeInt | None = None
-    n_threads_batch: NonNegativeInt | None = None
+    n_threads: Int32 | None = None
+    n_threads_batch: Int32 | None = None
     cache_type_k: Text | None = Field(default=None, max_length=16)
     cache_type_v: Text | None = Field(default=None, max_length=16)
     swa_full: bool | None = Field(
         default=None,
         description="sliding-window layers kept a cache as large as the context's (llama.cpp's "
-        "--swa-full; the library's default; schema version 6)",
+        "--swa-full; the library's default)",
     )
 
 
@@ -403,7 +384,7 @@ class HardwareData(_Open):
     complete: bool | None = Field(default=None, description="false when a probe failed")
 
 
-class HardwareFingerprint(_Strict):
+class HardwareFingerprint(_Part):
     """What defines the machine: `hash` is stable across reboots; `data` is the full probe
     output it was computed from, in the shape of HardwareData (kept exactly as sent)."""
 
@@ -420,7 +401,7 @@ class HardwareFingerprint(_Strict):
         return data
 
 
-class ServerIdentity(_Strict):
+class ServerIdentity(_Part):
     """The server a serving run measured, as it said itself (llama-server's /props and
     /slots, vLLM's /version, Ollama's /api/version), and the requests it was sent."""
 
@@ -435,7 +416,7 @@ class ServerIdentity(_Strict):
     prompt_exact: bool = Field(description="prompts counted by the server's tokenizer")
 
 
-class ServingPoint(_Strict):
+class ServingPoint(_Part):
     """One concurrency of a serving run: C requests in flight, every token timestamped by
     the client. Speeds in tokens/s, latencies in ms; percentiles across the completed
     requests (None: none completed)."""
@@ -461,7 +442,7 @@ class ServingPoint(_Strict):
     errors: dict[ShortText, Int32] = Field(default_factory=dict, max_length=32)
 
 
-class SloSearch(_Strict):
+class SloSearch(_Part):
     """A serving run that searched for the largest concurrency meeting an objective
     (contract.serve_spec.Objective): what it found, and why it stopped there."""
 
@@ -476,24 +457,7 @@ class SloSearch(_Strict):
     )
 
 
-# The version that introduced each field a report of an older version leaves out.
-_FIELD_VERSIONS = {
-    "kind": 2,
-    "server": 2,
-    "serving_points": 2,
-    "slo_search": 3,
-    "buffers": 4,
-    "device_memory": 5,
-}
-_SERVING_FIELDS = ("kind", "server", "serving_points", "slo_search")
-# What a report may go without to reach an older registry: the rest defines the run.
-_DROPPABLE = ("device_memory", "buffers", "slo_search")
-# Fields within a part of the report (its model, its settings), by the version that
-# introduced them; all may be left out for an older registry, and are None without.
-_PART_FIELD_VERSIONS = {("model", "layers"): 6, ("settings", "swa_full"): 6}
-
-
-class RunReport(_Strict):
+class RunReport(_Part):
     """One sweep run of one model on one node, with every measured and failed point.
 
     Rules across fields (each answered 422 naming the field): `ok` has points and no
@@ -504,11 +468,16 @@ class RunReport(_Strict):
     points per node lower than the schema does (FLEETBENCH_MAX_POINTS_PER_REPORT,
     FLEETBENCH_MAX_SERIES_PER_NODE): over them it answers 422 saying which."""
 
-    schema_version: Literal[1, 2, 3, 4, 5, 6]
+    schema_version: int = Field(
+        ge=1,
+        le=SCHEMA_VERSION,
+        description="the wire format's version (this module's docstring); a newer one than "
+        "the registry's is refused, naming both",
+    )
     run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
     node: Name
-    started_at: UTCDateTime
-    finished_at: UTCDateTime | None = None
+    started_at: Moment
+    finished_at: Moment | None = None
     status: RunStatus = "ok"
     error: Text | None = Field(default=None, max_length=ERROR_LENGTH)
     source: Literal["sweep", "import"] = "sweep"
@@ -521,21 +490,19 @@ class RunReport(_Strict):
     kind: Literal["offline", "serving"] = Field(
         default="offline",
         description="offline: the engine's batched-bench table (`points`); serving: a "
-        "server's, one `serving_points` entry per concurrency (schema version 2)",
+        "server's, one `serving_points` entry per concurrency",
     )
     server: ServerIdentity | None = None
     serving_points: list[ServingPoint] = Field(default_factory=list, max_length=10_000)
-    slo_search: SloSearch | None = Field(
-        default=None, description="a serving run's SLO search (schema version 3)"
-    )
+    slo_search: SloSearch | None = Field(default=None, description="a serving run's SLO search")
     buffers: list[AllocatedBuffer] = Field(
         default_factory=list,
         max_length=256,
         description="an offline run's memory as llama.cpp allocated it, one entry per buffer "
-        "it logged (schema version 4)",
+        "it logged",
     )
     device_memory: list[DeviceMemoryUse] = Field(
-        default_factory=list, max_length=64, description="an offline run's GPUs (version 5)"
+        default_factory=list, max_length=64, description="an offline run's GPUs"
     )
 
     @field_validator("points")
@@ -549,44 +516,46 @@ class RunReport(_Strict):
             seen.add(cell)
         return points
 
-    @model_serializer(mode="wrap")
-    def _as_its_version(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # A report is written as the oldest version that holds it wrote it: an offline run
-        # without the serving fields, a run without a search or buffers without those. An
-        # older registry takes it, and its digest (a retry's identity) is what it was.
-        data: dict[str, Any] = handler(self)
-        for name, since in _FIELD_VERSIONS.items():
-            serving_only = self.kind == "offline" and name in _SERVING_FIELDS
-            if serving_only or (since > self.schema_version and not data.get(name)):
-                data.pop(name, None)
-        for (part, name), since in _PART_FIELD_VERSIONS.items():
-            within = data.get(part)
-            newer = since > self.schema_version
-            if newer and isinstance(within, dict) and within.get(name) is None:
-                within.pop(name, None)
-        return data
+    _ignored_fields: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _name_fields_not_known(
+        cls, data: Any, handler: ModelWrapValidatorHandler[RunReport]
+    ) -> RunReport:
+        ignored = _fields_not_known(data) if isinstance(data, dict) else []
+        report = handler(data)
+        report._ignored_fields = tuple(ignored)
+        return report
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        """What the report held that this version of the contract does not know (a newer
+        agent's fields), left out: `settings.new_knob`, `points[].new_figure`."""
+        return list(self._ignored_fields)
+
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _not_newer(cls, version: object) -> object:
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            raise ValueError(
+                f"schema version {version} is newer than this registry's ({SCHEMA_VERSION}): "
+                "upgrade the registry"
+            )
+        return version
 
     @model_validator(mode="after")
     def _kind_matches_contents(self) -> RunReport:
         if self.kind == "serving":
-            if self.schema_version < 2:
-                raise ValueError("serving runs came with schema version 2")
             if self.server is None or self.points:
                 raise ValueError("a serving run has its server and serving_points, no points")
             levels = [p.concurrency for p in self.serving_points]
             if len(set(levels)) != len(levels):
                 raise ValueError(f"a concurrency is given twice: {levels}")
+            if self.buffers or self.device_memory:
+                raise ValueError("buffers and device_memory belong to offline runs")
         elif self.server is not None or self.serving_points or self.slo_search is not None:
             raise ValueError("server, serving_points and slo_search belong to serving runs")
-        if self.slo_search is not None and self.schema_version < SLO_SEARCH_SCHEMA_VERSION:
-            raise ValueError("slo_search came with schema version 3")
-        for name in ("buffers", "device_memory"):
-            since = _FIELD_VERSIONS[name]
-            if getattr(self, name) and (self.kind == "serving" or self.schema_version < since):
-                raise ValueError(f"{name} came with schema version {since}, for offline runs")
-        for (part, name), since in _PART_FIELD_VERSIONS.items():
-            if _part_field(self, part, name) is not None and self.schema_version < since:
-                raise ValueError(f"{part}.{name} came with schema version {since}")
         return self
 
     @model_validator(mode="after")
@@ -605,38 +574,49 @@ class RunReport(_Strict):
         return self
 
 
-def _part_field(report: RunReport, part: str, name: str) -> Any:
-    return getattr(getattr(report, part), name)
+# The parts of a report a newer agent may add fields to, by where they stand.
+_PARTS: dict[str, type[BaseModel]] = {
+    "engine": EngineBuild,
+    "model": ModelInfo,
+    "settings": RunSettings,
+    "hardware": HardwareFingerprint,
+    "server": ServerIdentity,
+    "slo_search": SloSearch,
+}
+_LISTS: dict[str, type[BaseModel]] = {
+    "points": Point,
+    "failures": FailedPoint,
+    "serving_points": ServingPoint,
+    "buffers": AllocatedBuffer,
+    "device_memory": DeviceMemoryUse,
+}
 
 
-def oldest_version(report: RunReport) -> int:
-    """The oldest schema version that holds everything the report carries."""
-    carried = [v for name, v in _FIELD_VERSIONS.items() if name != "kind" and getattr(report, name)]
-    carried += [
-        v
-        for (part, name), v in _PART_FIELD_VERSIONS.items()
-        if _part_field(report, part, name) is not None
-    ]
-    return max((SCHEMA_VERSION, *carried))
+def _fields_not_known(data: dict[str, Any]) -> list[str]:
+    unknown = _keys_not_known(data, RunReport, "")
+    for name, part in _PARTS.items():
+        given = data.get(name)
+        if isinstance(given, dict):
+            unknown += _keys_not_known(given, part, f"{name}.")
+            layers = given.get("layers") if part is ModelInfo else None
+            if isinstance(layers, dict):
+                unknown += _keys_not_known(layers, KvLayers, "model.layers.")
+    for name, item in _LISTS.items():
+        given = data.get(name)
+        if isinstance(given, list):
+            keys = {key: None for entry in given if isinstance(entry, dict) for key in entry}
+            unknown += _keys_not_known(keys, item, f"{name}[].")
+    return unknown
 
 
-def older_version(report: RunReport) -> tuple[RunReport, list[str]] | None:
-    """The report as the next older version holds it, without what only its own version
-    holds (a version 6 run's per-layer facts and swa_full, a version 5 one's GPU memory,
-    a version 4 one's buffers, a version 3 serving run's SLO search), and the fields it
-    lost; None where no older version holds the run."""
-    version = report.schema_version
-    lost = [name for name in _DROPPABLE if _FIELD_VERSIONS[name] == version]
-    parts_lost = [key for key, since in _PART_FIELD_VERSIONS.items() if since == version]
-    if not lost and not parts_lost:
-        return None
-    fields = RunReport.model_fields
-    update = {name: fields[name].get_default(call_default_factory=True) for name in lost}
-    for part, name in parts_lost:
-        within = update.get(part, getattr(report, part))
-        update[part] = within.model_copy(update={name: None})
-    older = report.model_copy(update=update)
-    return older.model_copy(update={"schema_version": oldest_version(older)}), [
-        *(name for name in lost if getattr(report, name)),
-        *(f"{p}.{n}" for p, n in parts_lost if _part_field(report, p, n) is not None),
-    ]
+def _keys_not_known(given: dict[str, Any], model: type[BaseModel], prefix: str) -> list[str]:
+    return [f"{prefix}{key}" for key in given if key not in model.model_fields]
+
+
+def defining_json(report: RunReport, *, exclude: set[str] | None = None) -> str:
+    """The report as the fields that define the run: every field not at its default, the
+    schema version aside. A retry's identity (the registry's digest) and an import's run id
+    are made of it, so a field added later with a default changes neither."""
+    return report.model_dump_json(
+        exclude_defaults=True, exclude={"schema_version", *(exclude or ())}
+    )

@@ -11,8 +11,9 @@ milliseconds, and their spools try again later.
 The connection pool and the worker threads are sized from the lanes' limits
 (RegistrySettings.pool_size), so an admitted request never waits for a connection or a
 thread: the jam in which every thread holds a connection and waits for another cannot form.
-Pages, scripts and the API docs use no database and are not admitted; /healthz is not either,
-so that a busy registry still says it is alive (it has connections set aside).
+Pages, scripts and the API docs use no database and are not admitted; /healthz and /readyz
+are not either, so that a busy registry still says it is ready (it has connections set
+aside), nor /livez, which asks no database.
 """
 
 from __future__ import annotations

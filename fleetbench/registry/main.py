@@ -10,31 +10,24 @@ from datetime import timedelta
 from typing import Any
 
 import anyio.to_thread
-from fastapi import APIRouter, FastAPI, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, FastAPI, HTTPException
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import SQLAlchemyError
 
-from fleetbench.contract.wire import (
-    LAYERS_SCHEMA_VERSION,
-    SCHEMA_VERSION,
-    SERVING_SCHEMA_VERSION,
-)
+from fleetbench.contract.wire import SCHEMA_VERSION
 from fleetbench.registry.admission import Admission, Lane, LaneLimits
 from fleetbench.registry.body_limit import BodySizeLimit
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.costs import count_statements
 from fleetbench.registry.db import create_db_engine, session_factory
 from fleetbench.registry.deps import READ_SCHEME, FailedLogins, KnownTokens, SessionDep
+from fleetbench.registry.errors import install_error_answers
 from fleetbench.registry.ingest import Ingest, IngestLimits
 from fleetbench.registry.metrics import HttpMetricsMiddleware, install_metrics
 from fleetbench.registry.notify import WebhookNotifier
 from fleetbench.registry.regressions import RegressionJudge
 from fleetbench.registry.responses import API_RESPONSES
 from fleetbench.registry.routes import history, models, nodes, placement, plans, runs, tokens
-from fleetbench.registry.validation_errors import validation_error_handler
 from fleetbench.registry.web import pages as web_pages
 
 __all__ = ["create_app"]
@@ -45,10 +38,9 @@ DESCRIPTION = f"""
 The fleet's batching curves (llama-batched-bench points) and the question they answer:
 **which node and concurrency meets X tokens/s per user for model Y?**
 
-Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema version
-{SCHEMA_VERSION} for offline runs, {SERVING_SCHEMA_VERSION} for serving runs, and the newer
-versions that add what those carry, up to {LAYERS_SCHEMA_VERSION}) using a token
-from `fleetbench-registry token create --node NAME`.
+Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema versions 1 to
+{SCHEMA_VERSION}; fields this registry does not know are left out and named in the receipt)
+using a token from `fleetbench-registry token create --node NAME`.
 
 A busy registry answers 503 with a `Retry-After` header rather than queueing without bound;
 so does one whose database is unreachable. Retrying later is always safe.
@@ -130,9 +122,7 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         measured=metrics.ingest_steps,
     )
     app.state.ingest = ingest
-    app.add_exception_handler(RequestValidationError, validation_error_handler)
-    app.add_exception_handler(PoolTimeout, _database_unavailable)
-    app.add_exception_handler(DBAPIError, _database_error)
+    install_error_answers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_report_bytes)
     app.add_middleware(
         Admission,
@@ -154,10 +144,19 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
 
     _document_auth(app, settings)
 
+    @app.get("/livez", tags=["health"])
+    def livez() -> dict[str, str]:
+        """The process answers; its database is not asked: what a liveness probe asks, so
+        that a database outage does not restart every registry (they answer 503 until it is
+        back, and /readyz says so)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], responses={503: API_RESPONSES[503]})
     @app.get("/healthz", tags=["health"], responses={503: API_RESPONSES[503]})
-    def healthz(session: SessionDep) -> dict[str, str]:
-        """The process answers and its database does. Why not is in the registry's log
-        only: the error names the database's host, port and name."""
+    def readyz(session: SessionDep) -> dict[str, str]:
+        """The process answers and its database does (/healthz is the same question). Why
+        not is in the registry's log only: the error names the database's host, port and
+        name."""
         try:
             session.execute(text("SELECT 1"))
         except SQLAlchemyError as exc:
@@ -187,28 +186,3 @@ def _document_auth(app: FastAPI, settings: RegistrySettings) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _unavailable(detail: str, retry_after_s: int) -> JSONResponse:
-    return JSONResponse(
-        {"detail": detail}, status_code=503, headers={"Retry-After": str(retry_after_s)}
-    )
-
-
-async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    settings: RegistrySettings = request.app.state.settings
-    log.warning("no database connection free in time: %s", exc)
-    return _unavailable("the registry's database is busy: retry later", settings.retry_after_s)
-
-
-async def _database_error(request: Request, exc: Exception) -> JSONResponse:
-    """A lost or refused database connection (a PostgreSQL restart, SQLite's lock held by
-    another process) is the registry being unavailable, not the request being wrong."""
-    assert isinstance(exc, DBAPIError)
-    if not (exc.connection_invalidated or isinstance(exc, OperationalError)):
-        raise exc
-    settings: RegistrySettings = request.app.state.settings
-    log.warning("database unavailable: %s", exc.orig)
-    return _unavailable(
-        "the registry's database is unavailable: retry later", settings.retry_after_s
-    )

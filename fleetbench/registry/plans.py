@@ -11,7 +11,6 @@ the highest, and the unique (name, version) key lets one of them win; the other 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -27,14 +26,12 @@ from sqlalchemy.orm import Session
 from fleetbench.contract.plans import (
     KINDS,
     MAX_PLANS_PER_NODE,
-    SCHEDULED_FIXED_REPEATS,
     NodePlans,
     NodeStatus,
     PlanBody,
     PlanVersion,
     plan_selects,
 )
-from fleetbench.contract.sweep_spec import AUTO_REPEAT_FIELDS
 from fleetbench.registry.models import Node, NodePlanStatus, SweepPlan
 
 __all__ = [
@@ -46,7 +43,6 @@ __all__ = [
     "plan_etag",
     "plan_history",
     "plan_version",
-    "plans_body",
     "record_status",
     "request_sweep",
     "retire_plan",
@@ -188,9 +184,8 @@ def node_plans(
     *,
     kinds: Collection[str] = KINDS,
 ) -> NodePlans:
-    """The enabled plans of `kinds` that pick the node, and an admin's sweep-now request
-    (an agent reads only the kinds it says it runs: one that predates serving plans never
-    gets one it could not read)."""
+    """The enabled plans of `kinds` (those the agent says it runs) that pick the node, and
+    an admin's sweep-now request."""
     plans = [
         plan
         for plan in current_plans(session, enabled_only=True)
@@ -209,27 +204,9 @@ def node_plans(
     return NodePlans(node=node.name, plans=plans, sweep_now=requested)
 
 
-def plans_body(plans: NodePlans, *, auto_repeats: bool) -> str:
-    """What a node pulls, as JSON. An agent that predates `repeats = "auto"` (it does not
-    say `auto_repeats`) refuses a sweep spec naming auto's target and caps, or auto itself:
-    it is sent each offline plan with the 3 repeats those agents ran schedules with."""
-    if auto_repeats:
-        return plans.model_dump_json()
-    body = plans.model_dump(mode="json")
-    for plan in body["plans"]:
-        settings = plan.get("settings")
-        if plan.get("kind", "offline") != "offline" or not isinstance(settings, dict):
-            continue
-        if settings.get("repeats") == "auto":
-            settings["repeats"] = SCHEDULED_FIXED_REPEATS
-        for name in AUTO_REPEAT_FIELDS:
-            settings.pop(name, None)
-    return json.dumps(body, separators=(",", ":"))
-
-
 def plan_etag(body: str) -> str:
-    """The strong ETag of what a node pulls (plans_body): the same plans give the same tag
-    in every registry process, so a poll answers 304 whichever process it reaches."""
+    """The strong ETag of what a node pulls (its NodePlans as JSON): the same plans give the
+    same tag in every registry process, so a poll answers 304 whichever process it reaches."""
     return '"' + hashlib.sha256(body.encode()).hexdigest()[:32] + '"'
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["API_RESPONSES", "BAD_BODY", "NOT_FOUND", "TOO_LARGE"]
+__all__ = ["API_RESPONSES", "BAD_BODY", "NOT_FOUND", "TOO_LARGE", "refused"]
 
 _DETAIL = {
     "application/json": {
@@ -55,6 +55,27 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
 BAD_BODY: dict[int | str, dict[str, Any]] = {
     400: {"description": "the body is not JSON (or not UTF-8)", "content": _DETAIL}
 }
+
+
+def refused(why: str) -> dict[int | str, dict[str, Any]]:
+    """The 422 of a route whose rules go beyond the schema (errors.REFUSALS): its `detail`
+    is a sentence saying `why`, or, for a request the schema refuses, FastAPI's list."""
+    detail = {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"$ref": "#/components/schemas/ValidationError"}},
+        ]
+    }
+    schema = {"type": "object", "properties": {"detail": detail}, "required": ["detail"]}
+    return {
+        422: {
+            "description": f"{why} (detail: a sentence), or a request the schema refuses "
+            "(detail: a list naming each field)",
+            "content": {"application/json": {"schema": schema}},
+        }
+    }
+
+
 TOO_LARGE: dict[int | str, dict[str, Any]] = {
     413: {"description": "the body is larger than FLEETBENCH_MAX_REPORT_BYTES", "content": _DETAIL}
 }

@@ -20,7 +20,7 @@ from fleetbench.contract.allocation import (
     kv_prediction_error_pct,
     predicted_kv_bytes,
 )
-from fleetbench.contract.wire import BUFFERS_SCHEMA_VERSION, AllocatedBuffer, RunReport
+from fleetbench.contract.wire import AllocatedBuffer, RunReport
 
 # llama-batched-bench's whole stderr on Gemma 3 270M: the vendored llama.cpp's build,
 # `-c 2048 -npp 64 -ntg 4 -npl 1,2 -t 2 --output-format jsonl`, LLAMA_ARG_LOG_VERBOSITY=4.
@@ -59,7 +59,7 @@ def test_a_log_handed_over_in_pieces_is_joined_into_lines() -> None:
 
 def _checked(report: RunReport) -> float:
     """The report's KV prediction error in %, after checking what it carries."""
-    assert report.status == "ok" and report.schema_version == BUFFERS_SCHEMA_VERSION
+    assert report.status == "ok"
     assert {b.kind for b in report.buffers} >= {"model", "kv", "compute"}
     error = kv_prediction_error_pct(
         predicted_kv_bytes(report), allocated_bytes(report.buffers, "kv")

@@ -186,7 +186,7 @@ def test_bad_serving_plans_are_refused_with_the_field_named(
     assert problem in refused.text
 
 
-def test_agents_that_predate_serving_plans_pull_the_offline_ones_as_they_read_them(
+def test_a_node_pulls_the_kinds_of_plan_it_asks_for_each_with_its_own_fields(
     live_registry: LiveRegistry,
 ) -> None:
     admin = live_registry.scoped_token("admin")
@@ -200,13 +200,13 @@ def test_agents_that_predate_serving_plans_pull_the_offline_ones_as_they_read_th
         assert served.status_code == 201, served.text
         assert served.json()["serve"]["slo"] == "e2e_p99<=1000000ms,total_tps>=1500000"
     with live_registry.client(token) as client:
-        old = client.get("/v1/agent/plans").json()  # no kind: what an older agent asks
-        new = client.get("/v1/agent/plans", params={"kind": ["offline", "serving"]}).json()
-    [nightly] = old["plans"]
+        offline_only = client.get("/v1/agent/plans", params={"kind": "offline"}).json()
+        every_kind = client.get("/v1/agent/plans").json()
+    [nightly] = offline_only["plans"]
     assert nightly["name"] == "nightly" and nightly["kind"] == "offline"
-    assert not {"url", "serve"} & nightly.keys()  # fields an older agent refuses
-    assert [(p["name"], p["kind"]) for p in new["plans"]] == [
+    assert not {"url", "serve"} & nightly.keys()  # a plan holds its own kind's fields
+    assert [(p["name"], p["kind"]) for p in every_kind["plans"]] == [
         ("nightly", "offline"),
         ("served", "serving"),
     ]
-    assert not {"settings", "engine", "binary"} & new["plans"][1].keys()
+    assert not {"settings", "engine", "binary"} & every_kind["plans"][1].keys()

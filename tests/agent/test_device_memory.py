@@ -13,7 +13,12 @@ from typing import Any
 import pynvml
 import pytest
 
-from fleetbench.agent.probes.nvidia import DeviceMemoryWatch, nvml_session
+from fleetbench.agent.probes.nvidia import (
+    DeviceMemoryWatch,
+    busiest_gpu_percent,
+    gpu_memory_bytes,
+    nvml_session,
+)
 from fleetbench.agent.runners import SweepOutcome, SweepSpec
 from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner, _process_context
 from fleetbench.agent.sweep import measure_run, memory_line, run_report
@@ -117,13 +122,12 @@ def test_a_sweep_reports_its_gpus_memory_measured_or_failed(tmp_path: Path) -> N
     assert (measured.status, failed.status) == ("ok", "failed")
     assert "could not load" in (failed.error or "")
     for report in reports:
-        assert report.schema_version == 5
         assert [(u.before_bytes, u.peak_bytes) for u in report.device_memory] == [
             (100 * MIB, 1_300 * MIB)
         ]
 
 
-def test_a_gpu_s_memory_makes_a_version_5_report_and_a_line_of_the_cli() -> None:
+def test_a_gpu_s_memory_makes_a_report_s_device_memory_and_a_line_of_the_cli() -> None:
     use = wire.DeviceMemoryUse(
         gpu=0, total_bytes=81_559 * MIB, before_bytes=512 * MIB, peak_bytes=20_480 * MIB
     )
@@ -136,6 +140,26 @@ def test_a_gpu_s_memory_makes_a_version_5_report_and_a_line_of_the_cli() -> None
         outcome=SweepOutcome(wire.EngineBuild(), wire.RunSettings(), points=[point]),
         device_memory=[use],
     )
-    assert report.schema_version == 5
     assert wire.RunReport.model_validate_json(report.model_dump_json()).device_memory == [use]
     assert memory_line(report) == "GPU0 in use: 20.0 GiB at most, 0.5 before the sweep, of 79.6"
+
+
+def test_the_busy_guard_and_the_fit_checks_read_nvml_in_one_place() -> None:
+    """agent/probes/nvidia.py's readers, on the captured H100 (idle: 0 %) doubled: the
+    busiest GPU's load, the first GPU's free memory, every GPU's memory in all; None where
+    NVML fails or finds no driver (the real pynvml here)."""
+    nvml = captured_h100()
+    assert busiest_gpu_percent(nvml) == 0.0
+    nvml.gpus = [
+        {**nvml.gpus[0], "used_mib": [1_000]},
+        {**nvml.gpus[0], "uuid": "GPU-1", "utilization_percent": 75},
+    ]
+    assert busiest_gpu_percent(nvml) == 75.0
+    assert gpu_memory_bytes(free=True, first_only=True, nvml=nvml) == (81_559 - 1_000) * MIB
+    assert gpu_memory_bytes(free=False, first_only=False, nvml=nvml) == 2 * 81_559 * MIB
+    nvml.gpus[0]["used_mib"] = [pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)]
+    assert gpu_memory_bytes(free=True, first_only=True, nvml=nvml) is None
+    with nvml_session() as (real, _absent):
+        if real is not None:
+            pytest.skip("this machine has an NVIDIA driver")
+    assert (busiest_gpu_percent(), gpu_memory_bytes(free=False, first_only=False)) == (None, None)

@@ -24,10 +24,6 @@ from fleetbench.registry.config import RegistrySettings
 from tests.factories import LiveRegistry, a_daemon, free_port, running_registry
 
 # The settings an agent's SweepSpec took before auto repeats (it forbids any other)
-LEGACY_SWEEP_SPEC = {
-    "npp", "ntg", "npl", "n_ctx", "n_batch", "n_ubatch", "flash_attn", "kv_unified",
-    "pp_shared", "n_gpu_layers", "n_threads", "cache_type_k", "cache_type_v", "repeats",
-}  # fmt: skip
 TINY_GRID = {"npp": [8], "ntg": [4], "npl": [1], "repeats": 1}
 
 
@@ -77,15 +73,10 @@ def test_nodes_pull_the_plans_their_labels_pick_and_each_change_at_the_next_poll
             again = client.get(
                 "/v1/agent/plans",
                 headers={"If-None-Match": tag},
-                params={"kind": ["offline", "serving"], "auto_repeats": True},  # as agents ask
+                params={"kind": ["offline", "serving"]},  # as agents ask
             )
             assert (again.status_code, again.content) == (304, b"")
-        # An agent that predates auto repeats runs the plan 3 times a point, as it used to.
-        older = client.get("/v1/agent/plans", params={"kind": ["offline", "serving"]}).json()
     assert east.planned["pool-a"].plan.settings.repeats == "auto"
-    [legacy] = [p["settings"] for p in older["plans"]]
-    assert legacy["repeats"] == 3
-    assert set(legacy) <= LEGACY_SWEEP_SPEC  # what those agents' SweepSpec takes, no more
     assert east.scheduler.get_job("sweep:plan:pool-a") is not None
     assert west.scheduler.get_job("sweep:plan:pool-a") is None
     nodes = _nodes(live_registry)

@@ -63,6 +63,9 @@ class ReplayedNVML:
             "Memory", (), {"total": total, "free": total - (used << 20), "used": used << 20}
         )
 
+    def nvmlDeviceGetUtilizationRates(self, gpu: dict[str, Any]) -> Any:
+        return type("Utilization", (), {"gpu": gpu["utilization_percent"], "memory": 0})
+
     def nvmlDeviceGetCudaComputeCapability(self, gpu: dict[str, Any]) -> tuple[int, int]:
         major, minor = gpu["compute_cap"].split(".")
         return int(major), int(minor)
@@ -91,6 +94,7 @@ def captured_h100() -> ReplayedNVML:
         "memory_mib": int(total_mib.group(1)),
         "compute_cap": row[header.index("compute_cap")],
         "power_limit_w": field("Current Power Limit").removesuffix(" W"),
+        "utilization_percent": int(re.findall(r"^\s*GPU\s*: (\d+) %$", text, re.MULTILINE)[0]),
     }
     major, minor = field("CUDA Version").split(".")
     return ReplayedNVML([gpu], field("Driver Version"), int(major) * 1000 + int(minor) * 10)

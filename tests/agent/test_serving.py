@@ -248,7 +248,7 @@ def test_a_reported_serving_run_is_stored_beside_the_offline_run(
     assert [c["run_id"] for c in timed["candidates"]] == [serving["id"]]
 
 
-def test_version_1_reports_are_still_taken_and_serving_ones_need_version_2(
+def test_older_versions_of_the_report_are_taken_as_they_are(
     live_registry: LiveRegistry,
 ) -> None:
     token = live_registry.token("old-agent")
@@ -258,16 +258,16 @@ def test_version_1_reports_are_still_taken_and_serving_ones_need_version_2(
         )
         body = make_report(node="old-agent").model_dump(mode="json")
         body |= {
+            "schema_version": 2,
             "kind": "serving",
             "points": [],
             "server": {"kind": "vllm", "prompt_tokens": 8, "gen_tokens": 8, "prompt_exact": False},
             "serving_points": [{"concurrency": 1, "requests": 1, "completed": 1,
                                 "output_tokens": 8, "seconds": 1.0}],
         }  # fmt: skip
-        assert post_report(client, body).status_code == 422  # version 1 has no serving runs
-        accepted = post_report(client, {**body, "schema_version": 2})
+        accepted = post_report(client, body)
         assert accepted.status_code == 201, accepted.text
-        twice = {**body, "schema_version": 2, "run_id": str(uuid.uuid4())}
+        twice = {**body, "run_id": str(uuid.uuid4())}
         twice["serving_points"] = body["serving_points"] * 2
         assert post_report(client, twice).status_code == 422
 

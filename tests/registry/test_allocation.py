@@ -1,25 +1,21 @@
 """What llama.cpp allocated, as the registry keeps it: the KV-cache prediction checked on the
 run and the node, placement's fit checked against the measured weights and compute buffers,
-a GPU's memory in use, the report's schema version 4 and its way to an older registry, on
-SQLite and PostgreSQL."""
+a GPU's memory in use, and what a report's buffers may hold, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 import pytest
 
-from fleetbench.agent.client import RegistryClient
 from fleetbench.contract import wire
-from tests.agent.flaky_registry import flaky_registry
 from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_MODEL_INFO,
     LiveRegistry,
-    columns_down_and_up,
     make_report,
+    make_serving_report,
     post_report,
 )
 
@@ -64,7 +60,7 @@ def _placement(registry: LiveRegistry) -> dict[str, Any]:
 def test_a_run_s_buffers_check_the_kv_prediction_on_the_run_and_its_node(
     live_registry: LiveRegistry,
 ) -> None:
-    sent = _report("m4pro", schema_version=4, settings=SETTINGS, buffers=BUFFERS)
+    sent = _report("m4pro", settings=SETTINGS, buffers=BUFFERS)
     with live_registry.client(live_registry.token("m4pro")) as client:
         assert post_report(client, sent).status_code == 201
     with live_registry.client() as client:
@@ -81,7 +77,7 @@ def test_a_run_s_buffers_check_the_kv_prediction_on_the_run_and_its_node(
 
 
 def test_a_gpu_run_keeps_its_memory_in_use(live_registry: LiveRegistry) -> None:
-    sent = _report("h100", schema_version=5, buffers=BUFFERS, device_memory=DEVICE_MEMORY)
+    sent = _report("h100", buffers=BUFFERS, device_memory=DEVICE_MEMORY)
     with live_registry.client(live_registry.token("h100")) as client:
         assert post_report(client, sent).status_code == 201
     with live_registry.client() as client:
@@ -100,7 +96,6 @@ def test_a_run_without_buffers_has_a_prediction_and_nothing_to_check_it_with(
     live_registry: LiveRegistry,
 ) -> None:
     sent = _report("old-agent", settings=SETTINGS)
-    assert json.loads(sent.model_dump_json())["schema_version"] == 1
     with live_registry.client(live_registry.token("old-agent")) as client:
         assert post_report(client, sent).status_code == 201
     with live_registry.client() as client:
@@ -120,7 +115,7 @@ def test_placement_fits_users_beside_the_measured_weights_and_compute_buffers(
     with live_registry.client(live_registry.token("m4pro")) as client:
         assert post_report(client, _report("m4pro", settings=SETTINGS)).status_code == 201
     predicted = _placement(live_registry)
-    measured_run = _report("m4pro", schema_version=4, settings=SETTINGS, buffers=BUFFERS)
+    measured_run = _report("m4pro", settings=SETTINGS, buffers=BUFFERS)
     measured_run = measured_run.model_copy(
         update={"started_at": measured_run.started_at.replace(hour=13)}
     )
@@ -146,62 +141,18 @@ def test_placement_fits_users_beside_the_measured_weights_and_compute_buffers(
     assert "weights and compute buffers as allocated" in refused["reason"]
 
 
-def test_buffers_came_with_schema_version_4_for_offline_runs(live_registry: LiveRegistry) -> None:
-    body = _report("m4pro", schema_version=4, buffers=BUFFERS).model_dump(mode="json")
+def test_buffers_and_gpu_memory_are_an_offline_run_s_within_bounds(
+    live_registry: LiveRegistry,
+) -> None:
+    body = _report("m4pro", buffers=BUFFERS).model_dump(mode="json")
     with live_registry.client(live_registry.token("m4pro")) as client:
-        older = post_report(client, body | {"schema_version": 1, "run_id": str(uuid.uuid4())})
         huge = body | {"run_id": str(uuid.uuid4())}
         huge["buffers"] = [{"kind": "kv", "device": "CPU", "bytes": 2**60}]
         unknown = body | {"run_id": str(uuid.uuid4())}
         unknown["buffers"] = [{"kind": "weights", "device": "CPU", "bytes": 1}]
-        gpu = [d.model_dump(mode="json") for d in DEVICE_MEMORY]
-        gpu_older = body | {"device_memory": gpu}  # version 4
-        gpu_older["run_id"] = str(uuid.uuid4())
+        serving = make_serving_report(node="m4pro", points=[(1, 1.0, 1.0, 1.0)])
+        served = serving.model_dump(mode="json") | {"buffers": body["buffers"]}
         assert post_report(client, body).status_code == 201
-        refused = [post_report(client, b) for b in (huge, unknown, gpu_older)]
-    assert older.status_code == 422
-    assert "buffers came with schema version 4, for offline runs" in older.text
+        refused = [post_report(client, b) for b in (huge, unknown, served)]
     assert [r.status_code for r in refused] == [422, 422, 422]
-    assert "device_memory came with schema version 5, for offline runs" in refused[2].text
-
-
-def test_a_run_with_buffers_reaches_a_registry_that_predates_them_without_them() -> None:
-    sent = _report("m4pro", schema_version=4, settings=SETTINGS, buffers=BUFFERS)
-    with flaky_registry() as older, RegistryClient(older.url, token="t") as client:
-        older.newest_version = 3
-        receipt = client.submit_run(sent)
-    assert receipt.run_id == sent.run_id
-    first, resent = older.bodies[:2]
-    assert (first["schema_version"], resent["schema_version"]) == (4, 1)
-    assert "buffers" in first and "buffers" not in resent
-    assert "device_memory" not in first  # a version 4 report is written as before it
-    assert resent["points"] == first["points"]
-
-
-@pytest.mark.parametrize(
-    ("newest", "sent_as"),
-    [(4, [5, 4]), (3, [5, 4, 1])],
-    ids=["registry-takes-buffers", "registry-takes-neither"],
-)
-def test_a_gpu_run_steps_down_to_the_newest_version_the_registry_takes(
-    newest: int, sent_as: list[int]
-) -> None:
-    sent = _report(
-        "h100", schema_version=5, settings=SETTINGS, buffers=BUFFERS, device_memory=DEVICE_MEMORY
-    )
-    with flaky_registry() as older, RegistryClient(older.url, token="t") as client:
-        older.newest_version = newest
-        receipt = client.submit_run(sent)
-    assert receipt.run_id == sent.run_id
-    assert [b["schema_version"] for b in older.bodies] == sent_as
-    taken = older.bodies[-1]
-    assert "device_memory" not in taken
-    assert ("buffers" in taken) == (newest >= 4)
-    assert taken["points"] == older.bodies[0]["points"]
-
-
-def test_the_buffer_columns_go_with_a_downgrade_and_come_back(database_url: str) -> None:
-    gone, back = columns_down_and_up(database_url, "0011", "runs", "latest_runs")
-    added = {"buffers", "kv_predicted_bytes", "kv_allocated_bytes", "device_memory"}
-    assert not added & gone[0] and "beside_kv_bytes" not in gone[1]
-    assert added <= back[0] and "beside_kv_bytes" in back[1]
+    assert "buffers and device_memory belong to offline runs" in refused[2].text

@@ -38,6 +38,7 @@ def test_ingest_stores_run_with_points_and_failures(live_registry: LiveRegistry)
             "outcome": "created",
             "points": 6,
             "failures": 1,
+            "ignored_fields": [],
         }
         detail = client.get(f"/v1/runs/{report.run_id}").json()
     assert detail["node"] == "m4pro"
@@ -73,6 +74,33 @@ def test_ingest_same_run_id_different_body_conflicts(live_registry: LiveRegistry
         response = post_report(client, changed)
     assert response.status_code == 409
     assert str(report.run_id) in response.json()["detail"]
+    assert live_registry.count("runs") == 1
+
+
+def test_fields_a_newer_agent_adds_are_left_out_and_named_in_the_receipt(
+    live_registry: LiveRegistry,
+) -> None:
+    """A tolerant reader: what the registry does not know is stored without, not refused, and
+    a retry without those fields (or with a default written out) is the same run."""
+    token = live_registry.token("m4pro")
+    body = make_report().model_dump(mode="json")
+    newer = {**body, "energy_j": 12.5, "settings": {**body["settings"], "new_knob": 1}}
+    newer["points"] = [{**p, "joules": 1.0} for p in body["points"]]
+    newer["model"] = {**body["model"], "layers": {"head_count_kv": [8] * 40, "rope": "yarn"}}
+    with live_registry.client(token) as client:
+        stored = post_report(client, newer)
+        assert stored.status_code == 201, stored.text
+        assert stored.json()["ignored_fields"] == [
+            "energy_j",
+            "model.layers.rope",
+            "settings.new_knob",
+            "points[].joules",
+        ]
+        older = {**body, "model": newer["model"], "status": "ok", "failures": []}
+        retried = post_report(client, older)
+        assert (retried.status_code, retried.json()["outcome"]) == (200, "already stored")
+        detail = client.get(f"/v1/runs/{body['run_id']}").json()
+    assert "new_knob" not in json.dumps(detail) and "joules" not in json.dumps(detail)
     assert live_registry.count("runs") == 1
 
 

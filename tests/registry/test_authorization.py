@@ -44,6 +44,8 @@ class Ask:
 # One request per operation of the schema (test_every_operation_is_asked checks it).
 ASKS = [
     Ask("GET", "/healthz"),
+    Ask("GET", "/livez"),
+    Ask("GET", "/readyz"),
     Ask("GET", "/metrics"),
     Ask("POST", "/v1/runs", body=lambda: make_report(node="node-a").model_dump(mode="json"),
         done=201),
@@ -80,7 +82,7 @@ PLAN = {"model": {"path": "/models/nemo.gguf"}, "cron": "0 3 * * *"}
 
 
 def expected(ask: Ask, caller: str, *, reads_closed: bool) -> int:
-    if ask.path == "/healthz":
+    if ask.path in ("/healthz", "/livez", "/readyz"):
         return 200
     if ask.path == "/v1/runs" and ask.method == "POST":
         gate = "node A"
@@ -160,18 +162,18 @@ def test_each_caller_gets_what_its_token_allows(database_url: str, reads_closed:
     )
     got: dict[tuple[str, str, str], int] = {}
     want: dict[tuple[str, str, str], int] = {}
-    with running_registry(settings) as registry:
+    # one client for every ask: a client of its own per request costs an SSL context each
+    with running_registry(settings) as registry, httpx.Client(timeout=30) as http:
         callers, values = _fleet(registry)
         for ask in ASKS:
             for caller, token in callers.items():
                 headers = {**JSON, **({"Authorization": f"Bearer {token}"} if token else {})}
-                response = httpx.request(
+                response = http.request(
                     ask.method,
                     registry.url + ask.path.format(**values),
                     params=ask.params,
                     json=ask.body() if ask.body else None,
                     headers=headers,
-                    timeout=30,
                 )
                 got[(ask.method, ask.path, caller)] = response.status_code
                 want[(ask.method, ask.path, caller)] = expected(
@@ -182,7 +184,7 @@ def test_each_caller_gets_what_its_token_allows(database_url: str, reads_closed:
         for page in PAGES:
             for caller, token in callers.items():
                 headers = {"Authorization": f"Bearer {token}"} if token else {}
-                page_status = httpx.get(registry.url + page, headers=headers).status_code
+                page_status = http.get(registry.url + page, headers=headers).status_code
                 got[("GET", page, caller)], want[("GET", page, caller)] = page_status, 200
     wrong = {cell: (got[cell], want[cell]) for cell in want if got[cell] != want[cell]}
     assert wrong == {}, "(got, expected) by (method, path, caller)"

@@ -157,9 +157,12 @@ def test_connections_cut_mid_ingest_store_no_partial_run(postgres_database_url: 
     assert _whole(postgres_database_url, reports) == (120, 0)
 
 
-def test_healthz_says_unavailable_without_naming_the_database(postgres_database_url: str) -> None:
-    """The database gone, /healthz answers 503 and keeps its host, port and name (what
-    the driver's error says) to the registry's log."""
+def test_readiness_says_unavailable_without_naming_the_database_and_liveness_holds(
+    postgres_database_url: str,
+) -> None:
+    """The database gone, /readyz and /healthz answer 503 and keep its host, port and name
+    (what the driver's error says) to the registry's log; /livez, which a liveness probe
+    asks, still answers 200, so the outage restarts no registry."""
     url = make_url(postgres_database_url)
     admin = create_db_engine(url.set(database="postgres").render_as_string(hide_password=False))
     with running_registry(RegistrySettings(database_url=postgres_database_url)) as registry:
@@ -168,7 +171,11 @@ def test_healthz_says_unavailable_without_naming_the_database(postgres_database_
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
             connection.execute(text(f'DROP DATABASE "{url.database}" WITH (FORCE)'))
         down = httpx.get(f"{registry.url}/healthz")
+        ready = httpx.get(f"{registry.url}/readyz")
+        live = httpx.get(f"{registry.url}/livez")
     admin.dispose()
+    assert (ready.status_code, ready.json()) == (down.status_code, down.json())
+    assert (live.status_code, live.json()) == (200, {"status": "ok"})
     assert down.status_code == 503
     assert down.json()["detail"] == "the registry's database is unavailable"
     assert str(url.database) not in down.text and str(url.port or 5432) not in down.text

@@ -72,8 +72,8 @@ def registry_schema(url: str) -> schemathesis.BaseSchema:
 
 
 # Query parameters an operation does not know are ignored, not refused, where agents call:
-# a newer agent asks with parameters an older registry predates (`auto_repeats` on the
-# plans poll) and must still get its plans. Schemathesis calls an unknown parameter invalid
+# a newer agent may ask with parameters an older registry predates, and must still get its
+# plans. Schemathesis calls an unknown parameter invalid
 # data, so the check that invalid data is refused does not run there; every other does.
 TAKES_UNKNOWN_QUERY_PARAMETERS = {"GET /v1/agent/plans"}
 

@@ -225,6 +225,19 @@ def test_bounds_per_report_and_per_node_are_422_saying_which(database_url: str) 
         assert "FLEETBENCH_MAX_SERIES_PER_NODE" in over.json()["detail"]
         assert again.status_code == 201  # the same model again replaces its own curve
         assert registry.count("runs") == 2
+        with registry.client() as client:
+            schema = client.get("/openapi.json").json()
+    # the schema declares both shapes of 422 where a route answers both: a sentence, as
+    # here, and a list naming each field for a request the schema refuses
+    for path, method in (
+        ("/v1/runs", "post"),
+        ("/v1/plans/{name}", "put"),
+        ("/v1/plans/{name}", "delete"),
+    ):
+        declared = schema["paths"][path][method]["responses"]["422"]["content"]
+        detail = declared["application/json"]["schema"]["properties"]["detail"]["anyOf"]
+        assert {"type": "string"} in detail, (path, method)
+        assert [d["type"] for d in detail] == ["string", "array"]
 
 
 def test_metrics_stay_small_whatever_the_fleet_sends(database_url: str) -> None:

@@ -1,18 +1,17 @@
-"""Per-layer KV facts as the registry keeps and uses them (schema version 6): stored with the
-model's facts, sized by the node's build's rules in placement (which say which rules, for
-which build), "fit unknown" with its reason where the maths cannot say, the way to an older
-registry, the migration, and the prediction's error in /metrics; on SQLite and PostgreSQL."""
+"""Per-layer KV facts as the registry keeps and uses them: stored with the model's facts,
+sized by the node's build's rules in placement (which say which rules, for which build),
+"fit unknown" with its reason where the maths cannot say, no part of a run's identity when
+absent, the migration, and the prediction's error in /metrics; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 import pytest
 
-from fleetbench.agent.client import RegistryClient
 from fleetbench.contract import wire
-from tests.agent.flaky_registry import flaky_registry
 from tests.factories import LiveRegistry, columns_down_and_up, make_report, post_report
 from tests.registry.test_metrics import scrape, series
 
@@ -62,9 +61,7 @@ GLM_DSA = wire.ModelInfo(
 
 
 def _report(model: wire.ModelInfo, **fields: Any) -> wire.RunReport:
-    return make_report(
-        node="h100", model=model, hardware=H100, schema_version=6, build_number=10505, **fields
-    )
+    return make_report(node="h100", model=model, hardware=H100, build_number=10505, **fields)
 
 
 def _placement(registry: LiveRegistry, model: str, **params: Any) -> dict[str, Any]:
@@ -101,36 +98,13 @@ def test_a_model_the_maths_cannot_express_is_fit_unknown(live_registry: LiveRegi
     assert "KV-cache fit unknown for 1 node(s) (h100: GLM-DSA keeps an indexer" in answer["reason"]
 
 
-def test_per_layer_facts_came_with_schema_version_6(live_registry: LiveRegistry) -> None:
-    body = _report(GEMMA4).model_dump(mode="json") | {"schema_version": 5}
-    swa_full = _report(GLM_DSA.model_copy(update={"layers": None})).model_dump(mode="json")
-    swa_full |= {"schema_version": 5, "settings": {"swa_full": True}}
-    with live_registry.client(live_registry.token("h100")) as client:
-        refused = [post_report(client, b) for b in (body, swa_full)]
-    assert [r.status_code for r in refused] == [422, 422]
-    assert "model.layers came with schema version 6" in refused[0].text
-    assert "settings.swa_full came with schema version 6" in refused[1].text
-
-
-def test_a_run_with_per_layer_facts_reaches_an_older_registry_without_them() -> None:
-    sent = _report(GEMMA4, settings=wire.RunSettings(n_ctx=4096, swa_full=True))
-    assert wire.oldest_version(sent) == 6
-    with flaky_registry() as older, RegistryClient(older.url, token="t") as client:
-        older.newest_version = 5
-        receipt = client.submit_run(sent)
-    assert receipt.run_id == sent.run_id
-    first, resent = older.bodies[:2]
-    assert (first["schema_version"], resent["schema_version"]) == (6, 1)
-    assert "layers" in first["model"] and "layers" not in resent["model"]
-    assert first["settings"]["swa_full"] is True and "swa_full" not in resent["settings"]
-    assert resent["points"] == first["points"]
-
-
-def test_an_older_report_is_written_as_before() -> None:
-    """A version 1 report's body has neither part field: its digest, a retry's identity, is
-    what it was."""
-    body = make_report().model_dump(mode="json")
-    assert "layers" not in body["model"] and "swa_full" not in body["settings"]
+def test_fields_at_their_defaults_are_not_part_of_a_run_s_identity() -> None:
+    """A report without per-layer facts or swa_full is, for a retry's digest, what it was
+    before those fields existed: a field added with a default changes no identity."""
+    settings = wire.RunSettings(n_ctx=4096)
+    defining = json.loads(wire.defining_json(make_report(settings=settings)))
+    assert defining["settings"] == {"n_ctx": 4096}  # swa_full, at its default, left out
+    assert "layers" not in defining["model"] and "schema_version" not in defining
 
 
 def test_the_prediction_s_error_is_in_metrics(live_registry: LiveRegistry) -> None:
@@ -139,9 +113,7 @@ def test_the_prediction_s_error_is_in_metrics(live_registry: LiveRegistry) -> No
     settings = wire.RunSettings(n_ctx=20480, kv_unified=True)
     buffers = [wire.AllocatedBuffer(kind="kv", device="CUDA0", bytes=3_072 * MIB)]
     article = wire.ModelInfo(name="nemo", n_layer=40, n_head_kv=8, head_dim_k=128, head_dim_v=128)
-    sent = make_report(
-        node="h100", model=article, settings=settings, buffers=buffers, schema_version=4
-    )
+    sent = make_report(node="h100", model=article, settings=settings, buffers=buffers)
     with live_registry.client(live_registry.token("h100")) as client:
         assert post_report(client, sent).status_code == 201
         errors = series(scrape(client), "fleetbench_kv_prediction_error_percent", "node", "model")

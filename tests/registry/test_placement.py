@@ -1,4 +1,4 @@
-"""The placement question: each node's choice in SQL (registry.placement_rows, on both
+"""The placement question: each node's choice in SQL (registry.placement.offline_rows, on both
 databases) and the fleet's answer as a pure function over those rows."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fleetbench.registry import crud, placement_rows, tokens
+from fleetbench.registry import crud, tokens
 from fleetbench.registry.models import Node
+from fleetbench.registry.placement import offline_rows
 from fleetbench.registry.questions.placement import NodeChoice, answer_placement
 from tests.factories import ARTICLE_TABLE, make_report, store_report
 
@@ -101,9 +102,9 @@ def _store(session: Session, **report_fields: object) -> None:
 
 def _rows(
     session: Session, min_tps: float, prompt_tokens: int | None = None, limit: int = 100
-) -> placement_rows.PlacementRows:
+) -> offline_rows.PlacementRows:
     model_ids = [m.id for m in crud.find_models(session, "Mistral-Nemo-Instruct-2407-Q4_K_M")]
-    return placement_rows.placement_rows(
+    return offline_rows.placement_rows(
         session,
         model_ids=model_ids,
         since=None,
@@ -168,7 +169,7 @@ def test_smallest_prompt_length_at_least_p(session: Session) -> None:
     # at PP=4096, B=8 gives only 12.5 per user: B=1 (25) it is
     assert _choices(session, 14, prompt_tokens=2000) == [("m4pro", 4096, 1)]
     assert _choices(session, 14, prompt_tokens=8192) == []
-    assert _rows(session, 14, prompt_tokens=8192) == placement_rows.PlacementRows(
+    assert _rows(session, 14, prompt_tokens=8192) == offline_rows.PlacementRows(
         [], 0, None, ("m4pro", 4096), {}
     )
     too_fast = _rows(session, 30, prompt_tokens=2000)

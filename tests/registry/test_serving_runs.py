@@ -1,18 +1,16 @@
 """Serving runs in the registry: stored beside offline runs without touching what offline
-runs decide (a node's last run and health, its latest curve, its history), and offline
-reports still written as version 1 wrote them."""
+runs decide (a node's last run and health, its latest curve, its history)."""
 
 from __future__ import annotations
 
 import json
-import uuid
+import logging
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from fleetbench.agent.client import RegistryClient
-from fleetbench.agent.errors import RequestRejected
 from fleetbench.contract import wire
 from tests.agent.flaky_registry import flaky_registry
 from tests.factories import (
@@ -32,7 +30,6 @@ def _serving(node: str, *, status: str = "ok", **fields: Any) -> wire.RunReport:
     failures = [wire.FailedPoint(pp=32, tg=8, b=2, reason="every request failed: 4 refused")]
     return make_report(
         node=node,
-        schema_version=2,
         kind="serving",
         points=[],
         status=status,
@@ -43,13 +40,6 @@ def _serving(node: str, *, status: str = "ok", **fields: Any) -> wire.RunReport:
         failures=failures if status != "ok" else [],
         **fields,
     )  # fmt: skip
-
-
-def test_offline_reports_are_written_as_version_1_wrote_them() -> None:
-    sent = json.loads(make_report().model_dump_json())
-    assert not {"kind", "server", "serving_points"} & sent.keys()
-    assert wire.RunReport.model_validate(sent).kind == "offline"
-    assert "serving_points" in json.loads(_serving("n").model_dump_json())
 
 
 def test_a_serving_run_leaves_the_nodes_health_history_and_curve_alone(
@@ -152,7 +142,6 @@ def test_a_searched_serving_run_keeps_what_the_search_found(live_registry: LiveR
     searched = make_serving_report(
         node="gpu-4",
         points=[(1, 50.0, 45.0, 100.0), (2, 90.0, 40.0, 150.0), (3, 120.0, 30.0, 900.0)],
-        schema_version=3,
         slo_search=wire.SloSearch(
             objective="ttft_p90<=500ms",
             concurrency=2,
@@ -161,9 +150,6 @@ def test_a_searched_serving_run_keeps_what_the_search_found(live_registry: LiveR
     )
     with live_registry.client(live_registry.token("gpu-4")) as client:
         assert post_report(client, searched).status_code == 201
-        older = searched.model_dump(mode="json") | {"schema_version": 2}
-        refused = post_report(client, older | {"run_id": str(uuid.uuid4())})
-    assert refused.status_code == 422 and "slo_search came with schema version 3" in refused.text
     with live_registry.client() as client:
         detail = client.get(f"/v1/runs/{searched.run_id}").json()
     assert detail["slo_search"] == {
@@ -171,26 +157,20 @@ def test_a_searched_serving_run_keeps_what_the_search_found(live_registry: LiveR
         "concurrency": 2,
         "stop_reason": "objective failed at concurrency 3: ttft_p90 900.0 ms > 500 ms",
     }
-    sent = json.loads(make_serving_report(node="n", points=[(1, 1.0, 1.0, 1.0)]).model_dump_json())
-    assert sent["schema_version"] == 2 and "slo_search" not in sent  # an older registry takes it
 
 
-def test_a_searched_run_reaches_a_registry_that_predates_searches_without_its_search() -> None:
+def test_a_registry_that_does_not_know_a_field_stores_the_run_and_the_agent_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     searched = make_serving_report(
         node="gpu-5",
         points=[(1, 50.0, 45.0, 100.0)],
-        schema_version=3,
         slo_search=wire.SloSearch(objective="ttft_p90<=500ms", concurrency=1, stop_reason="x"),
     )
     with flaky_registry() as older, RegistryClient(older.url, token="t") as client:
-        older.newest_version = 2
-        receipt = client.submit_run(searched)
-        older.newest_version = 1  # a registry that predates serving runs refuses it still
-        with pytest.raises(RequestRejected, match="schema_version"):
-            client.submit_run(searched)
-    assert receipt.run_id == searched.run_id
-    sent, resent = older.bodies[:2]
-    assert (sent["schema_version"], resent["schema_version"]) == (3, 2)
-    assert "slo_search" in sent and "slo_search" not in resent
-    assert resent["serving_points"] == sent["serving_points"]
-    assert wire.RunReport.model_validate(resent).slo_search is None
+        older.ignored_fields = ["slo_search"]  # as a registry that predates searches answers
+        with caplog.at_level(logging.WARNING, logger="fleetbench.client"):
+            receipt = client.submit_run(searched)
+    assert (receipt.run_id, receipt.ignored_fields) == (searched.run_id, ["slo_search"])
+    assert older.bodies == [json.loads(searched.model_dump_json())]  # sent once, whole
+    assert f"stored run {searched.run_id} without slo_search" in caplog.text

@@ -203,7 +203,6 @@ def test_the_node_page_checks_the_kv_maths_against_what_llama_cpp_allocated(
 ) -> None:
     fleet.report(
         "m4pro",
-        schema_version=4,
         model=ARTICLE_MODEL_INFO,
         settings=SETTINGS,
         buffers=BUFFERS,

@@ -58,6 +58,39 @@ def nvml_session(nvml: Any = None) -> Iterator[tuple[Any, str | None]]:
         nvml.nvmlShutdown()
 
 
+def busiest_gpu_percent(nvml: Any = None) -> float | None:
+    """The busiest NVIDIA GPU's utilisation now (the busy guard's question); None without
+    one, or when NVML fails: that is no reason to hold sweeps back."""
+    try:
+        with nvml_session(nvml) as (session, _):
+            if session is None:
+                return None
+            rates = [
+                session.nvmlDeviceGetUtilizationRates(session.nvmlDeviceGetHandleByIndex(i)).gpu
+                for i in range(session.nvmlDeviceGetCount())
+            ]
+    except Exception:
+        return None
+    return float(max(rates)) if rates else None
+
+
+def gpu_memory_bytes(*, free: bool, first_only: bool, nvml: Any = None) -> int | None:
+    """The NVIDIA GPUs' memory, free or in all, of the first GPU or of every one summed;
+    None without a GPU or when NVML fails (the callers' own checks then say more)."""
+    try:
+        with nvml_session(nvml) as (session, _):
+            if session is None:
+                return None
+            indexes = range(session.nvmlDeviceGetCount())
+            gpus = [
+                session.nvmlDeviceGetHandleByIndex(i) for i in indexes[: 1 if first_only else None]
+            ]
+            infos = [session.nvmlDeviceGetMemoryInfo(gpu) for gpu in gpus]
+    except Exception:
+        return None
+    return sum(int(info.free if free else info.total) for info in infos) if infos else None
+
+
 _HUNG_AFTER_S = 10  # an NVML read that long is stuck, and the sweep does not wait for it
 
 

@@ -16,8 +16,7 @@ from fleetbench.contract.serve_spec import ServeSpec
 from fleetbench.contract.wire import (
     ERROR_LENGTH,
     REASON_LENGTH,
-    SERVING_SCHEMA_VERSION,
-    SLO_SEARCH_SCHEMA_VERSION,
+    SCHEMA_VERSION,
     EngineBuild,
     FailedPoint,
     HardwareFingerprint,
@@ -70,7 +69,7 @@ def serving_report(
     server = outcome.server
     search = outcome.search
     return RunReport(
-        schema_version=SERVING_SCHEMA_VERSION if search is None else SLO_SEARCH_SCHEMA_VERSION,
+        schema_version=SCHEMA_VERSION,
         run_id=uuid.uuid4(),
         node=node,
         started_at=started_at,

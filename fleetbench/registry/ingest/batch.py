@@ -149,7 +149,7 @@ def _distinct_runs(
         except ReportRefused as refused:
             answers[index] = refused
             continue
-        run = IncomingRun(index, report, node_id, sha256_of(report.model_dump_json()), received)
+        run = IncomingRun(index, report, node_id, sha256_of(wire.defining_json(report)), received)
         twin = first_of.get(run.key)
         if twin is None:
             first_of[run.key] = run

@@ -3,11 +3,11 @@
 Offline: each node's choice (from its latest successful run: the largest concurrency whose
 per-user decode speed S_TG / B meets X, at the smallest measured prompt length PP >= P when
 P is given) and their order (best total throughput first) are decided in SQL by
-`registry.placement_rows`, over the table of each node's latest curve: with 1,000 nodes,
+`registry.placement.offline_rows`, over the table of each node's latest curve: with 1,000 nodes,
 fetching every point into Python costs more than the whole latency budget
 (bench/placement_latency.py).
 
-Serving: from each node's latest serving run (registry.placement_serving_rows), the largest
+Serving: from each node's latest serving run (registry.placement.serving_rows), the largest
 concurrency at which the p10 of per-user speed meets X, the p90 of the time to first token
 meets the latency objective when one is given, and every request completed
 (`serving_choices`, here).

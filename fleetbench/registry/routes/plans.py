@@ -30,7 +30,7 @@ from fleetbench.registry.deps import (
 )
 from fleetbench.registry.models import Node
 from fleetbench.registry.params import NodePath
-from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
+from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE, refused
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 # The token is checked before a body is read: a node's status costs a bad token nothing.
@@ -68,7 +68,7 @@ def read_plan_versions(name: PlanName, session: SessionDep) -> PlanVersions:
     response_model=PlanVersion,
     responses={
         201: {"model": PlanVersion, "description": "a new version was saved"},
-        422: {"description": "not a plan, or one whose runs this registry would refuse"},
+        **refused("a plan whose runs this registry would refuse"),
         **CONFLICT,
         **BAD_BODY,
         **TOO_LARGE,
@@ -85,14 +85,9 @@ def save_plan(
     """Saves the plan as its next version (201), or answers 200 with the current one when
     the body is that already. Agents pick it up at their next poll."""
     with write_transaction(session):
-        try:
-            saved = plans.save_plan(
-                session, name, body, by=admin.name, max_points=settings.max_points_per_report
-            )
-        except plans.PlanRefused as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
-        except plans.PlanChanged as exc:
-            raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+        saved = plans.save_plan(
+            session, name, body, by=admin.name, max_points=settings.max_points_per_report
+        )
         session.commit()
     response.status_code = status.HTTP_201_CREATED if saved.new_version else status.HTTP_200_OK
     return saved.plan
@@ -104,18 +99,13 @@ def save_plan(
     responses={
         **NOT_FOUND,
         **CONFLICT,
-        422: {"description": "its current version does not meet this registry's rules"},
+        **refused("its current version does not meet this registry's rules"),
     },
 )
 def retire_plan(name: PlanName, session: SessionDep, admin: AdminAuth) -> PlanVersion:
     """Retires the plan: a version no node runs (every version stays on record)."""
     with write_transaction(session):
-        try:
-            saved = plans.retire_plan(session, name, by=admin.name)
-        except plans.PlanRefused as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
-        except plans.PlanChanged as exc:
-            raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+        saved = plans.retire_plan(session, name, by=admin.name)
         if saved is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no plan {name!r}")
         session.commit()
@@ -154,25 +144,16 @@ def pull_plans(
         list[PlanKind] | None,
         Query(
             max_length=len(KINDS),
-            description="the kinds of plan the agent runs [default: offline, what agents "
-            "that predate serving plans read]",
+            description="the kinds of plan the agent runs [default: every kind]",
         ),
     ] = None,
-    auto_repeats: Annotated[
-        bool,
-        Query(
-            description='the agent takes repeats = "auto" (agents that predate it are sent a '
-            "plan's auto repeats as 3)"
-        ),
-    ] = False,
 ) -> Response:
     """The plans that pick this token's node, with an ETag: polled with If-None-Match, an
     unchanged answer is a bodiless 304 (a proxy's weak form of the tag matches too)."""
     found = session.get(Node, node.id)
     if found is None:  # deleted since its token was checked
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {node.name!r} not found")
-    answer = plans.node_plans(session, found, kinds=kind or ("offline",))
-    body = plans.plans_body(answer, auto_repeats=auto_repeats)
+    body = plans.node_plans(session, found, kinds=kind or KINDS).model_dump_json()
     etag = plans.plan_etag(body)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     given = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}

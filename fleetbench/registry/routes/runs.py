@@ -10,10 +10,9 @@ from fleetbench.contract.answers import RunReceipt
 from fleetbench.contract.wire import RunReport
 from fleetbench.registry import crud, export
 from fleetbench.registry.deps import AuthenticatedFirst, AuthenticateFirst, ReadAccess, SessionDep
-from fleetbench.registry.ingest import ReportRefused, RunConflict
 from fleetbench.registry.metrics import MetricsDep
 from fleetbench.registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
-from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
+from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE, refused
 from fleetbench.registry.schemas import RunDetail, RunsPublic, run_detail, run_public
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -28,6 +27,7 @@ ingest_router = APIRouter(prefix="/runs", tags=["runs"], route_class=Authenticat
         200: {"model": RunReceipt, "description": "already stored (a retry)"},
         403: {"description": "the token belongs to another node"},
         409: {"description": "this node's run id was stored with a different report"},
+        **refused("over this registry's bounds (FLEETBENCH_MAX_POINTS_PER_REPORT, ...)"),
         **BAD_BODY,
         **TOO_LARGE,
     },
@@ -49,12 +49,7 @@ async def ingest_run(
             status.HTTP_403_FORBIDDEN,
             detail=f"this token belongs to node {node.name!r}, the report is for {report.node!r}",
         )
-    try:
-        stored = await request.app.state.ingest.submit(report, node_id=node.id)
-    except RunConflict as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
-    except ReportRefused as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
+    stored = await request.app.state.ingest.submit(report, node_id=node.id)
     metrics.ingested(report, created=stored.created, seconds=time.perf_counter() - begun)
     if not stored.created:
         response.status_code = status.HTTP_200_OK
@@ -64,6 +59,7 @@ async def ingest_run(
         outcome="created" if stored.created else "already stored",
         points=len(report.points),
         failures=len(report.failures),
+        ignored_fields=report.ignored_fields,
     )
 
 

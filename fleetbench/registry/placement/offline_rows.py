@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from fleetbench.registry.model_facts import FleetFacts
 from fleetbench.registry.models import DetectableChange, EngineBuild, LatestPoint, LatestRun, Node
-from fleetbench.registry.placement_serving_rows import served_nodes
+from fleetbench.registry.placement.serving_rows import served_nodes
 from fleetbench.registry.questions.placement import NodeChoice, NodeMemory
 
 __all__ = [

@@ -5,8 +5,8 @@ user's KV cache beside the weights, by the model's facts as the node itself repo
 
 Each node answers from its latest serving run of the model where it has one and `kind`
 allows (what users of the server the team runs get), else from its engine's offline curve.
-The rows come from SQL (registry.placement_rows: each node's offline choice, chosen and
-ranked there; registry.placement_serving_rows: the serving points); the decisions are pure
+The rows come from SQL (registry.placement.offline_rows: each node's offline choice, chosen and
+ranked there; registry.placement.serving_rows: the serving points); the decisions are pure
 functions (registry.questions.placement). What is done here: the fit caps, one per fit
 config (nodes alike share one answer); the choice read again under those caps; the
 concurrencies refused for memory; the listed nodes' KV sizes; offline and serving
@@ -30,14 +30,14 @@ from fleetbench.contract.answers import (
 from fleetbench.contract.kv_cache import KvPrediction, KvUnknown
 from fleetbench.registry.model_facts import FleetFacts
 from fleetbench.registry.models import Model
-from fleetbench.registry.placement_rows import (
+from fleetbench.registry.placement.offline_rows import (
     FitConfig,
     PlacementRows,
     fit_configs,
     memory_of,
     placement_rows,
 )
-from fleetbench.registry.placement_serving_rows import serving_rows
+from fleetbench.registry.placement.serving_rows import serving_rows
 from fleetbench.registry.questions.placement import (
     GIB,
     NodeChoice,
