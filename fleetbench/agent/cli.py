@@ -47,13 +47,15 @@ from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
 from fleetbench.agent.runners.repeats import MIN_AUTO_REPEATS
 from fleetbench.agent.sweep import measure_run, memory_line, sweep_lock
+from fleetbench.cli_usage import bad_parameter, default_of, options_of
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.answers import PlacementKind
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
 
 _AUTO = SweepSpec.model_construct()  # the defaults of repeats = "auto", for the help
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+# rich_markup_mode=None: the helps' "[default: ...]" shown as written, not read as markup
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
 @app.command("import")
@@ -148,32 +150,64 @@ def import_output(
         raise typer.Exit(1)
 
 
+# The option that sets each of SweepSpec's fields (llama.cpp's names where they differ).
+SWEEP_OPTIONS = options_of(SweepSpec, {field: flag for flag, field in LLAMA_CPP_NAMES.items()})
+
+
+def _sweep_help(field: str, text: str) -> str:
+    return (text + default_of(SweepSpec, field)).strip()
+
+
 @app.command()
 def sweep(
     model: Annotated[Path, typer.Option("--model", "-m", help="the GGUF file to measure")],
-    npp: Annotated[str, typer.Option(help="prompt lengths PP, comma list")] = "128",
-    ntg: Annotated[str, typer.Option(help="generated tokens TG, comma list")] = "128",
-    npl: Annotated[str, typer.Option(help="concurrencies B, comma list")] = "1,2,4,8",
+    npp: Annotated[
+        str | None, typer.Option(help=_sweep_help("npp", "prompt lengths PP, comma list"))
+    ] = None,
+    ntg: Annotated[
+        str | None, typer.Option(help=_sweep_help("ntg", "generated tokens TG, comma list"))
+    ] = None,
+    npl: Annotated[
+        str | None, typer.Option(help=_sweep_help("npl", "concurrencies B, comma list"))
+    ] = None,
     ctx_size: Annotated[
         int | None, typer.Option("--ctx-size", "-c", help="KV cells [default: sized to fit]")
     ] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b")] = 2048,
-    ubatch_size: Annotated[int, typer.Option("--ubatch-size", "-ub")] = 512,
-    flash_attn: Annotated[str, typer.Option(help="on, off or auto")] = "auto",
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", "-b", help=_sweep_help("n_batch", ""))
+    ] = None,
+    ubatch_size: Annotated[
+        int | None, typer.Option("--ubatch-size", "-ub", help=_sweep_help("n_ubatch", ""))
+    ] = None,
+    flash_attn: Annotated[
+        str | None, typer.Option(help=_sweep_help("flash_attn", "on, off or auto"))
+    ] = None,
     kv_unified: Annotated[bool, typer.Option("--kv-unified", help="one KV buffer for all")] = False,
     pp_shared: Annotated[bool, typer.Option("--pp-shared", help="one prompt for all")] = False,
-    n_gpu_layers: Annotated[int, typer.Option("--n-gpu-layers", "-ngl")] = -1,
-    threads: Annotated[int | None, typer.Option("--threads", "-t")] = None,
-    cache_type_k: Annotated[str, typer.Option("--cache-type-k", "-ctk")] = "f16",
-    cache_type_v: Annotated[str, typer.Option("--cache-type-v", "-ctv")] = "f16",
+    n_gpu_layers: Annotated[
+        int | None,
+        typer.Option("--n-gpu-layers", "-ngl", help=_sweep_help("n_gpu_layers", "-1: all")),
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", "-t", help="[default: the physical cores]")
+    ] = None,
+    cache_type_k: Annotated[
+        str | None, typer.Option("--cache-type-k", "-ctk", help=_sweep_help("cache_type_k", ""))
+    ] = None,
+    cache_type_v: Annotated[
+        str | None, typer.Option("--cache-type-v", "-ctv", help=_sweep_help("cache_type_v", ""))
+    ] = None,
     repeats: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="measure each point N times, or auto: until the standard error of its S_TG "
-            f"is under {_AUTO.repeat_target:.1%} ({MIN_AUTO_REPEATS} to {_AUTO.max_repeats} "
-            f"times, no new round after {_AUTO.repeat_budget_s / 60:g} minutes)"
+            help=_sweep_help(
+                "repeats",
+                "measure each point N times, or auto: until the standard error of its S_TG "
+                f"is under {_AUTO.repeat_target:.1%} ({MIN_AUTO_REPEATS} to {_AUTO.max_repeats} "
+                f"times, no new round after {_AUTO.repeat_budget_s / 60:g} minutes)",
+            )
         ),
-    ] = "1",
+    ] = None,
     engine: Annotated[
         str | None,
         typer.Option(help="llama-cpp-python or llama-batched-bench [default: as --binary says]"),
@@ -196,34 +230,30 @@ def sweep(
 ) -> None:
     """Measure the batching curve of a model on this machine (llama.cpp in-process, or the
     node's llama-batched-bench with --binary)."""
-    if repeats != "auto" and not repeats.strip().isdigit():
+    if repeats is not None and repeats != "auto" and not repeats.strip().isdigit():
         raise typer.BadParameter(
             f"{repeats!r}: give a number of times, or auto", param_hint="--repeats"
         )
+    given = {  # only what was given: the defaults are SweepSpec's, written there once
+        "npp": None if npp is None else int_list(npp, "--npp"),
+        "ntg": None if ntg is None else int_list(ntg, "--ntg"),
+        "npl": None if npl is None else int_list(npl, "--npl", least=1),
+        "ctx_size": ctx_size,
+        "batch_size": batch_size,
+        "ubatch_size": ubatch_size,
+        "flash_attn": flash_attn,
+        "kv_unified": kv_unified or None,
+        "pp_shared": pp_shared or None,
+        "n_gpu_layers": n_gpu_layers,
+        "threads": threads,
+        "cache_type_k": cache_type_k,
+        "cache_type_v": cache_type_v,
+        "repeats": repeats,
+    }
     try:
-        spec = SweepSpec.model_validate(
-            {
-                "npp": int_list(npp, "--npp"),
-                "ntg": int_list(ntg, "--ntg"),
-                "npl": int_list(npl, "--npl", least=1),
-                "ctx_size": ctx_size,
-                "batch_size": batch_size,
-                "ubatch_size": ubatch_size,
-                "flash_attn": flash_attn,
-                "kv_unified": kv_unified,
-                "pp_shared": pp_shared,
-                "n_gpu_layers": n_gpu_layers,
-                "threads": threads,
-                "cache_type_k": cache_type_k,
-                "cache_type_v": cache_type_v,
-                "repeats": repeats,
-            }
-        )
+        spec = SweepSpec.model_validate({k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
-        problem = exc.errors(include_url=False)[0]
-        setting = str(problem["loc"][0]) if problem["loc"] else ""
-        flag = {v: k for k, v in LLAMA_CPP_NAMES.items()}.get(setting, setting)
-        raise typer.BadParameter(problem["msg"], param_hint="--" + flag.replace("_", "-")) from None
+        raise bad_parameter(exc, SWEEP_OPTIONS, otherwise="--npp, --ntg or --npl") from None
     try:
         runner = runner_for(engine, binary)
     except UnknownEngine as exc:

@@ -16,6 +16,7 @@ from fleetbench.agent.cli_options import RegistryOption, command_settings, int_l
 from fleetbench.agent.display import err, error_line, out, serving_table
 from fleetbench.agent.errors import SpoolUnwritable
 from fleetbench.agent.handover import hand_over, spool_run
+from fleetbench.cli_usage import bad_parameter, default_of
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
 from fleetbench.contract.wire import ModelInfo
@@ -40,15 +41,15 @@ _OPTIONS = {
 }
 
 
+def _help(field: str, text: str) -> str:
+    return text + default_of(ServeSpec, field)
+
+
 def _spec(fields: dict[str, Any]) -> ServeSpec:
     try:
         return ServeSpec.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        problem = exc.errors(include_url=False)[0]
-        field = str(problem["loc"][0]) if problem["loc"] else ""
-        hint = _OPTIONS.get(field, "--requests or --duration")
-        message = problem["msg"].removeprefix("Value error, ")
-        raise typer.BadParameter(message, param_hint=hint) from None
+        raise bad_parameter(exc, _OPTIONS, otherwise="--requests or --duration") from None
 
 
 def outcome_json(outcome: ServingOutcome) -> dict[str, Any]:
@@ -67,10 +68,14 @@ def serve_sweep_command(
     url: Annotated[str, typer.Option(help="the server, e.g. http://127.0.0.1:8080")],
     model: Annotated[str, typer.Option(help="the model's name (OpenAI servers are asked for it)")],
     concurrency: Annotated[
-        str | None, typer.Option(help="requests in flight C, comma list [default: 1,2,4,8]")
+        str | None, typer.Option(help=_help("concurrency", "requests in flight C, comma list"))
     ] = None,
-    prompt_tokens: Annotated[int, typer.Option(help="tokens in each prompt")] = 512,
-    gen_tokens: Annotated[int, typer.Option(help="tokens each request generates")] = 128,
+    prompt_tokens: Annotated[
+        int | None, typer.Option(help=_help("prompt_tokens", "tokens in each prompt"))
+    ] = None,
+    gen_tokens: Annotated[
+        int | None, typer.Option(help=_help("gen_tokens", "tokens each request generates"))
+    ] = None,
     requests: Annotated[
         int | None, typer.Option(help="per concurrency [default: 4 C, >= 8]")
     ] = None,
@@ -84,12 +89,21 @@ def serve_sweep_command(
             "'ttft_p90<=2000ms,tps_per_user_p10>=10' (instead of --concurrency)"
         ),
     ] = None,
-    max_concurrency: Annotated[int, typer.Option(help="the search goes no higher")] = 256,
-    search_budget: Annotated[float, typer.Option(help="seconds the search may take")] = 3600.0,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help=_help("max_concurrency", "the search goes no higher"))
+    ] = None,
+    search_budget: Annotated[
+        float | None, typer.Option(help=_help("search_budget_s", "seconds the search may take"))
+    ] = None,
     first_token_timeout: Annotated[
-        float, typer.Option(help="seconds to the first token, and between two")
-    ] = 60.0,
-    request_timeout: Annotated[float, typer.Option(help="seconds for a request")] = 600.0,
+        float | None,
+        typer.Option(
+            help=_help("first_token_timeout_s", "seconds to the first token, and between two")
+        ),
+    ] = None,
+    request_timeout: Annotated[
+        float | None, typer.Option(help=_help("request_timeout_s", "seconds for a request"))
+    ] = None,
     node: Annotated[
         str | None, typer.Option(help="this node's name [default: FLEETBENCH_NODE]")
     ] = None,

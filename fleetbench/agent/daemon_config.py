@@ -34,7 +34,7 @@ from fleetbench.agent.serving.servers import identify_at
 from fleetbench.agent.sweep import measure_run
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
-from fleetbench.contract.sweep_spec import Repeats
+from fleetbench.contract.sweep_spec import SCHEDULED_REPEATS, Repeats
 from fleetbench.contract.wire import RunReport
 
 __all__ = [
@@ -96,8 +96,7 @@ class SweepConfig(SweepSpec):
     model: Path
     model_name: str | None = None
     cron: Cron
-    # a schedule has time for the precision
-    repeats: Repeats = "auto"
+    repeats: Repeats = SCHEDULED_REPEATS
     engine: str | None = Field(
         default=None, description="a runner's name [default: llama-cpp-python, or the binary's]"
     )

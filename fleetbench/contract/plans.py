@@ -28,7 +28,7 @@ from pydantic import (
 
 from fleetbench.contract.bounds import Int32, Moment, Name, Sha256, Text
 from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
-from fleetbench.contract.sweep_spec import SweepSpec
+from fleetbench.contract.sweep_spec import SCHEDULED_REPEATS, SweepSpec
 
 __all__ = [
     "KINDS",
@@ -77,8 +77,7 @@ class PlanModel(_Strict):
         return self
 
 
-# A schedule has time for the precision: repeats until each point is precise.
-_DEFAULT_SETTINGS = SweepSpec(repeats="auto")
+_DEFAULT_SETTINGS = SweepSpec(repeats=SCHEDULED_REPEATS)
 PlanKind = Literal["offline", "serving"]
 KINDS: tuple[PlanKind, ...] = ("offline", "serving")
 # The fields of one kind of plan, which a plan of the other kind is written without: a
@@ -163,9 +162,8 @@ class PlanBody(_Strict):
     @field_validator("settings", mode="before")
     @classmethod
     def _scheduled_repeats(cls, settings: object) -> object:
-        # A schedule has time for the precision, as a [[sweep]] table's default.
         if isinstance(settings, dict) and "repeats" not in settings:
-            return {**settings, "repeats": "auto"}
+            return {**settings, "repeats": SCHEDULED_REPEATS}
         return settings
 
     @field_validator("cron")

@@ -12,7 +12,14 @@ from fleetbench.contract.bounds import INT32_MAX
 from fleetbench.contract.kv_cache import CacheType, kv_cells
 from fleetbench.contract.wire import RunSettings
 
-__all__ = ["AUTO_REPEAT_FIELDS", "LLAMA_CPP_NAMES", "Repeats", "SweepSpec", "needed_cells"]
+__all__ = [
+    "AUTO_REPEAT_FIELDS",
+    "LLAMA_CPP_NAMES",
+    "SCHEDULED_REPEATS",
+    "Repeats",
+    "SweepSpec",
+    "needed_cells",
+]
 
 # The settings of repeats = "auto" alone
 AUTO_REPEAT_FIELDS = ("repeat_target", "max_repeats", "repeat_budget_s")
@@ -30,6 +37,9 @@ LLAMA_CPP_NAMES = {
 Sizes = Annotated[tuple[Annotated[int, Field(ge=0, le=INT32_MAX)], ...], Field(min_length=1)]
 Positive = Annotated[int, Field(ge=1, le=INT32_MAX)]
 Repeats = Annotated[int, Field(ge=1, le=1000)] | Literal["auto"]  # N times, or until precise
+# What a scheduled sweep ([[sweep]] tables, plans) repeats by default: a schedule has time
+# for the precision.
+SCHEDULED_REPEATS: Repeats = "auto"
 
 
 class SweepSpec(BaseModel):

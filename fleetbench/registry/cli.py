@@ -20,6 +20,7 @@ from rich.text import Text
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
+from fleetbench.cli_usage import bad_parameter, options_of
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.plans import PlanBody
 from fleetbench.registry import crud, latest, plans, retention, tokens
@@ -35,11 +36,21 @@ from fleetbench.registry.db import (
 )
 from fleetbench.registry.schemas import TokenPublic, TokenRequest, token_public
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
-token_app = typer.Typer(help="Tokens: node, reader and admin.", no_args_is_help=True)
+# rich_markup_mode=None: the helps' "[default: ...]" shown as written, not read as markup
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+token_app = typer.Typer(
+    help="Tokens: node, reader and admin.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(token_app, name="token")
-plan_app = typer.Typer(help="Sweep plans: what the fleet sweeps, versioned.", no_args_is_help=True)
+plan_app = typer.Typer(
+    help="Sweep plans: what the fleet sweeps, versioned.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 app.add_typer(plan_app, name="plan")
+
+# The option that sets each of TokenRequest's fields, to name in a usage error.
+_TOKEN_OPTIONS = options_of(TokenRequest, {"expires_in_days": "expires_days"})
 
 # Messages go to stderr: `token create` prints only the token on stdout. No markup: what
 # they quote (a token's name, a database error) prints as written.
@@ -202,12 +213,8 @@ def token_create(
         asked = TokenRequest.model_validate(
             {"scope": scope, "node": node, "name": name, "expires_in_days": expires_days}
         )
-    except ValidationError as exc:
-        problem = exc.errors(include_url=False)[0]
-        field = str(problem["loc"][0]) if problem["loc"] else "node"  # the node rule
-        option = "--" + {"expires_in_days": "expires-days"}.get(field, field)
-        message = problem["msg"].removeprefix("Value error, ")
-        raise typer.BadParameter(message, param_hint=option) from None
+    except ValidationError as exc:  # a rule across fields is the node's
+        raise bad_parameter(exc, _TOKEN_OPTIONS, otherwise="--node") from None
     labels: dict[str, str] = {}
     for item in label or []:
         key, sep, value = item.partition("=")

@@ -74,3 +74,30 @@ def test_the_cli_takes_auto_and_refuses_other_words(tiny_llama: Path) -> None:
     bad = CliRunner().invoke(app, ["sweep", "-m", str(tiny_llama), "--repeats", "often"])
     assert bad.exit_code == 2
     assert "'often': give a number of times, or auto" in bad.output
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "problem"),
+    [
+        (["--ubatch-size", "0"], "--ubatch-size", "greater than or equal to 1"),
+        (["--ctx-size", "0"], "--ctx-size", "greater than or equal to 1"),
+        (["--cache-type-k", "q9"], "--cache-type-k", "Input should be"),
+        (["--flash-attn", "maybe"], "--flash-attn", "'on', 'off' or 'auto'"),
+        (["--repeats", "1001"], "--repeats", "less than or equal to 1000"),
+    ],
+)
+def test_a_setting_the_sweep_spec_refuses_names_its_option(
+    tiny_llama: Path, args: list[str], option: str, problem: str
+) -> None:
+    """The options' bounds are SweepSpec's, and its error names the option it came from."""
+    bad = CliRunner().invoke(app, ["sweep", "-m", str(tiny_llama), *args])
+    assert bad.exit_code == 2, bad.output
+    said = " ".join(bad.output.split())
+    assert f"Invalid value for {option}:" in said and problem in said
+
+
+def test_the_sweep_s_help_shows_the_sweep_spec_s_defaults() -> None:
+    shown = CliRunner().invoke(app, ["sweep", "--help"], env={"COLUMNS": "200"}).output
+    assert "concurrencies B, comma list [default: 1,2,4,8]" in shown
+    assert "on, off or auto [default: auto]" in shown and "[default: 2048]" in shown
+    assert "KV cells [default: sized to fit]" in shown  # no longer read as markup

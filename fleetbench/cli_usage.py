@@ -1,0 +1,39 @@
+"""What both command lines share: a settings model's validation error as the usage error of
+the option its field came from, one map each (field -> option) instead of a lookup per
+command."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import typer
+from pydantic import BaseModel, ValidationError
+
+__all__ = ["bad_parameter", "default_of", "options_of"]
+
+
+def bad_parameter(
+    exc: ValidationError, options: Mapping[str, str], *, otherwise: str
+) -> typer.BadParameter:
+    """The first problem of `exc` as a usage error naming its option (`options`: field ->
+    option; `otherwise` for a rule across fields, or a field no option sets)."""
+    problem = exc.errors(include_url=False)[0]
+    field = str(problem["loc"][0]) if problem["loc"] else ""
+    message = problem["msg"].removeprefix("Value error, ")
+    return typer.BadParameter(message, param_hint=options.get(field, otherwise))
+
+
+def options_of(model: type[BaseModel], renamed: Mapping[str, str]) -> dict[str, str]:
+    """The option of each of the model's fields: `--field-name`, or its `renamed` name."""
+    return {
+        field: "--" + renamed.get(field, field).replace("_", "-") for field in model.model_fields
+    }
+
+
+def default_of(model: type[BaseModel], field: str) -> str:
+    """A field's default as the help shows it: `[default: 1,2,4,8]`, or nothing for None."""
+    value = model.model_fields[field].get_default(call_default_factory=True)
+    if value is None:
+        return ""
+    shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+    return f" [default: {shown}]"
