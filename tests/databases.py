@@ -61,8 +61,10 @@ def migrate(url: str, migrated_sqlite_file: Path) -> str:
             upgrade_schema(engine)
             _head_script = _schema_script(schema)
         else:
+            # no parameters: the script is sent as it is, a % in it never read as one
             with engine.begin() as connection:
-                connection.exec_driver_sql(_head_script.replace(_SCHEMA_PLACEHOLDER, schema))
+                replay = connection.execution_options(no_parameters=True)
+                replay.exec_driver_sql(_head_script.replace(_SCHEMA_PLACEHOLDER, schema))
     finally:
         engine.dispose()
     return url

@@ -148,6 +148,9 @@ def test_compose_migrates_once_then_serves_with_two_workers_on_postgres_with_you
         assert_runs("fleetbench-registry", service["command"])
     assert registry["command"][registry["command"].index("--workers") + 1] == "2"
     assert registry["ports"] == ["127.0.0.1:8787:8787"]  # not the world, in plain HTTP
+    for service in (migrate, registry):
+        assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
+        assert service["security_opt"] == ["no-new-privileges:true"] and "mem_limit" in service
     # no password written in the file: compose refuses to start without deploy/.env's
     assert postgres["POSTGRES_PASSWORD"] == "${POSTGRES_PASSWORD:?set it in deploy/.env}"
     assert "deploy/.env" in (ROOT / ".gitignore").read_text().split()
@@ -190,6 +193,8 @@ def test_kubernetes_runs_a_migration_job_and_a_registry_behind_its_service() -> 
     assert registry["livenessProbe"]["httpGet"]["path"] == "/livez"
     assert {"/readyz", "/livez"} <= registry_paths()
     assert registry["args"][registry["args"].index("--workers") + 1] == "1"  # pods scale it
+    # two versions never share the database: the old pods go before the new start
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     uid = _image_uid("registry.Dockerfile")
     for spec in (pod["spec"], job["spec"]["template"]["spec"]):
         assert spec["securityContext"] == {
@@ -221,8 +226,12 @@ def test_kubernetes_runs_an_agent_on_each_gpu_node_with_that_node_s_token_alone(
     # the token is a file on the node itself (no Secret holds every node's), read again
     # before each delivery
     assert not [v for v in volumes.values() if "secret" in v]
-    assert volumes["token"]["hostPath"] == {"path": "/etc/fleetbench/token", "type": "File"}
-    assert env["FLEETBENCH_TOKEN_FILE"]["value"] == mounts["token"]
+    # (a folder: a token rotated by a new file in its place is seen)
+    assert volumes["token"]["hostPath"] == {
+        "path": "/etc/fleetbench/node-token",
+        "type": "Directory",
+    }
+    assert env["FLEETBENCH_TOKEN_FILE"]["value"] == mounts["token"] + "/token"
     spool = Path(env["FLEETBENCH_SPOOL"]["value"])
     assert spool.is_relative_to(mounts["state"]) and "hostPath" in volumes["state"]
     # every GPU of the node, through the NVIDIA runtime; none held from workloads
@@ -242,6 +251,8 @@ def test_kubernetes_runs_an_agent_on_each_gpu_node_with_that_node_s_token_alone(
     assert pod["securityContext"] == {"runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True}
     [owner] = pod["initContainers"]
     assert owner["command"] == ["chown", f"{uid}:{uid}", mounts["state"]]
+    assert owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert owner["securityContext"]["allowPrivilegeEscalation"] is False
     assert {m["mountPath"] for m in owner["volumeMounts"]} == {mounts["state"]}
 
 

@@ -145,7 +145,7 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
     _document_auth(app, settings)
 
     @app.get("/livez", tags=["health"])
-    def livez() -> dict[str, str]:
+    async def livez() -> dict[str, str]:  # on the event loop: waits for no worker thread
         """The process answers; its database is not asked: what a liveness probe asks, so
         that a database outage does not restart every registry (they answer 503 until it is
         back, and /readyz says so)."""

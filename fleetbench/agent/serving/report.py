@@ -1,7 +1,6 @@
-"""A serving sweep's outcome as a run report (contract.wire, schema version 2, or 3 with an
-SLO search): the server as the engine (llama-server's build number and commit read from its
-build string), one serving point per concurrency measured, a failed point per concurrency
-that was not, and what a search found."""
+"""A serving sweep's outcome as a run report (contract.wire): the server as the engine
+(llama-server's build number and commit read from its build string), one serving point per
+concurrency measured, a failed point per concurrency that was not, and what a search found."""
 
 from __future__ import annotations
 
