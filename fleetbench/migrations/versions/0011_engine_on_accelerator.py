@@ -1,7 +1,9 @@
 """engine on accelerator: whether a run measured its node's GPU, and why not
 
-Runs stored before are checked here, by the contract's rule (contract.accelerator), from
-their fingerprint, build and settings: once per distinct combination of the three.
+Runs stored before are checked here, by the contract's rule (contract.accelerator) as it
+stood at this revision, written out below so that a later change of the rule does not
+change what this revision did: from their fingerprint, build and settings, once per
+distinct combination of the three.
 
 Revision ID: 0011
 Revises: 0010
@@ -11,11 +13,10 @@ Create Date: 2026-12-01 23:30:00
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
-
-from fleetbench.contract.accelerator import on_accelerator
 
 revision: str = "0011"
 down_revision: str | None = "0010"
@@ -58,7 +59,7 @@ def _check_stored_runs() -> None:
     data_of = dict(bind.execute(sa.select(prints.c.id, prints.c.data)).all())
     for fingerprint_id, build_id, n_gpu_layers in combinations:
         data, backend = data_of.get(fingerprint_id), backend_of.get(build_id)
-        on, why = on_accelerator(data, backend, n_gpu_layers)
+        on, why = _on_accelerator(data, backend, n_gpu_layers)
         if on is None:
             continue
         layers = (
@@ -83,6 +84,37 @@ def _check_stored_runs() -> None:
             .scalar_subquery()
         )
     )
+
+
+def _accelerator_of(data: Any) -> str | None:
+    probes = data.get("probes") if isinstance(data, dict) else None
+    if not isinstance(probes, dict):
+        return None
+    for vendor, unnamed in (("nvidia", "an NVIDIA GPU"), ("amd", "an AMD GPU")):
+        section = probes.get(vendor)
+        gpus = section.get("gpus") if isinstance(section, dict) else None
+        if isinstance(gpus, list) and gpus:
+            name = gpus[0].get("name") if isinstance(gpus[0], dict) else None
+            return str(name) if name else unnamed
+    apple = probes.get("apple")
+    chip = apple.get("chip") if isinstance(apple, dict) else None
+    return f"{chip} GPU" if chip else None
+
+
+def _on_accelerator(
+    data: Any, backend: str | None, n_gpu_layers: int | None
+) -> tuple[bool | None, str | None]:
+    accelerator = _accelerator_of(data)
+    if accelerator is None or backend is None:
+        return None, None
+    if backend.strip().upper() == "CPU":
+        return False, (
+            f"the engine ran on llama.cpp's CPU backend on a node with {accelerator}: "
+            "install llama.cpp built for it (README, Installing)"
+        )
+    if n_gpu_layers == 0:
+        return False, f"no layer was offloaded to {accelerator} (n_gpu_layers 0)"
+    return True, None
 
 
 def downgrade() -> None:
