@@ -32,10 +32,9 @@ from fleetbench.agent.daemon_config import (
     SweepConfig,
     load_config,
 )
-from fleetbench.agent.errors import ClientError, RequestRejected, SpoolUnwritable
+from fleetbench.agent.delivery import Delivery
 from fleetbench.agent.plans import PLAN_PREFIX, PlanCache, PlannedSweep, pull_plans, resolve_plan
 from fleetbench.agent.probes.nvidia import busiest_gpu_percent
-from fleetbench.agent.spool import RETRYABLE_STATUS
 from fleetbench.agent.sweep import sweep_lock
 from fleetbench.agent.sweep_state import SweepState
 from fleetbench.contract.accelerator import run_off_accelerator
@@ -93,8 +92,7 @@ class Daemon:
         self._last_runs: dict[str, tuple[datetime, str]] = {}  # by sweep name
         self._swept_now: datetime | None = None  # the sweep-now request last run
         self.scheduler: Any = None
-        self.unspooled: list[RunReport] = []  # runs a full disk kept out of the spool
-        self._registry_down = True  # until a flush says otherwise: probe it when in doubt
+        self.delivery = Delivery(self.spool, settings)
 
     # --- one sweep ----------------------------------------------------------------------
 
@@ -137,19 +135,7 @@ class Daemon:
         if isinstance(report, str):  # the server is serving others: measured nothing
             self._postpone(sweep, f"postponed {sweep.name}: {report}")
             return "postponed: " + report
-        try:
-            self.spool.add(report)
-        except SpoolUnwritable as exc:
-            # Kept in memory until space is back, and in the log meanwhile, so that even a
-            # stopped daemon loses nothing.
-            self.unspooled.append(report)
-            log.error(
-                "sweep %s: run %s kept in memory, %s: %s",
-                sweep.name,
-                report.run_id,
-                exc,
-                report.model_dump_json(),
-            )
+        self.delivery.keep(report, sweep.name)
         log.info("sweep %s: run %s %s", sweep.name, report.run_id, report.status)
         if (why := run_off_accelerator(report)) is not None:
             log.warning("sweep %s measured the CPU, not the GPU: %s", sweep.name, why)
@@ -200,65 +186,11 @@ class Daemon:
                 self.run_sweep(sweep, why=why)
 
     def flush(self) -> None:
-        """Writes the runs kept in memory to the spool, then delivers what is due. When runs
-        wait out a backoff because the registry was down, asks its /healthz: answering
-        again, every queued run goes now. A full disk is one line in the log."""
-        try:
-            self._spool_kept_runs()
-        except SpoolUnwritable as exc:
-            log.error("delivery waits: %s", exc)
-            self._deliver_kept_runs()
-            return
-        try:
-            with RegistryClient(self.registry_url, token=self.settings.current_token()) as client:
-                result = self.spool.flush(client)
-                tried = result.delivered + result.rejected + result.deferred
-                if not tried and self._registry_down and self.spool.counts()["queued"]:
-                    if not client.healthy():
-                        return
-                    log.info("the registry answers again: delivering every queued run")
-                    result = self.spool.flush(client, every_queued=True)
-                    tried = result.delivered + result.rejected + result.deferred
-        except SpoolUnwritable as exc:
-            log.error("delivery waits: %s", exc)
-            return
-        if tried:
-            self._registry_down = result.registry_down
-            log.info(
-                "delivery: %d delivered, %d rejected, %d waiting",
-                result.delivered,
-                result.rejected,
-                result.deferred,
-            )
+        self.delivery.flush(self.registry_url)
 
-    def _deliver_kept_runs(self) -> None:
-        """The spool cannot take the runs kept in memory: they go to the registry directly,
-        so that a daemon stopped before space is back loses none the registry could take."""
-        with RegistryClient(self.registry_url, token=self.settings.current_token()) as client:
-            while self.unspooled:
-                report = self.unspooled[0]
-                try:
-                    client.submit_run(report)
-                except RequestRejected as exc:
-                    if exc.status_code in RETRYABLE_STATUS:
-                        log.warning("run %s stays in memory: %s", report.run_id, exc)
-                        return
-                    log.error("run %s, kept in memory, was refused: %s", report.run_id, exc)
-                except ClientError as exc:
-                    log.warning("run %s stays in memory: %s", report.run_id, exc)
-                    return
-                else:
-                    log.info("run %s, kept in memory, was delivered directly", report.run_id)
-                self.unspooled.pop(0)
-
-    def _spool_kept_runs(self) -> None:
-        """Moves the runs kept in memory into the spool; raises SpoolUnwritable while it
-        still cannot take them."""
-        while self.unspooled:
-            report = self.unspooled[0]
-            self.spool.add(report)
-            self.unspooled.pop(0)
-            log.info("run %s, kept in memory, is in the spool now", report.run_id)
+    @property
+    def unspooled(self) -> list[RunReport]:
+        return self.delivery.unspooled
 
     # --- the registry's plans --------------------------------------------------------------
 
