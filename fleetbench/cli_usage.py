@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import typer
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["bad_parameter", "default_of", "options_of"]
+__all__ = ["bad_parameter", "help_of", "options_of"]
 
 
 def bad_parameter(
@@ -30,10 +30,11 @@ def options_of(model: type[BaseModel], renamed: Mapping[str, str]) -> dict[str, 
     }
 
 
-def default_of(model: type[BaseModel], field: str) -> str:
-    """A field's default as the help shows it: `[default: 1,2,4,8]`, or nothing for None."""
+def help_of(model: type[BaseModel], field: str, text: str = "") -> str:
+    """An option's help: `text`, then the model field's default (`[default: 1,2,4,8]`;
+    nothing for None), so the default is written once, in the model."""
     value = model.model_fields[field].get_default(call_default_factory=True)
     if value is None:
-        return ""
+        return text
     shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-    return f" [default: {shown}]"
+    return f"{text} [default: {shown}]".strip()

@@ -47,7 +47,7 @@ from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
 from fleetbench.agent.runners.repeats import MIN_AUTO_REPEATS
 from fleetbench.agent.sweep import measure_run, memory_line, sweep_lock
-from fleetbench.cli_usage import bad_parameter, default_of, options_of
+from fleetbench.cli_usage import bad_parameter, help_of, options_of
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.answers import PlacementKind
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
@@ -154,53 +154,52 @@ def import_output(
 SWEEP_OPTIONS = options_of(SweepSpec, {field: flag for flag, field in LLAMA_CPP_NAMES.items()})
 
 
-def _sweep_help(field: str, text: str) -> str:
-    return (text + default_of(SweepSpec, field)).strip()
-
-
 @app.command()
 def sweep(
     model: Annotated[Path, typer.Option("--model", "-m", help="the GGUF file to measure")],
     npp: Annotated[
-        str | None, typer.Option(help=_sweep_help("npp", "prompt lengths PP, comma list"))
+        str | None, typer.Option(help=help_of(SweepSpec, "npp", "prompt lengths PP, comma list"))
     ] = None,
     ntg: Annotated[
-        str | None, typer.Option(help=_sweep_help("ntg", "generated tokens TG, comma list"))
+        str | None, typer.Option(help=help_of(SweepSpec, "ntg", "generated tokens TG, comma list"))
     ] = None,
     npl: Annotated[
-        str | None, typer.Option(help=_sweep_help("npl", "concurrencies B, comma list"))
+        str | None, typer.Option(help=help_of(SweepSpec, "npl", "concurrencies B, comma list"))
     ] = None,
     ctx_size: Annotated[
         int | None, typer.Option("--ctx-size", "-c", help="KV cells [default: sized to fit]")
     ] = None,
     batch_size: Annotated[
-        int | None, typer.Option("--batch-size", "-b", help=_sweep_help("n_batch", ""))
+        int | None, typer.Option("--batch-size", "-b", help=help_of(SweepSpec, "n_batch", ""))
     ] = None,
     ubatch_size: Annotated[
-        int | None, typer.Option("--ubatch-size", "-ub", help=_sweep_help("n_ubatch", ""))
+        int | None, typer.Option("--ubatch-size", "-ub", help=help_of(SweepSpec, "n_ubatch", ""))
     ] = None,
     flash_attn: Annotated[
-        str | None, typer.Option(help=_sweep_help("flash_attn", "on, off or auto"))
+        str | None, typer.Option(help=help_of(SweepSpec, "flash_attn", "on, off or auto"))
     ] = None,
     kv_unified: Annotated[bool, typer.Option("--kv-unified", help="one KV buffer for all")] = False,
     pp_shared: Annotated[bool, typer.Option("--pp-shared", help="one prompt for all")] = False,
     n_gpu_layers: Annotated[
         int | None,
-        typer.Option("--n-gpu-layers", "-ngl", help=_sweep_help("n_gpu_layers", "-1: all")),
+        typer.Option("--n-gpu-layers", "-ngl", help=help_of(SweepSpec, "n_gpu_layers", "-1: all")),
     ] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", "-t", help="[default: the physical cores]")
     ] = None,
     cache_type_k: Annotated[
-        str | None, typer.Option("--cache-type-k", "-ctk", help=_sweep_help("cache_type_k", ""))
+        str | None,
+        typer.Option("--cache-type-k", "-ctk", help=help_of(SweepSpec, "cache_type_k", "")),
     ] = None,
     cache_type_v: Annotated[
-        str | None, typer.Option("--cache-type-v", "-ctv", help=_sweep_help("cache_type_v", ""))
+        str | None,
+        typer.Option("--cache-type-v", "-ctv", help=help_of(SweepSpec, "cache_type_v", "")),
     ] = None,
     repeats: Annotated[
         str | None,
         typer.Option(
-            help=_sweep_help(
+            help=help_of(
+                SweepSpec,
                 "repeats",
                 "measure each point N times, or auto: until the standard error of its S_TG "
                 f"is under {_AUTO.repeat_target:.1%} ({MIN_AUTO_REPEATS} to {_AUTO.max_repeats} "

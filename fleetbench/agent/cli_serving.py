@@ -16,7 +16,7 @@ from fleetbench.agent.cli_options import RegistryOption, command_settings, int_l
 from fleetbench.agent.display import err, error_line, out, serving_table
 from fleetbench.agent.errors import SpoolUnwritable
 from fleetbench.agent.handover import hand_over, spool_run
-from fleetbench.cli_usage import bad_parameter, default_of
+from fleetbench.cli_usage import bad_parameter, help_of
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
 from fleetbench.contract.wire import ModelInfo
@@ -39,10 +39,6 @@ _OPTIONS = {
     "max_concurrency": "--max-concurrency",
     "search_budget_s": "--search-budget",
 }
-
-
-def _help(field: str, text: str) -> str:
-    return text + default_of(ServeSpec, field)
 
 
 def _spec(fields: dict[str, Any]) -> ServeSpec:
@@ -68,13 +64,15 @@ def serve_sweep_command(
     url: Annotated[str, typer.Option(help="the server, e.g. http://127.0.0.1:8080")],
     model: Annotated[str, typer.Option(help="the model's name (OpenAI servers are asked for it)")],
     concurrency: Annotated[
-        str | None, typer.Option(help=_help("concurrency", "requests in flight C, comma list"))
+        str | None,
+        typer.Option(help=help_of(ServeSpec, "concurrency", "requests in flight C, comma list")),
     ] = None,
     prompt_tokens: Annotated[
-        int | None, typer.Option(help=_help("prompt_tokens", "tokens in each prompt"))
+        int | None, typer.Option(help=help_of(ServeSpec, "prompt_tokens", "tokens in each prompt"))
     ] = None,
     gen_tokens: Annotated[
-        int | None, typer.Option(help=_help("gen_tokens", "tokens each request generates"))
+        int | None,
+        typer.Option(help=help_of(ServeSpec, "gen_tokens", "tokens each request generates")),
     ] = None,
     requests: Annotated[
         int | None, typer.Option(help="per concurrency [default: 4 C, >= 8]")
@@ -90,19 +88,24 @@ def serve_sweep_command(
         ),
     ] = None,
     max_concurrency: Annotated[
-        int | None, typer.Option(help=_help("max_concurrency", "the search goes no higher"))
+        int | None,
+        typer.Option(help=help_of(ServeSpec, "max_concurrency", "the search goes no higher")),
     ] = None,
     search_budget: Annotated[
-        float | None, typer.Option(help=_help("search_budget_s", "seconds the search may take"))
+        float | None,
+        typer.Option(help=help_of(ServeSpec, "search_budget_s", "seconds the search may take")),
     ] = None,
     first_token_timeout: Annotated[
         float | None,
         typer.Option(
-            help=_help("first_token_timeout_s", "seconds to the first token, and between two")
+            help=help_of(
+                ServeSpec, "first_token_timeout_s", "seconds to the first token, and between two"
+            )
         ),
     ] = None,
     request_timeout: Annotated[
-        float | None, typer.Option(help=_help("request_timeout_s", "seconds for a request"))
+        float | None,
+        typer.Option(help=help_of(ServeSpec, "request_timeout_s", "seconds for a request")),
     ] = None,
     node: Annotated[
         str | None, typer.Option(help="this node's name [default: FLEETBENCH_NODE]")
