@@ -5,11 +5,14 @@ command."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
 import typer
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["bad_parameter", "help_of", "options_of"]
+__all__ = ["bad_parameter", "help_of", "options_of", "validated"]
+
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
 
 
 def bad_parameter(
@@ -21,6 +24,21 @@ def bad_parameter(
     field = str(problem["loc"][0]) if problem["loc"] else ""
     message = problem["msg"].removeprefix("Value error, ")
     return typer.BadParameter(message, param_hint=options.get(field, otherwise))
+
+
+def validated(
+    model: type[SettingsT],
+    given: Mapping[str, object],
+    options: Mapping[str, str],
+    *,
+    otherwise: str,
+) -> SettingsT:
+    """The model of the options given (None: not given, so the model's default holds), or
+    the usage error naming the option its first problem came from."""
+    try:
+        return model.model_validate({k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        raise bad_parameter(exc, options, otherwise=otherwise) from None
 
 
 def options_of(model: type[BaseModel], renamed: Mapping[str, str]) -> dict[str, str]:

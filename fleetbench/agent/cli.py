@@ -47,7 +47,7 @@ from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
 from fleetbench.agent.runners.repeats import MIN_AUTO_REPEATS
 from fleetbench.agent.sweep import measure_run, memory_line, sweep_lock
-from fleetbench.cli_usage import bad_parameter, help_of, options_of
+from fleetbench.cli_usage import help_of, options_of, validated
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.answers import PlacementKind
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
@@ -249,10 +249,7 @@ def sweep(
         "cache_type_v": cache_type_v,
         "repeats": repeats,
     }
-    try:
-        spec = SweepSpec.model_validate({k: v for k, v in given.items() if v is not None})
-    except ValidationError as exc:
-        raise bad_parameter(exc, SWEEP_OPTIONS, otherwise="--npp, --ntg or --npl") from None
+    spec = validated(SweepSpec, given, SWEEP_OPTIONS, otherwise="--npp, --ntg or --npl")
     try:
         runner = runner_for(engine, binary)
     except UnknownEngine as exc:

@@ -16,7 +16,7 @@ from fleetbench.agent.cli_options import RegistryOption, command_settings, int_l
 from fleetbench.agent.display import err, error_line, out, serving_table
 from fleetbench.agent.errors import SpoolUnwritable
 from fleetbench.agent.handover import hand_over, spool_run
-from fleetbench.cli_usage import bad_parameter, help_of
+from fleetbench.cli_usage import help_of, options_of, validated
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
 from fleetbench.contract.wire import ModelInfo
@@ -26,26 +26,10 @@ if TYPE_CHECKING:  # the serving sweep (aiohttp) is imported by the command that
 
 __all__ = ["outcome_json", "serve_sweep_command"]
 
-# The option that sets each of ServeSpec's fields, to name in a usage error.
-_OPTIONS = {
-    "concurrency": "--concurrency",
-    "prompt_tokens": "--prompt-tokens",
-    "gen_tokens": "--gen-tokens",
-    "requests": "--requests",
-    "duration_s": "--duration",
-    "first_token_timeout_s": "--first-token-timeout",
-    "request_timeout_s": "--request-timeout",
-    "slo": "--slo",
-    "max_concurrency": "--max-concurrency",
-    "search_budget_s": "--search-budget",
-}
-
-
-def _spec(fields: dict[str, Any]) -> ServeSpec:
-    try:
-        return ServeSpec.model_validate({k: v for k, v in fields.items() if v is not None})
-    except ValidationError as exc:
-        raise bad_parameter(exc, _OPTIONS, otherwise="--requests or --duration") from None
+# The option that sets each of ServeSpec's fields: its name, without the unit of seconds.
+_OPTIONS = options_of(
+    ServeSpec, {field: field.removesuffix("_s") for field in ServeSpec.model_fields}
+)
 
 
 def outcome_json(outcome: ServingOutcome) -> dict[str, Any]:
@@ -121,7 +105,8 @@ def serve_sweep_command(
     --slo, the largest concurrency that meets an objective."""
     if slo is not None and concurrency is not None:
         raise typer.BadParameter("the search chooses the concurrencies", param_hint="--slo")
-    spec = _spec(
+    spec = validated(
+        ServeSpec,
         {
             "concurrency": int_list(concurrency, "--concurrency", least=1) if concurrency else None,
             "prompt_tokens": prompt_tokens,
@@ -133,7 +118,9 @@ def serve_sweep_command(
             "search_budget_s": search_budget,
             "first_token_timeout_s": first_token_timeout,
             "request_timeout_s": request_timeout,
-        }
+        },
+        _OPTIONS,
+        otherwise="--requests or --duration",
     )
     settings = command_settings()
     try:  # what the report will say, checked before the sweep rather than after it
@@ -160,8 +147,8 @@ def serve_sweep_command(
     else:
         server = outcome.server
         said = f"{server.kind} {server.build or ''}".strip()
-        title = f"{model} on {said} at {base_url}: prompt {prompt_tokens}, output {gen_tokens}"
-        out.print(serving_table(outcome.points, title=title + " tokens"))
+        title = f"{model} on {said} at {base_url}: prompt {spec.prompt_tokens}, "
+        out.print(serving_table(outcome.points, title=title + f"output {spec.gen_tokens} tokens"))
         if outcome.search is not None:
             found = outcome.search
             best = "none" if found.concurrency is None else str(found.concurrency)

@@ -13,16 +13,12 @@ from fleetbench.contract.kv_cache import CacheType, kv_cells
 from fleetbench.contract.wire import RunSettings
 
 __all__ = [
-    "AUTO_REPEAT_FIELDS",
     "LLAMA_CPP_NAMES",
     "SCHEDULED_REPEATS",
     "Repeats",
     "SweepSpec",
     "needed_cells",
 ]
-
-# The settings of repeats = "auto" alone
-AUTO_REPEAT_FIELDS = ("repeat_target", "max_repeats", "repeat_budget_s")
 
 
 # llama.cpp's long flag names where they differ from the settings they set.

@@ -13,8 +13,9 @@ to 5 hold subsets of version 6's fields: they are read as they are.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 from uuid import UUID
 
 from pydantic import (
@@ -574,43 +575,41 @@ class RunReport(_Part):
         return self
 
 
-# The parts of a report a newer agent may add fields to, by where they stand.
-_PARTS: dict[str, type[BaseModel]] = {
-    "engine": EngineBuild,
-    "model": ModelInfo,
-    "settings": RunSettings,
-    "hardware": HardwareFingerprint,
-    "server": ServerIdentity,
-    "slo_search": SloSearch,
-}
-_LISTS: dict[str, type[BaseModel]] = {
-    "points": Point,
-    "failures": FailedPoint,
-    "serving_points": ServingPoint,
-    "buffers": AllocatedBuffer,
-    "device_memory": DeviceMemoryUse,
-}
-
-
-def _fields_not_known(data: dict[str, Any]) -> list[str]:
-    unknown = _keys_not_known(data, RunReport, "")
-    for name, part in _PARTS.items():
+def _fields_not_known(data: dict[str, Any], model: type[BaseModel] = RunReport) -> list[str]:
+    """The keys of `data` that `model` does not know, and of its parts' (`settings.x`) and
+    of its lists' entries (`points[].x`), in the order of the model's fields."""
+    unknown = [key for key in data if key not in model.model_fields]
+    for name, (part, many) in _parts_of(model).items():
         given = data.get(name)
-        if isinstance(given, dict):
-            unknown += _keys_not_known(given, part, f"{name}.")
-            layers = given.get("layers") if part is ModelInfo else None
-            if isinstance(layers, dict):
-                unknown += _keys_not_known(layers, KvLayers, "model.layers.")
-    for name, item in _LISTS.items():
-        given = data.get(name)
-        if isinstance(given, list):
+        if many and isinstance(given, list):
             keys = {key: None for entry in given if isinstance(entry, dict) for key in entry}
-            unknown += _keys_not_known(keys, item, f"{name}[].")
+            unknown += [f"{name}[].{key}" for key in _fields_not_known(keys, part)]
+        elif isinstance(given, dict):
+            unknown += [f"{name}.{key}" for key in _fields_not_known(given, part)]
     return unknown
 
 
-def _keys_not_known(given: dict[str, Any], model: type[BaseModel], prefix: str) -> list[str]:
-    return [f"{prefix}{key}" for key in given if key not in model.model_fields]
+@functools.cache
+def _parts_of(model: type[BaseModel]) -> dict[str, tuple[type[_Part], bool]]:
+    """The fields of `model` that hold a part of the report, or a list of them (True)."""
+    parts = {}
+    for name, field in model.model_fields.items():
+        found = _part_in(field.annotation)
+        if found is not None:
+            parts[name] = found
+    return parts
+
+
+def _part_in(annotation: Any) -> tuple[type[_Part], bool] | None:
+    if isinstance(annotation, type) and issubclass(annotation, _Part):
+        return annotation, False
+    if get_origin(annotation) is list:
+        inner = _part_in(get_args(annotation)[0])
+        return (inner[0], True) if inner is not None else None
+    for argument in get_args(annotation):  # X | None
+        if (inner := _part_in(argument)) is not None:
+            return inner
+    return None
 
 
 def defining_json(report: RunReport, *, exclude: set[str] | None = None) -> str:

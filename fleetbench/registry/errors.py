@@ -3,7 +3,7 @@ the domain's errors and never translate them. A request the schema refuses: 422 
 `detail` a list naming each field (FastAPI's shape, always writable as JSON); a report or
 plan this registry's rules refuse: 422 with `detail` a sentence; a run id or a plan changed
 under the request: 409; the database busy or gone: 503 with Retry-After. The OpenAPI schema
-declares the two shapes of 422 where a route answers both (responses.REFUSED)."""
+declares the two shapes of 422 where a route answers both (responses.refused)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ from fleetbench.contract.plans import PlanVersion
 from fleetbench.registry.config import RegistrySettings
 from tests.factories import LiveRegistry, a_daemon, free_port, running_registry
 
-# The settings an agent's SweepSpec took before auto repeats (it forbids any other)
 TINY_GRID = {"npp": [8], "ntg": [4], "npl": [1], "repeats": 1}
 
 
