@@ -24,7 +24,7 @@ from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.daemon_config import ServeSweepConfig, SweepConfig
 from fleetbench.agent.errors import ClientError
 from fleetbench.agent.gguf_model import sha256_of
-from fleetbench.agent.probes.nvidia import gpu_memory_bytes
+from fleetbench.agent.probes.nvidia import gpu_memory
 from fleetbench.agent.runners.batched_bench_binary import BINARY
 from fleetbench.agent.runners.engines import UnknownEngine, engine_name
 from fleetbench.contract.bounds import storable_text
@@ -95,8 +95,8 @@ def pull_plans(
 def _node_memory_bytes() -> int:
     """What a model may occupy here: RAM and every NVIDIA GPU's memory together (llama.cpp
     splits layers across them)."""
-    gpus = gpu_memory_bytes(free=False, first_only=False)  # None: RAM alone
-    return int(psutil.virtual_memory().total) + (gpus or 0)
+    gpus = gpu_memory() or []  # none, or NVML failing: RAM alone
+    return int(psutil.virtual_memory().total) + sum(int(gpu.total) for gpu in gpus)
 
 
 def _find_model(model: PlanModel, sha256_cache: Path) -> tuple[Path | None, str | None]:

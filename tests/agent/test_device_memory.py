@@ -16,7 +16,7 @@ import pytest
 from fleetbench.agent.probes.nvidia import (
     DeviceMemoryWatch,
     busiest_gpu_percent,
-    gpu_memory_bytes,
+    gpu_memory,
     nvml_session,
 )
 from fleetbench.agent.runners import SweepOutcome, SweepSpec
@@ -155,11 +155,12 @@ def test_the_busy_guard_and_the_fit_checks_read_nvml_in_one_place() -> None:
         {**nvml.gpus[0], "uuid": "GPU-1", "utilization_percent": 75},
     ]
     assert busiest_gpu_percent(nvml) == 75.0
-    assert gpu_memory_bytes(free=True, first_only=True, nvml=nvml) == (81_559 - 1_000) * MIB
-    assert gpu_memory_bytes(free=False, first_only=False, nvml=nvml) == 2 * 81_559 * MIB
+    memory = gpu_memory(nvml)
+    assert memory is not None and memory[0].free == (81_559 - 1_000) * MIB
+    assert sum(gpu.total for gpu in memory) == 2 * 81_559 * MIB
     nvml.gpus[0]["used_mib"] = [pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)]
-    assert gpu_memory_bytes(free=True, first_only=True, nvml=nvml) is None
+    assert gpu_memory(nvml) is None
     with nvml_session() as (real, _absent):
         if real is not None:
             pytest.skip("this machine has an NVIDIA driver")
-    assert (busiest_gpu_percent(), gpu_memory_bytes(free=False, first_only=False)) == (None, None)
+    assert (busiest_gpu_percent(), gpu_memory()) == (None, None)

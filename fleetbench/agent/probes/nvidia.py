@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
-from typing import Any
+from typing import Any, TypeVar
 
 from fleetbench.agent.probes import Collected, NoData, register
 from fleetbench.contract.wire import DeviceMemoryUse
 
-__all__ = ["DeviceMemoryWatch", "NvidiaProbe", "cuda_version_text", "nvml_session"]
+__all__ = [
+    "DeviceMemoryWatch",
+    "NvidiaProbe",
+    "busiest_gpu_percent",
+    "cuda_version_text",
+    "each_gpu",
+    "gpu_memory",
+    "nvml_session",
+]
 
 # NVML errors that mean "no NVIDIA GPU or driver here", as opposed to a broken one.
 _ABSENT = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_NotFound")
@@ -58,37 +66,31 @@ def nvml_session(nvml: Any = None) -> Iterator[tuple[Any, str | None]]:
         nvml.nvmlShutdown()
 
 
-def busiest_gpu_percent(nvml: Any = None) -> float | None:
-    """The busiest NVIDIA GPU's utilisation now (the busy guard's question); None without
-    one, or when NVML fails: that is no reason to hold sweeps back."""
+T = TypeVar("T")
+
+
+def each_gpu(read: Callable[[Any, Any], T], nvml: Any = None) -> list[T] | None:
+    """`read(nvml, gpu)` of every NVIDIA GPU; None without one, or when NVML fails (which
+    is no reason to hold sweeps back: the callers' own checks say more)."""
     try:
         with nvml_session(nvml) as (session, _):
             if session is None:
                 return None
-            rates = [
-                session.nvmlDeviceGetUtilizationRates(session.nvmlDeviceGetHandleByIndex(i)).gpu
-                for i in range(session.nvmlDeviceGetCount())
-            ]
+            count = session.nvmlDeviceGetCount()
+            return [read(session, session.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
     except Exception:
         return None
+
+
+def busiest_gpu_percent(nvml: Any = None) -> float | None:
+    """The busiest NVIDIA GPU's utilisation now (the busy guard's question)."""
+    rates = each_gpu(lambda session, gpu: session.nvmlDeviceGetUtilizationRates(gpu).gpu, nvml)
     return float(max(rates)) if rates else None
 
 
-def gpu_memory_bytes(*, free: bool, first_only: bool, nvml: Any = None) -> int | None:
-    """The NVIDIA GPUs' memory, free or in all, of the first GPU or of every one summed;
-    None without a GPU or when NVML fails (the callers' own checks then say more)."""
-    try:
-        with nvml_session(nvml) as (session, _):
-            if session is None:
-                return None
-            indexes = range(session.nvmlDeviceGetCount())
-            gpus = [
-                session.nvmlDeviceGetHandleByIndex(i) for i in indexes[: 1 if first_only else None]
-            ]
-            infos = [session.nvmlDeviceGetMemoryInfo(gpu) for gpu in gpus]
-    except Exception:
-        return None
-    return sum(int(info.free if free else info.total) for info in infos) if infos else None
+def gpu_memory(nvml: Any = None) -> list[Any] | None:
+    """Each NVIDIA GPU's memory (NVML's `total`, `free`, `used`, in bytes)."""
+    return each_gpu(lambda session, gpu: session.nvmlDeviceGetMemoryInfo(gpu), nvml)
 
 
 _HUNG_AFTER_S = 10  # an NVML read that long is stuck, and the sweep does not wait for it

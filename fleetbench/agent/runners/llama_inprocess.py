@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from fleetbench.agent.gguf_model import model_info
-from fleetbench.agent.probes.nvidia import gpu_memory_bytes
+from fleetbench.agent.probes.nvidia import gpu_memory
 from fleetbench.agent.runners import (
     PointCallback,
     StartCallback,
@@ -228,7 +228,8 @@ def _free_memory(llama: Any, n_gpu_layers: int) -> int | None:
     """Memory the model and its KV cache can use: the GPU's when layers go there (NVML),
     else the host's available memory."""
     if n_gpu_layers != 0 and llama.llama_supports_gpu_offload():
-        return gpu_memory_bytes(free=True, first_only=True)  # None: no check, not a wrong one
+        memory = gpu_memory()  # None: no check rather than a wrong one
+        return int(memory[0].free) if memory else None
     return int(psutil.virtual_memory().available)
 
 
