@@ -39,7 +39,6 @@ from fleetbench.agent.sweep import sweep_lock
 from fleetbench.agent.sweep_state import SweepState
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.plans import NodePlans, NodeStatus, PlanState
-from fleetbench.contract.wire import RunReport
 
 __all__ = [
     "ConfigError",
@@ -187,10 +186,6 @@ class Daemon:
 
     def flush(self) -> None:
         self.delivery.flush(self.registry_url)
-
-    @property
-    def unspooled(self) -> list[RunReport]:
-        return self.delivery.unspooled
 
     # --- the registry's plans --------------------------------------------------------------
 

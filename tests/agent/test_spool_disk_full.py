@@ -273,7 +273,7 @@ def test_the_daemon_keeps_an_unspoolable_run_in_memory_and_delivers_it_directly(
     with caplog.at_level(logging.INFO, logger="fleetbench.daemon"):
         assert daemon._sweep(daemon.config.sweeps[0]) == "ok"
         daemon.flush()  # still full, and no registry: it waits
-    assert daemon.unspooled == [measured]
+    assert daemon.delivery.unspooled == [measured]
     assert daemon.spool.runs() == []
     [kept] = [r for r in caplog.records if "kept in memory," in r.getMessage()]
     message = kept.getMessage()
@@ -287,7 +287,7 @@ def test_the_daemon_keeps_an_unspoolable_run_in_memory_and_delivers_it_directly(
     daemon.registry_url = live_registry.url  # the registry answers; the disk is still full
     with caplog.at_level(logging.INFO, logger="fleetbench.daemon"):
         daemon.flush()
-    assert daemon.unspooled == []
+    assert daemon.delivery.unspooled == []
     assert daemon.spool.runs() == []
     assert live_registry.count("runs") == 1
     assert any("delivered directly" in r.getMessage() for r in caplog.records)
