@@ -4,6 +4,7 @@ these are plain functions and classes, imported by name."""
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import os
@@ -107,9 +108,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _PromptServer(uvicorn.Server):
+    """uvicorn's server, looking for its stop every 5 ms rather than every 100 ms: a
+    test's registry stops in 0.1 s instead of 0.18 s, and the suite stops hundreds."""
+
+    async def main_loop(self) -> None:
+        ticks = 0
+        # on_tick(0) also renews the Date header: once a second, as uvicorn's loop does
+        while not await self.on_tick(0 if ticks % 200 == 0 else 1):
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+
 def serve_in_thread(settings: RegistrySettings) -> tuple[str, uvicorn.Server, threading.Thread]:
     port = free_port()
-    server = uvicorn.Server(
+    server = _PromptServer(
         uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
     )
     thread = threading.Thread(target=server.run, daemon=True)

@@ -151,7 +151,7 @@ def serve(
     certificate: a fleet reaches it through a TLS proxy, or with --ssl-certfile."""
     import uvicorn  # the server's stack (FastAPI with it) loads for `serve` alone
 
-    from fleetbench.registry.main import create_app
+    from fleetbench.registry.main import served_app
     from fleetbench.registry.metrics import MULTIPROCESS_DIR
 
     if (ssl_certfile is None) != (ssl_keyfile is None):
@@ -168,7 +168,7 @@ def serve(
         "forwarded_allow_ips": forwarded_allow_ips,
     }
     if workers == 1:
-        uvicorn.run(create_app(settings), **served)  # type: ignore[arg-type]
+        uvicorn.run(served_app(settings), **served)  # type: ignore[arg-type]
         return
     if make_url(settings.sqlalchemy_url).get_backend_name() == "sqlite":
         err.print(
@@ -183,7 +183,7 @@ def serve(
     os.environ[MULTIPROCESS_DIR] = counters
     try:
         uvicorn.run(
-            "fleetbench.registry.main:create_app",
+            "fleetbench.registry.main:served_app",
             factory=True,
             workers=workers,
             **served,  # type: ignore[arg-type]

@@ -27,7 +27,15 @@ from fleetbench.registry.metrics import HttpMetricsMiddleware, install_metrics
 from fleetbench.registry.notify import WebhookNotifier
 from fleetbench.registry.regressions import RegressionJudge
 from fleetbench.registry.responses import API_RESPONSES
-from fleetbench.registry.routes import history, models, nodes, placement, plans, runs, tokens
+from fleetbench.registry.routes import (
+    history,
+    models,
+    nodes,
+    placement,
+    plans,
+    runs,
+    tokens,
+)
 from fleetbench.registry.web import pages as web_pages
 
 __all__ = ["create_app"]
@@ -47,7 +55,10 @@ so does one whose database is unreachable. Retrying later is always safe.
 """
 
 
-def create_app(settings: RegistrySettings | None = None) -> FastAPI:
+def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = False) -> FastAPI:
+    """The registry's app. `tune_gc`: the app owns its process (`fleetbench-registry
+    serve`: served_app), whose garbage collector it tunes for serving; an app sharing a
+    process (a test's, an embedder's) leaves the collector alone."""
     settings = settings or RegistrySettings()
     engine = create_db_engine(settings.sqlalchemy_url, pool_size=settings.pool_size)
     count_statements(engine)
@@ -71,16 +82,11 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         if notifier is not None:
             notifier.start()
         judge.start()
-        # What exists at start-up lives as long as the process: keeping it out of the
-        # collector's full passes spares requests pauses of tens of milliseconds. And a
-        # request allocates thousands of objects, nearly all freed at once by reference
-        # counting: collecting every 700 allocations (the default) cost a fifth of the
-        # throughput under load (bench/load.py); every 100,000 keeps cycles bounded.
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(100_000, 50, 100)
+        if tune_gc:
+            _tune_gc_for_serving()
         yield
-        gc.unfreeze()
+        if tune_gc:
+            gc.unfreeze()
         ingest.close()
         judge.stop()
         if notifier is not None:
@@ -165,6 +171,23 @@ def create_app(settings: RegistrySettings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     return app
+
+
+def served_app(settings: RegistrySettings | None = None) -> FastAPI:
+    """The app of a `fleetbench-registry serve` process (uvicorn's factory in each worker)."""
+    return create_app(settings, tune_gc=True)
+
+
+def _tune_gc_for_serving() -> None:
+    """What exists at start-up lives as long as the process: keeping it out of the
+    collector's full passes spares requests pauses of tens of milliseconds. And a request
+    allocates thousands of objects, nearly all freed at once by reference counting:
+    collecting every 700 allocations (the default) cost a fifth of the throughput under
+    load (bench/load.py); every 100,000 keeps cycles bounded. Process-wide, so only where
+    the registry owns the process: in a test's, a full pass cost 0.15 s a registry."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
 
 
 def _document_auth(app: FastAPI, settings: RegistrySettings) -> None:
