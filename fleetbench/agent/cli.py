@@ -14,6 +14,7 @@ from rich.progress import Progress
 
 from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError, PassedOver
 from fleetbench.agent.cli_options import RegistryOption, command_settings, int_list
+from fleetbench.agent.cli_questions import capacity, placement
 from fleetbench.agent.cli_serving import serve_sweep_command
 from fleetbench.agent.config import open_spool
 from fleetbench.agent.display import (
@@ -24,11 +25,9 @@ from fleetbench.agent.display import (
     fail,
     imported_run_line,
     out,
-    placement_table,
     spool_table,
 )
 from fleetbench.agent.errors import (
-    ClientError,
     EngineUnavailable,
     SpoolError,
     SpoolUnwritable,
@@ -49,7 +48,6 @@ from fleetbench.agent.runners.repeats import MIN_AUTO_REPEATS
 from fleetbench.agent.sweep import measure_run, memory_line, sweep_lock
 from fleetbench.cli_usage import help_of, options_of, validated
 from fleetbench.contract.accelerator import run_off_accelerator
-from fleetbench.contract.answers import PlacementKind
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
 
 _AUTO = SweepSpec.model_construct()  # the defaults of repeats = "auto", for the help
@@ -405,66 +403,9 @@ def flush(registry: RegistryOption = None) -> None:
         raise typer.Exit(1)
 
 
-@app.command()
-def placement(
-    model: Annotated[str, typer.Option(help="display name or GGUF sha256")],
-    min_tps_per_user: Annotated[float, typer.Option(help="decode tokens/s each user needs")],
-    prompt_tokens: Annotated[
-        int | None, typer.Option(help="only points measured with prompts at least this long")
-    ] = None,
-    context_tokens: Annotated[
-        int | None,
-        typer.Option(help="tokens each user's conversation holds: refuse what would not fit"),
-    ] = None,
-    max_age_days: Annotated[float | None, typer.Option(help="ignore older runs")] = None,
-    limit: Annotated[
-        int | None, typer.Option(help="list at most this many nodes [registry default: 100]")
-    ] = None,
-    kind: Annotated[
-        PlacementKind | None,
-        typer.Option(
-            help="offline, serving or any: each node's serving run where it has one, else "
-            "its offline curve [registry default: any]"
-        ),
-    ] = None,
-    max_ttft_ms: Annotated[
-        float | None,
-        typer.Option(help="time to first token each user may wait, ms (p90; serving runs)"),
-    ] = None,
-    registry: RegistryOption = None,
-    token: Annotated[
-        str | None,
-        typer.Option(help="a reader token, where the registry's reads are closed"),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
-) -> None:
-    """Ask the registry which node and concurrency meets a per-user speed for a model (and
-    a time to first token, from serving runs)."""
-    settings = command_settings()
-    url = registry or settings.registry_url
-    with registry_client(url, token or settings.current_token()) as client:
-        try:
-            answer = client.placement(
-                model=model,
-                min_tps_per_user=min_tps_per_user,
-                prompt_tokens=prompt_tokens,
-                context_tokens=context_tokens,
-                max_age_days=max_age_days,
-                limit=limit,
-                kind=kind,
-                max_ttft_ms=max_ttft_ms,
-            )
-        except ClientError as exc:
-            closed = getattr(exc, "status_code", None) in (401, 403)
-            hint = "; this registry's reads are closed: pass --token with a reader token"
-            raise fail(str(exc) + (hint if closed else "")) from exc
-    if as_json:
-        out.print_json(answer.model_dump_json())
-    else:
-        out.print(placement_table(answer))
-
-
 app.command("serve-sweep")(serve_sweep_command)
+app.command()(placement)
+app.command()(capacity)
 
 if __name__ == "__main__":
     app()

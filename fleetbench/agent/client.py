@@ -14,7 +14,12 @@ from typing import Any
 import httpx
 
 from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
-from fleetbench.contract.answers import PlacementAnswer, PlacementKind, RunReceipt
+from fleetbench.contract.answers import (
+    CapacityAnswer,
+    PlacementAnswer,
+    PlacementKind,
+    RunReceipt,
+)
 from fleetbench.contract.plans import KINDS, NodePlans, NodeStatus
 from fleetbench.contract.wire import RunReport
 
@@ -97,6 +102,34 @@ class RegistryClient:
         }
         response = self._request("GET", "/v1/placement", params=params)
         return PlacementAnswer.model_validate_json(response.content)
+
+    def capacity(
+        self,
+        *,
+        model: str,
+        users: int,
+        min_tps_per_user: float,
+        context_tokens: int | None = None,
+        max_ttft_ms: float | None = None,
+        kind: PlacementKind | None = None,
+        max_age_days: float | None = None,
+        reserve: list[str] | None = None,
+    ) -> CapacityAnswer:
+        optional = {
+            "context_tokens": context_tokens,
+            "max_ttft_ms": max_ttft_ms,
+            "kind": kind,
+            "max_age_days": max_age_days,
+            "reserve": reserve or None,
+        }
+        params: dict[str, Any] = {
+            "model": model,
+            "users": users,
+            "min_tps_per_user": min_tps_per_user,
+            **{k: v for k, v in optional.items() if v is not None},
+        }
+        response = self._request("GET", "/v1/capacity", params=params)
+        return CapacityAnswer.model_validate_json(response.content)
 
     def plans(self, etag: str | None = None) -> tuple[str | None, NodePlans | None]:
         """This node's plans and their ETag; (etag, None) when they are unchanged since

@@ -12,12 +12,13 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetbench.agent.spool import SpooledRun
-from fleetbench.contract.answers import BLIND_ABOVE_PCT, PlacementAnswer
+from fleetbench.contract.answers import BLIND_ABOVE_PCT, CapacityAnswer, PlacementAnswer
 from fleetbench.contract.build_label import build_label
 from fleetbench.contract.wire import Point, RunReport, ServingPoint
 
 __all__ = [
     "SPOOL_UNWRITABLE_EXIT",
+    "capacity_table",
     "console",
     "curve_table",
     "err",
@@ -155,6 +156,42 @@ def placement_table(answer: PlacementAnswer) -> Table:
         )
     for r in answer.rejected:
         table.add_row(r.node, str(r.concurrency), *[""] * 10, f"refused: {r.reason}")
+    return table
+
+
+def capacity_table(answer: CapacityAnswer) -> Table:
+    within = f", first token within {answer.max_ttft_ms:g} ms" if answer.max_ttft_ms else ""
+    table = Table(
+        title=f"{answer.model}: {answer.users} users at {answer.min_tps_per_user:g} tokens/s "
+        f"or more each{within}",
+        title_justify="left",
+        caption=answer.reason,
+        caption_justify="left",
+    )
+    for header in ("node", "hardware"):
+        table.add_column(header)
+    for header in ("users", "per user", "total", "build", "age (days)"):
+        table.add_column(header, justify="right")
+    table.add_column("from")
+    for n in answer.plan:
+        table.add_row(
+            n.node,
+            n.hardware_class,
+            str(n.users),
+            _fmt(n.per_user_tps),
+            _fmt(n.total_tps),
+            "-" if n.llama_cpp_build is None else str(n.llama_cpp_build),
+            f"{n.age_days:.1f}",
+            "serving run" if n.source == "serving" else "offline curve",
+        )
+    for c in answer.per_class:
+        needed = "not enough" if c.nodes_needed is None else f"{c.nodes_needed} alone"
+        table.add_row(
+            f"({needed})", c.hardware_class, str(c.users_served), "", _fmt(c.total_tps),
+            "", "", f"of {c.nodes_available} nodes",
+        )  # fmt: skip
+    for r in answer.refused:
+        table.add_row(r.node, "", "", "", "", "", "", f"left out: {r.reason}")
     return table
 
 

@@ -13,6 +13,10 @@ from fleetbench.contract.bounds import Moment
 
 __all__ = [
     "BLIND_ABOVE_PCT",
+    "CapacityAnswer",
+    "CapacityClass",
+    "CapacityNode",
+    "CapacityRefusal",
     "FactsSource",
     "FitBasis",
     "PlacementAnswer",
@@ -152,5 +156,59 @@ class PlacementAnswer(BaseModel):
     candidates: list[PlacementCandidate] = Field(description="best total throughput first")
     rejected: list[RejectedConcurrency] = Field(
         default_factory=list, description="faster choices refused because they would not fit"
+    )
+    reason: str
+
+
+class CapacityNode(BaseModel):
+    """A node of a capacity plan and what its curve serves at the speed asked for."""
+
+    node: str
+    hardware_class: str
+    users: int = Field(description="concurrent users it serves: its placement concurrency")
+    per_user_tps: float
+    total_tps: float
+    source: Literal["offline", "serving"]
+    llama_cpp_build: int | None
+    measured_at: Moment
+    age_days: float
+    run_id: UUID
+
+
+class CapacityClass(BaseModel):
+    """How many nodes of one hardware class alone would serve the users."""
+
+    hardware_class: str
+    nodes_available: int
+    nodes_needed: int | None = Field(description="null: the class's nodes are not enough")
+    users_served: int = Field(description="by the nodes needed (or all of the class's)")
+    total_tps: float
+
+
+class CapacityRefusal(BaseModel):
+    node: str
+    reason: str
+
+
+class CapacityAnswer(BaseModel):
+    """How many of which nodes serve `users` concurrent users of `model`, each at
+    `min_tps_per_user` or more, from each node's measured curve."""
+
+    model: str
+    users: int
+    min_tps_per_user: float
+    context_tokens: int | None
+    max_ttft_ms: float | None
+    kind: PlacementKind
+    enough: bool = Field(description="whether the fleet's eligible nodes serve them all")
+    nodes_needed: int | None = Field(description="the fewest nodes (null: not enough)")
+    plan: list[CapacityNode] = Field(description="the fewest nodes, most users first")
+    users_served: int
+    headroom_users: int = Field(description="users the plan could take beyond those asked")
+    total_tps: float = Field(description="the plan's nodes' total decode tokens/s")
+    per_class: list[CapacityClass]
+    refused: list[CapacityRefusal] = Field(
+        description="nodes with a curve for the model left out, and why: reserved, stale, "
+        "past the knee, off accelerator, a blind series, not even one user fits"
     )
     reason: str

@@ -1,5 +1,5 @@
 """`fleetbench-registry`: migrate the database, manage tokens and sweep plans, serve the
-API, prune old runs."""
+API, prune old runs, compare two builds across the fleet."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from fleetbench.cli_usage import bad_parameter, options_of
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.plans import PlanBody
 from fleetbench.registry import crud, latest, plans, retention, tokens
+from fleetbench.registry.compare import CompareKind, compare_builds, render
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import (
     SchemaOutOfDate,
@@ -426,6 +427,60 @@ def plan_sweep_now(node: Annotated[str, typer.Argument(help="the node's name")])
         plans.request_sweep(session, found.id)
         session.commit()
     typer.echo(f"node {node!r} sweeps at its next poll")
+
+
+@app.command()
+def compare(
+    model: Annotated[str, typer.Option(help="the model's display name or GGUF sha256")],
+    from_build: Annotated[
+        str, typer.Option(help="the build rolled out now: b4567, a commit, 0.3.16, a label")
+    ],
+    to_build: Annotated[str, typer.Option(help="the build to roll out")],
+    kind: Annotated[CompareKind, typer.Option(help="offline curves or serving runs")] = "offline",
+    max_age_days: Annotated[
+        float | None, typer.Option(min=0.001, max=36_500, help="only runs this recent")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
+    as_markdown: Annotated[
+        bool, typer.Option("--markdown", help="print Markdown, for a pull request or ticket")
+    ] = False,
+) -> None:
+    """Is TO_BUILD safe to roll out? Every node that ran both builds, compared point by
+    point, and a verdict per hardware class (go, hold, unknown); exits 1 on hold."""
+    settings = RegistrySettings()
+    with session_factory(_open(settings))() as session:
+        models = crud.find_models(session, model)
+        if not models:
+            _error(f"model {model!r} not found")
+            raise typer.Exit(1)
+        answer = compare_builds(
+            session,
+            models,
+            from_build=from_build,
+            to_build=to_build,
+            kind=kind,
+            max_age_days=max_age_days,
+            settings=settings.compare_settings(),
+        )
+    if as_json:
+        typer.echo(answer.model_dump_json(indent=2))
+    elif as_markdown:
+        typer.echo(render.markdown(answer), nl=False)
+    else:
+        console = Console(markup=False)
+        for columns, rows in (
+            (render.POINT_COLUMNS, render.point_rows(answer)),
+            (render.CLASS_COLUMNS, render.class_rows(answer)),
+        ):
+            table = Table(*columns)
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
+        for node in answer.not_compared:
+            console.print(f"not compared: {node.node}: {node.reason}")
+        console.print(f"verdict: {answer.verdict}: {answer.reason}")
+    if answer.verdict == "hold":
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fleetbench.registry.questions.compare import CompareSettings
+
 __all__ = ["RegistrySettings"]
 
 
@@ -65,6 +67,27 @@ class RegistrySettings(BaseSettings):
         le=3600,
         description="seconds a series waits after its first new run before the regression "
         "check judges it: a node's runs arriving meanwhile are judged with it, once",
+    )
+    # A rollout's verdict (GET /v1/compare; registry.questions.compare).
+    compare_min_change: float = Field(
+        default=0.05,
+        gt=0,
+        lt=1,
+        description="a build worse than the one before by less than this fraction never "
+        "holds a rollout",
+    )
+    compare_max_detectable: float = Field(
+        default=0.10,
+        gt=0,
+        lt=1,
+        description="a hardware class whose runs cannot tell a slowdown this large from "
+        "noise gets the verdict unknown, with the runs it needs",
+    )
+    compare_min_runs: int = Field(
+        default=2,
+        ge=1,
+        le=100,
+        description="runs of each build a node needs before its comparison counts",
     )
     public_url: str = Field(
         default="http://127.0.0.1:8787",
@@ -145,6 +168,13 @@ class RegistrySettings(BaseSettings):
         """Threads for requests: one per admitted read, and some for what else runs in
         threads (token checks, pages, /healthz, the rare writes that are not reports)."""
         return self.max_reads_in_flight + 16
+
+    def compare_settings(self) -> CompareSettings:
+        return CompareSettings(
+            min_change=self.compare_min_change,
+            max_detectable=max(self.compare_max_detectable, self.compare_min_change),
+            min_runs=self.compare_min_runs,
+        )
 
     @property
     def sqlalchemy_url(self) -> str:

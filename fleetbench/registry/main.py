@@ -28,6 +28,7 @@ from fleetbench.registry.notify import WebhookNotifier
 from fleetbench.registry.regressions import RegressionJudge
 from fleetbench.registry.responses import API_RESPONSES
 from fleetbench.registry.routes import (
+    compare,
     history,
     models,
     nodes,
@@ -143,7 +144,7 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
     api = APIRouter(prefix="/v1", responses=API_RESPONSES)
     api.include_router(runs.ingest_router)
     api.include_router(plans.agent_router)
-    for module in (runs, nodes, models, placement, history, tokens, plans):
+    for module in (runs, nodes, models, placement, compare, history, tokens, plans):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(web_pages.router)  # the dashboard: /, /placement, ...

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
     [
         ("/", "index.html"),
         ("/placement", "placement.html"),
+        ("/capacity", "capacity.html"),
+        ("/compare", "compare.html"),
         ("/regressions", "regressions.html"),
         ("/plans", "plans.html"),
         ("/series?node=a&model=b&pp=1&tg=1&b=1", "series.html"),

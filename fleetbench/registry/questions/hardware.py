@@ -9,6 +9,7 @@ its RAM. AMD's probe reports no memory size, so fit is not checked there.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,13 @@ from pydantic import ValidationError
 
 from fleetbench.contract.wire import AmdGpu, HardwareData, NvidiaGpu, Probes
 
-__all__ = ["APPLE_GPU_SHARE", "DESCRIPTION_LENGTH", "HardwareSummary", "summarize_hardware"]
+__all__ = [
+    "APPLE_GPU_SHARE",
+    "DESCRIPTION_LENGTH",
+    "HardwareSummary",
+    "hardware_class",
+    "summarize_hardware",
+]
 
 APPLE_GPU_SHARE = 0.75
 DESCRIPTION_LENGTH = 300  # the column's
@@ -81,3 +88,11 @@ def _with_driver(described: str, driver: str | None) -> str:
 
 def _gib(size: int | None) -> str:
     return f"{size / 2**30:.0f} GiB" if size is not None else "memory unknown"
+
+
+def hardware_class(description: str | None) -> str | None:
+    """The GPU or CPU model a fingerprint describes, whatever its driver: `2x NVIDIA H100
+    80GB HBM3 (driver 550.54.15)` -> `2x NVIDIA H100 80GB HBM3`."""
+    if description is None:
+        return None
+    return re.sub(r"\s*\(driver [^)]*\)", "", description).strip() or None

@@ -73,6 +73,18 @@ def placement_page() -> FileResponse:
     return _page("placement.html")
 
 
+@router.get("/capacity")
+def capacity_page() -> FileResponse:
+    """The capacity question as a form; the plan as a table and a chart."""
+    return _page("capacity.html")
+
+
+@router.get("/compare")
+def compare_page() -> FileResponse:
+    """Two builds compared across the fleet: the verdict, each node's ratio per B."""
+    return _page("compare.html")
+
+
 @router.get("/regressions")
 def regressions_page() -> FileResponse:
     """Regressions (and improvements) the registry has detected."""

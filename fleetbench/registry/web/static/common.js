@@ -11,12 +11,15 @@ export class ApiError extends Error {
   }
 }
 
-/** GET a JSON document from the registry; params with empty values are left out. */
+/**
+ * GET a JSON document from the registry; params with empty values are left out, a list's
+ * values each given (reserve=a&reserve=b).
+ */
 export async function api(path, params = {}) {
   const url = new URL(path, window.location.origin);
   for (const [key, value] of Object.entries(params)) {
-    if (value !== undefined && value !== null && value !== "") {
-      url.searchParams.set(key, String(value));
+    for (const one of Array.isArray(value) ? value : [value]) {
+      if (one !== undefined && one !== null && one !== "") url.searchParams.append(key, String(one));
     }
   }
   const headers = { Accept: "application/json" };
@@ -210,7 +213,25 @@ export function regressionsUrl(params = {}) {
 }
 
 export function placementUrl(params = {}) {
-  return `/placement${query(params)}`;
+  return pageUrl("/placement", params);
+}
+
+/** A page of the dashboard with these query parameters (empty ones left out). */
+export function pageUrl(path, params = {}) {
+  return `${path}${query(params)}`;
+}
+
+/** The registry's model names as the suggestions of the form's #models list. */
+export async function loadModelNames() {
+  try {
+    const models = await api("/v1/models");
+    replace(
+      document.getElementById("models"),
+      (models.data ?? []).map((m) => h("option", { value: m.name })),
+    );
+  } catch {
+    // Suggestions only: the form works without them.
+  }
 }
 
 /** A muted dash where a value is missing. */

@@ -10,6 +10,7 @@ import {
   fmt,
   formQuery,
   h,
+  loadModelNames,
   message,
   params,
   placementUrl,
@@ -220,18 +221,6 @@ function queryFromForm() {
   return formQuery(form, FIELDS);
 }
 
-async function loadModels() {
-  try {
-    const models = await api("/v1/models");
-    replace(
-      document.getElementById("models"),
-      (models.data ?? []).map((m) => h("option", { value: m.name })),
-    );
-  } catch {
-    // Suggestions only: the form works without them.
-  }
-}
-
 form.addEventListener("submit", (event) => {
   event.preventDefault();
   const query = queryFromForm();
@@ -243,7 +232,7 @@ const initial = params();
 for (const field of FIELDS) {
   if (initial[field] !== undefined) form.elements[field].value = initial[field];
 }
-loadModels();
+loadModelNames();
 if (initial.model && initial.min_tps_per_user) {
   ask(queryFromForm());
 } else {

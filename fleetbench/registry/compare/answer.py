@@ -1,0 +1,283 @@
+"""The build comparison's answer: the rows (registry.compare.rows) grouped per node, each node
+compared and the fleet judged per hardware class by the pure functions of
+registry.questions.compare, and the whole put in the shape `GET /v1/compare` declares."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
+
+from fleetbench.registry.compare.rows import (
+    BuildSelection,
+    Group,
+    offline_groups,
+    select_builds,
+    serving_groups,
+)
+from fleetbench.registry.models import Model
+from fleetbench.registry.questions.compare import (
+    CellComparison,
+    ClassCell,
+    ClassVerdict,
+    CompareSettings,
+    NodeComparison,
+    Verdict,
+    compare_node,
+    fleet_verdict,
+)
+from fleetbench.registry.questions.hardware import hardware_class
+
+__all__ = ["METRIC_NAMES", "CompareAnswer", "CompareKind", "compare_builds"]
+
+CompareKind = Literal["offline", "serving"]
+METRIC_NAMES = {
+    "s_tg": "S_TG",
+    "s_pp": "S_PP",
+    "per_user_tps_p10": "per-user p10",
+    "ttft_ms_p90": "TTFT p90",
+}
+
+
+class PointRatio(BaseModel):
+    """One point of one node: the new build's figure over the old one's."""
+
+    metric: str = Field(description="s_tg, s_pp (offline); per_user_tps_p10, ttft_ms_p90")
+    pp: int
+    tg: int
+    b: int = Field(description="B (offline) or the concurrency (serving)")
+    from_value: float = Field(description="the old build's mean over its runs")
+    to_value: float
+    ratio: float = Field(description="to_value / from_value")
+    ratio_low: float = Field(description="95% confidence interval of the ratio")
+    ratio_high: float
+    runs_from: int
+    runs_to: int
+    detectable_pct: float = Field(
+        description="the smallest change these runs tell from noise with 95% probability, %"
+    )
+    beyond_detection: bool = Field(description="the change is at least detectable_pct")
+    worse_pct: float = Field(description="how much worse the new build is, % (< 0: better)")
+
+
+class NodeCompared(BaseModel):
+    node: str
+    hardware: str | None
+    hardware_class: str | None
+    settings: str = Field(description="the settings both builds ran with")
+    runs_from: int
+    runs_to: int
+    points: list[PointRatio]
+
+
+class NotCompared(BaseModel):
+    node: str
+    hardware_class: str | None
+    reason: str
+
+
+class ClassPoint(BaseModel):
+    metric: str
+    pp: int
+    tg: int
+    b: int
+    nodes: int
+    median_ratio: float
+    worst_node: str
+    worst_ratio: float
+    detectable_pct: float
+    worse_pct: float
+    held: bool = Field(description="worse by at least detectable_pct and the minimum change")
+
+
+class ClassSummary(BaseModel):
+    hardware_class: str
+    verdict: Verdict
+    reason: str
+    nodes_compared: int
+    nodes_not_compared: int = Field(description="nodes of the class that ran the new build only")
+    runs_needed: int | None = Field(
+        description="unknown: more runs of each build each node needs (null otherwise)"
+    )
+    points: list[ClassPoint]
+
+
+class CompareAnswer(BaseModel):
+    model: str
+    kind: CompareKind
+    from_build: str = Field(description="as asked")
+    to_build: str
+    from_builds: list[str] = Field(description="the builds from_build named")
+    to_builds: list[str]
+    verdict: Verdict = Field(
+        description="go: no hardware class slower beyond what its runs tell from noise; "
+        "hold: one is (the reason names it, the point and how much); unknown: too few runs "
+        "(the reason says how many more)"
+    )
+    reason: str
+    min_change_pct: float
+    max_detectable_pct: float
+    classes: list[ClassSummary] = Field(description="each hardware class that ran the new build")
+    nodes: list[NodeCompared] = Field(description="the nodes compared, by name")
+    not_compared: list[NotCompared] = Field(description="the nodes with one build only, and why")
+
+
+def compare_builds(
+    session: Session,
+    models: Sequence[Model],
+    *,
+    from_build: str,
+    to_build: str,
+    kind: CompareKind,
+    max_age_days: float | None,
+    settings: CompareSettings,
+) -> CompareAnswer:
+    builds = select_builds(session, from_build, to_build)
+    since = datetime.now(UTC) - timedelta(days=max_age_days) if max_age_days else None
+    read = offline_groups if kind == "offline" else serving_groups
+    groups = (
+        read(session.connection(), model_ids=[m.id for m in models], builds=builds, since=since)
+        if builds.before_ids and builds.after_ids
+        else []
+    )
+    compared, not_compared = _per_node(groups, builds, settings)
+    fleet = fleet_verdict([c for c, _ in compared] + not_compared, settings, METRIC_NAMES)
+    reason = fleet.reason
+    if not builds.before_ids or not builds.after_ids:
+        missing = [
+            b
+            for b, ids in ((from_build, builds.before_ids), (to_build, builds.after_ids))
+            if not ids
+        ]
+        reason = "no run of build " + " nor of ".join(repr(b) for b in missing) + " is stored"
+        if builds.both_labels:
+            named = ", ".join(builds.both_labels)
+            reason += f" apart from {named}, which {from_build!r} and {to_build!r} both name"
+    return CompareAnswer(
+        model=models[0].name,
+        kind=kind,
+        from_build=from_build,
+        to_build=to_build,
+        from_builds=list(builds.before_labels),
+        to_builds=list(builds.after_labels),
+        verdict=fleet.verdict,
+        reason=reason,
+        min_change_pct=settings.min_change * 100,
+        max_detectable_pct=settings.max_detectable * 100,
+        classes=[_class_summary(c, settings) for c in fleet.classes],
+        nodes=[_node_compared(c, g) for c, g in compared],
+        not_compared=[
+            NotCompared(node=n.node, hardware_class=n.hardware_class, reason=n.reason or "")
+            for n in sorted(not_compared, key=lambda n: n.node)
+        ]
+        + _old_build_only(groups, {c.node for c, _ in compared} | {n.node for n in not_compared}),
+    )
+
+
+def _per_node(
+    groups: Sequence[Group], builds: BuildSelection, settings: CompareSettings
+) -> tuple[list[tuple[NodeComparison, Group]], list[NodeComparison]]:
+    """Each node's comparison on its hardware and settings with the most runs of both
+    builds, or why it has none (only nodes that ran the new build: the others have nothing
+    to say of it, and are listed by _old_build_only)."""
+    by_node: dict[str, list[Group]] = {}
+    for group in groups:
+        by_node.setdefault(group.node, []).append(group)
+    compared, not_compared = [], []
+    for node, found in sorted(by_node.items()):
+        both = [g for g in found if g.runs["before"] and g.runs["after"]]
+        if both:
+            best = max(
+                both, key=lambda g: (min(g.runs["before"], g.runs["after"]), g.runs["after"])
+            )
+            comparison = compare_node(
+                node, best.hardware, best.sides["before"], best.sides["after"], settings
+            )
+            if comparison.compared:
+                compared.append((comparison, best))
+            else:
+                not_compared.append(comparison)
+            continue
+        newest = [g for g in found if g.runs["after"]]
+        if not newest:
+            continue
+        runs = max(g.runs["after"] for g in newest)
+        why = (
+            "its runs of the two builds differ in hardware or settings"
+            if any(g.runs["before"] for g in found)
+            else f"no run of {', '.join(builds.before_labels)} on it"
+        )
+        not_compared.append(
+            NodeComparison(node, hardware_class(newest[0].hardware), (), why, 0, runs)
+        )
+    return compared, not_compared
+
+
+def _old_build_only(groups: Sequence[Group], listed: set[str]) -> list[NotCompared]:
+    nodes = sorted({(g.node, hardware_class(g.hardware)) for g in groups if g.node not in listed})
+    return [
+        NotCompared(node=node, hardware_class=hw, reason="it has not run the new build")
+        for node, hw in nodes
+    ]
+
+
+def _point(cell: CellComparison) -> PointRatio:
+    return PointRatio(
+        metric=cell.key.metric,
+        pp=cell.key.pp,
+        tg=cell.key.tg,
+        b=cell.key.b,
+        from_value=cell.before.mean,
+        to_value=cell.after.mean,
+        ratio=cell.ratio,
+        ratio_low=cell.low,
+        ratio_high=cell.high,
+        runs_from=cell.before.runs,
+        runs_to=cell.after.runs,
+        detectable_pct=cell.detectable * 100,
+        beyond_detection=cell.beyond_detection,
+        worse_pct=cell.worse * 100,
+    )
+
+
+def _node_compared(comparison: NodeComparison, group: Group) -> NodeCompared:
+    return NodeCompared(
+        node=comparison.node,
+        hardware=group.hardware,
+        hardware_class=comparison.hardware_class,
+        settings=group.settings,
+        runs_from=group.runs["before"],
+        runs_to=group.runs["after"],
+        points=[_point(c) for c in comparison.cells],
+    )
+
+
+def _class_point(cell: ClassCell, settings: CompareSettings) -> ClassPoint:
+    return ClassPoint(
+        metric=cell.key.metric,
+        pp=cell.key.pp,
+        tg=cell.key.tg,
+        b=cell.key.b,
+        nodes=cell.nodes,
+        median_ratio=cell.ratio,
+        worst_node=cell.worst_node,
+        worst_ratio=cell.worst_ratio,
+        detectable_pct=cell.detectable * 100,
+        worse_pct=cell.worse * 100,
+        held=cell.held(settings),
+    )
+
+
+def _class_summary(verdict: ClassVerdict, settings: CompareSettings) -> ClassSummary:
+    return ClassSummary(
+        hardware_class=verdict.hardware_class,
+        verdict=verdict.verdict,
+        reason=verdict.reason,
+        nodes_compared=verdict.nodes_compared,
+        nodes_not_compared=verdict.nodes_not_compared,
+        runs_needed=verdict.runs_needed,
+        points=[_class_point(c, settings) for c in verdict.cells],
+    )

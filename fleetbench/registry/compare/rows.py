@@ -1,0 +1,303 @@
+"""The figures a build comparison reads: each node's runs of the model with either build,
+aggregated per node x hardware x settings x build x point in SQL (a 1,000-node fleet's
+comparison reads one row per node, build and point, not every run's points); serving runs
+(a handful per node) are read as rows and aggregated here."""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Select, bindparam, func, select
+from sqlalchemy.orm import Session
+
+from fleetbench.registry.labels import SETTING_NAMES, binding_label, build_label
+from fleetbench.registry.models import (
+    RUN_SERVED,
+    RUN_SUCCESSFUL,
+    EngineBuild,
+    HardwareFingerprint,
+    Node,
+    Run,
+    RunPoint,
+    ServingPointRow,
+)
+from fleetbench.registry.questions.compare import PointKey, SideFigures
+
+__all__ = [
+    "BuildSelection",
+    "Group",
+    "build_matches",
+    "offline_groups",
+    "select_builds",
+    "serving_groups",
+]
+
+Side = Literal["before", "after"]
+SERVING_METRICS = ("per_user_tps_p10", "ttft_ms_p90")
+
+
+def build_matches(selector: str, build: EngineBuild) -> bool:
+    """Whether a build is the one a user named: its build number (`b4567` or `4567`), its
+    commit (7 hex digits or more, a prefix), its binding's version (`0.3.16`, or
+    `llama-cpp-python 0.3.16`), or its whole label (`llama.cpp b4567 (abc1234) CUDA`)."""
+    wanted = selector.strip()
+    number = wanted[1:] if wanted[:1] in ("b", "B") else wanted
+    if number.isdigit() and build.build_number is not None:
+        return int(number) == build.build_number
+    if (
+        len(wanted) >= 7
+        and build.commit
+        and all(c in "0123456789abcdefABCDEF" for c in wanted)
+        and build.commit.lower().startswith(wanted.lower())
+    ):
+        return True
+    return wanted in (build.binding_version, binding_label(build), build_label(build))
+
+
+@dataclass(frozen=True)
+class BuildSelection:
+    before_ids: frozenset[int]
+    after_ids: frozenset[int]
+    before_labels: tuple[str, ...]
+    after_labels: tuple[str, ...]
+    both_labels: tuple[str, ...]  # builds both names match, left out of both
+
+
+def select_builds(session: Session, before: str, after: str) -> BuildSelection:
+    """The engine builds each selector names (builds both name are left out of both)."""
+    builds = session.scalars(select(EngineBuild)).all()
+    first = {b.id: b for b in builds if build_matches(before, b)}
+    second = {b.id: b for b in builds if build_matches(after, b)}
+    both = first.keys() & second.keys()
+    return BuildSelection(
+        frozenset(first.keys() - both),
+        frozenset(second.keys() - both),
+        tuple(sorted({build_label(b) for i, b in first.items() if i not in both})),
+        tuple(sorted({build_label(b) for i, b in second.items() if i not in both})),
+        tuple(sorted({build_label(first[i]) for i in both})),
+    )
+
+
+@dataclass
+class Group:
+    """A node's runs on one hardware and settings: each build's figures per point."""
+
+    node: str
+    hardware: str | None
+    hardware_hash: str | None
+    settings: str
+    sides: dict[Side, dict[PointKey, SideFigures]] = field(
+        default_factory=lambda: {"before": {}, "after": {}}
+    )
+    runs: dict[Side, int] = field(default_factory=lambda: {"before": 0, "after": 0})
+
+
+def _spread(runs: int, mean: float, mean_of_squares: float) -> float | None:
+    """The relative standard deviation between runs, from their mean and mean square."""
+    if runs < 2 or mean <= 0:
+        return None
+    variance = max(0.0, mean_of_squares - mean * mean) * runs / (runs - 1)
+    return math.sqrt(variance) / mean
+
+
+def _settings(row: Any) -> str:
+    return " ".join(f"{k}={getattr(row, k)}" for k in SETTING_NAMES if getattr(row, k) is not None)
+
+
+@functools.cache
+def _offline_statement(since: bool) -> Select[Any]:
+    settings = [getattr(Run, k) for k in SETTING_NAMES]
+    statement = (
+        select(
+            Node.name,
+            HardwareFingerprint.hash,
+            HardwareFingerprint.description,
+            *settings,
+            Run.build_id,
+            RunPoint.pp,
+            RunPoint.tg,
+            RunPoint.b,
+            func.count(func.distinct(Run.id)).label("runs"),
+            func.avg(RunPoint.s_tg).label("s_tg"),
+            func.avg(RunPoint.s_tg * RunPoint.s_tg).label("s_tg_sq"),
+            func.avg(RunPoint.s_pp).label("s_pp"),
+            func.avg(RunPoint.s_pp * RunPoint.s_pp).label("s_pp_sq"),
+            # the points' own repeats: a relative deviation of one measurement, and how many
+            func.avg(RunPoint.s_tg_stdev / func.nullif(RunPoint.s_tg, 0)).label("s_tg_rsd"),
+            func.avg(RunPoint.s_pp_stdev / func.nullif(RunPoint.s_pp, 0)).label("s_pp_rsd"),
+            func.avg(RunPoint.repeats).label("repeats"),
+        )
+        .select_from(Run)
+        .join(Node, Node.id == Run.node_id)
+        .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+        .join(RunPoint, RunPoint.run_id == Run.id)
+        .where(
+            Run.model_id.in_(bindparam("model_ids", expanding=True)),
+            Run.build_id.in_(bindparam("build_ids", expanding=True)),
+            RUN_SUCCESSFUL,
+        )
+        .group_by(
+            Node.name,
+            HardwareFingerprint.hash,
+            HardwareFingerprint.description,
+            *settings,
+            Run.build_id,
+            RunPoint.pp,
+            RunPoint.tg,
+            RunPoint.b,
+        )
+    )
+    if since:
+        statement = statement.where(Run.started_at >= bindparam("since"))
+    return statement
+
+
+@dataclass
+class _Sums:
+    """One side's sums at one point (a side may hold several builds: one name, backends)."""
+
+    runs: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+    rsd: float = 0.0  # the repeats' relative deviations, summed over runs with repeats
+    repeats: float = 0.0
+    repeated: int = 0
+
+    def figures(self) -> SideFigures:
+        mean = self.total / self.runs
+        noise = None
+        if self.repeated and self.repeats / self.repeated >= 2:
+            noise = self.rsd / self.repeated / math.sqrt(self.repeats / self.repeated)
+        return SideFigures(
+            self.runs, mean, _spread(self.runs, mean, self.squares / self.runs), noise
+        )
+
+
+def offline_groups(
+    connection: Connection,
+    *,
+    model_ids: Collection[int],
+    builds: BuildSelection,
+    since: datetime | None,
+) -> list[Group]:
+    parameters: dict[str, Any] = {
+        "model_ids": list(model_ids),
+        "build_ids": [*builds.before_ids, *builds.after_ids],
+    }
+    if since is not None:
+        parameters["since"] = since
+    groups: dict[tuple[str, str | None, str], Group] = {}
+    sums: dict[tuple[str, str | None, str], dict[Side, dict[PointKey, _Sums]]] = {}
+    for row in connection.execute(_offline_statement(since is not None), parameters):
+        key = (row.name, row.hash, _settings(row))
+        if key not in groups:
+            groups[key] = Group(row.name, row.description, row.hash, key[2])
+            sums[key] = {"before": defaultdict(_Sums), "after": defaultdict(_Sums)}
+        side: Side = "after" if row.build_id in builds.after_ids else "before"
+        runs = int(row.runs)
+        for metric in ("s_tg", "s_pp"):
+            mean = getattr(row, metric)
+            if mean is None or mean <= 0:
+                continue
+            found = sums[key][side][PointKey(metric, row.pp, row.tg, row.b)]
+            found.runs += runs
+            found.total += runs * float(mean)
+            found.squares += runs * float(getattr(row, f"{metric}_sq"))
+            rsd = getattr(row, f"{metric}_rsd")
+            if rsd is not None and row.repeats:
+                found.rsd += runs * float(rsd)
+                found.repeats += runs * float(row.repeats)
+                found.repeated += runs
+    for key, group in groups.items():
+        for side in ("before", "after"):
+            points = sums[key][side]
+            group.sides[side] = {cell: found.figures() for cell, found in points.items()}
+            group.runs[side] = max((f.runs for f in points.values()), default=0)
+    return list(groups.values())
+
+
+@functools.cache
+def _serving_statement(since: bool) -> Select[Any]:
+    statement = (
+        select(
+            Node.name,
+            HardwareFingerprint.hash,
+            HardwareFingerprint.description,
+            Run.id,
+            Run.build_id,
+            Run.server,
+            ServingPointRow.concurrency,
+            *(getattr(ServingPointRow, m) for m in SERVING_METRICS),
+        )
+        .select_from(Run)
+        .join(Node, Node.id == Run.node_id)
+        .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+        .join(ServingPointRow, ServingPointRow.run_id == Run.id)
+        .where(
+            Run.model_id.in_(bindparam("model_ids", expanding=True)),
+            Run.build_id.in_(bindparam("build_ids", expanding=True)),
+            RUN_SERVED,
+        )
+    )
+    if since:
+        statement = statement.where(Run.started_at >= bindparam("since"))
+    return statement
+
+
+# What of a server, besides its build, shapes its figures: runs compared must share it.
+_SERVER_SHAPE = ("server", "slots", "ctx_per_slot", "n_ctx", "prompt_tokens", "gen_tokens")
+
+
+def serving_groups(
+    connection: Connection,
+    *,
+    model_ids: Collection[int],
+    builds: BuildSelection,
+    since: datetime | None,
+) -> list[Group]:
+    parameters: dict[str, Any] = {
+        "model_ids": list(model_ids),
+        "build_ids": [*builds.before_ids, *builds.after_ids],
+    }
+    if since is not None:
+        parameters["since"] = since
+    values: dict[tuple[str, str | None, str], dict[Side, dict[PointKey, list[float]]]] = {}
+    runs: dict[tuple[str, str | None, str], dict[Side, set[Any]]] = {}
+    described: dict[tuple[str, str | None, str], str | None] = {}
+    for row in connection.execute(_serving_statement(since is not None), parameters):
+        server = row.server or {}
+        shape = " ".join(f"{k}={server[k]}" for k in _SERVER_SHAPE if server.get(k) is not None)
+        key = (row.name, row.hash, shape)
+        side: Side = "after" if row.build_id in builds.after_ids else "before"
+        described[key] = row.description
+        runs.setdefault(key, {"before": set(), "after": set()})[side].add(row.id)
+        points = values.setdefault(key, {"before": defaultdict(list), "after": defaultdict(list)})
+        for metric in SERVING_METRICS:
+            value = getattr(row, metric)
+            if value is not None and value > 0:
+                cell = PointKey(
+                    metric, server.get("prompt_tokens", 0), server.get("gen_tokens", 0),
+                    row.concurrency,
+                )  # fmt: skip
+                points[side][cell].append(float(value))
+    groups = []
+    for key, sides in values.items():
+        group = Group(key[0], described[key], key[1], key[2])
+        for side in ("before", "after"):
+            group.runs[side] = len(runs[key][side])
+            group.sides[side] = {cell: _figures(found) for cell, found in sides[side].items()}
+        groups.append(group)
+    return groups
+
+
+def _figures(values: Sequence[float]) -> SideFigures:
+    mean = statistics.fmean(values)
+    spread = statistics.stdev(values) / mean if len(values) > 1 else None
+    return SideFigures(runs=len(values), mean=mean, spread=spread, repeat_noise=None)

@@ -1,0 +1,284 @@
+"""Build comparison and the rollout verdict (GET /v1/compare) on seeded fleets, both
+databases: a build that slows one hardware class holds naming it, noise alone goes, too
+few runs are unknown with the runs needed; and the pure judgement beneath."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from fleetbench.contract import wire
+from fleetbench.registry import crud, tokens
+from fleetbench.registry.db import session_factory, write_transaction
+from fleetbench.registry.ingest import ingest_batch
+from fleetbench.registry.questions.compare import (
+    CompareSettings,
+    PointKey,
+    SideFigures,
+    compare_cell,
+    runs_needed,
+)
+from fleetbench.registry.questions.hardware import hardware_class
+from tests.factories import ARTICLE_MODEL, ARTICLE_TABLE, DAY0, LiveRegistry, make_report
+
+OLD, NEW = 11429, 11500
+
+
+def gpu(name: str, node: str, driver: str = "550.54.15") -> wire.HardwareFingerprint:
+    return wire.HardwareFingerprint(
+        hash=f"{node}-{driver}".encode().hex().ljust(64, "0")[:64],
+        data={
+            "probes": {
+                "nvidia": {
+                    "driver_version": driver,
+                    "gpus": [{"name": name, "memory_bytes": 80 * 2**30}],
+                }
+            }
+        },
+    )
+
+
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+FLEET = {f"h100-{i}": H100 for i in range(3)} | {f"a100-{i}": A100 for i in range(3)}
+Slowdown = Callable[[str, int, int], float]  # (node, build, B) -> factor on its speeds
+
+
+def seed(
+    engine: Engine,
+    fleet: Mapping[str, str],
+    runs: Mapping[int, int],
+    slowdown: Slowdown = lambda node, build, b: 1.0,
+    *,
+    noise: float = 0.01,
+    seed: int = 7,
+) -> None:
+    """`runs[build]` runs of each build on each node, interleaved in time, each point's
+    speeds scaled by the slowdown and by 1% noise (seeded)."""
+    rng = random.Random(seed)
+    batch: list[tuple[wire.RunReport, int]] = []
+    with session_factory(engine)() as session, write_transaction(session):
+        for node, card in fleet.items():
+            tokens.create_node_token(session, node_name=node, labels={})
+            found = crud.find_node(session, node)
+            assert found is not None
+            hour = 0
+            for build, count in runs.items():
+                for _ in range(count):
+                    hour += 1
+                    table = [
+                        (b, pp * slowdown(node, build, b) * (1 + rng.gauss(0, noise)),
+                         tg * slowdown(node, build, b) * (1 + rng.gauss(0, noise)))
+                        for b, pp, tg in ARTICLE_TABLE
+                    ]  # fmt: skip
+                    report = make_report(
+                        node=node,
+                        table=table,
+                        build_number=build,
+                        started_at=DAY0 + timedelta(hours=hour),
+                        hardware=gpu(card, node),
+                    )
+                    batch.append((report, found.id))
+        for stored in ingest_batch(session, batch):
+            assert not isinstance(stored, Exception), stored
+        session.commit()
+
+
+def compare(registry: LiveRegistry, **query: Any) -> dict[str, Any]:
+    params = {"model": ARTICLE_MODEL, "from_build": f"b{OLD}", "to_build": str(NEW)} | query
+    with registry.client() as client:
+        response = client.get("/v1/compare", params=params)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def h100_slower_at_8_and_up(node: str, build: int, b: int) -> float:
+    return 0.88 if build == NEW and node.startswith("h100") and b >= 8 else 1.0
+
+
+def test_a_build_slowing_one_class_by_12_percent_at_b_8_and_up_holds_naming_it(
+    live_registry: LiveRegistry,
+) -> None:
+    seed(live_registry.engine, FLEET, {OLD: 3, NEW: 3}, h100_slower_at_8_and_up)
+    answer = compare(live_registry)
+    assert answer["verdict"] == "hold"
+    assert answer["from_builds"] == [f"llama.cpp b{OLD} Metal"]
+    assert answer["to_builds"] == [f"llama.cpp b{NEW} Metal"]
+    classes = {c["hardware_class"]: c for c in answer["classes"]}
+    assert (classes[H100]["verdict"], classes[A100]["verdict"]) == ("hold", "go")
+    assert H100 in answer["reason"] and A100 not in answer["reason"]
+    held = {(p["metric"], p["b"]) for p in classes[H100]["points"] if p["held"]}
+    assert held == {(m, b) for m in ("s_tg", "s_pp") for b in (8, 16, 32)}
+    for point in classes[H100]["points"]:
+        if point["held"]:
+            assert 9 < point["worse_pct"] < 15 and point["nodes"] == 3
+            assert point["worst_node"].startswith("h100")
+    assert "12." in classes[H100]["reason"] or "11." in classes[H100]["reason"]
+    assert "B=" in classes[H100]["reason"]
+    # each node compared point by point, with an interval around the ratio
+    nodes = {n["node"]: n for n in answer["nodes"]}
+    assert set(nodes) == set(FLEET)
+    point = next(p for p in nodes["h100-0"]["points"] if (p["metric"], p["b"]) == ("s_tg", 16))
+    assert point["ratio_low"] < point["ratio"] < point["ratio_high"]
+    assert 0.83 < point["ratio"] < 0.93 and point["beyond_detection"]
+    assert (point["runs_from"], point["runs_to"]) == (3, 3)
+    assert answer["not_compared"] == []
+
+
+def test_noise_alone_goes(live_registry: LiveRegistry) -> None:
+    seed(live_registry.engine, FLEET, {OLD: 3, NEW: 3})
+    answer = compare(live_registry)
+    assert answer["verdict"] == "go", answer["reason"]
+    assert {c["verdict"] for c in answer["classes"]} == {"go"}
+    assert all(not p["held"] for c in answer["classes"] for p in c["points"])
+    assert H100 in answer["reason"] and A100 in answer["reason"]
+
+
+def test_too_few_runs_is_unknown_with_the_runs_needed(live_registry: LiveRegistry) -> None:
+    seed(live_registry.engine, {"h100-0": H100}, {OLD: 3, NEW: 1}, h100_slower_at_8_and_up)
+    answer = compare(live_registry)
+    assert answer["verdict"] == "unknown"
+    [summary] = answer["classes"]
+    assert summary["runs_needed"] is not None and summary["runs_needed"] >= 1
+    assert f"{summary['runs_needed']} more run" in answer["reason"]
+    assert "fewer than 2 runs of each build" in answer["reason"]
+    # The runs asked for, and the class is judged: the slowdown holds it.
+    more = {NEW: summary["runs_needed"]}
+    seed(live_registry.engine, {"h100-0": H100}, more, h100_slower_at_8_and_up, seed=9)
+    assert compare(live_registry)["verdict"] == "hold"
+
+
+def test_nodes_with_one_build_or_changed_hardware_are_listed_as_not_compared(
+    live_registry: LiveRegistry,
+) -> None:
+    seed(live_registry.engine, {"h100-0": H100, "old-only": H100}, {OLD: 2})
+    seed(live_registry.engine, {"h100-0": H100, "new-only": A100}, {NEW: 2}, seed=8)
+    answer = compare(live_registry)
+    nodes = {n["node"] for n in answer["nodes"]}
+    reasons = {n["node"]: n["reason"] for n in answer["not_compared"]}
+    assert nodes == {"h100-0"}
+    assert reasons == {
+        "new-only": f"no run of llama.cpp b{OLD} Metal on it",
+        "old-only": "it has not run the new build",
+    }
+    classes = {c["hardware_class"]: c for c in answer["classes"]}
+    assert classes[A100]["verdict"] == "unknown" and classes[A100]["nodes_compared"] == 0
+    assert "no node ran both builds" in classes[A100]["reason"]
+
+
+def test_an_unknown_model_is_404_and_a_build_no_run_has_says_so(
+    live_registry: LiveRegistry,
+) -> None:
+    seed(live_registry.engine, {"h100-0": H100}, {OLD: 2})
+    with live_registry.client() as client:
+        missing = client.get(
+            "/v1/compare", params={"model": "nope", "from_build": "1", "to_build": "2"}
+        )
+        assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+        blank = client.get(
+            "/v1/compare", params={"model": ARTICLE_MODEL, "from_build": "", "to_build": "2"}
+        )
+        assert blank.status_code == 422
+    answer = compare(live_registry, to_build="b99999")
+    assert answer["verdict"] == "unknown"
+    assert answer["reason"] == "no run of build 'b99999' is stored"
+    same = compare(live_registry, from_build=str(OLD), to_build=f"llama.cpp b{OLD} Metal")
+    assert same["verdict"] == "unknown"
+    assert same["reason"] == (
+        f"no run of build '{OLD}' nor of 'llama.cpp b{OLD} Metal' is stored apart from "
+        f"llama.cpp b{OLD} Metal, which '{OLD}' and 'llama.cpp b{OLD} Metal' both name"
+    )
+    assert [n["node"] for n in answer["not_compared"]] == []
+
+
+def test_the_cli_prints_the_verdict_as_a_table_or_markdown_and_fails_on_hold(
+    database_url: str, engine: Engine
+) -> None:
+    seed(engine, FLEET, {OLD: 3, NEW: 3}, h100_slower_at_8_and_up)
+    env = {**os.environ, "FLEETBENCH_DATABASE_URL": database_url, "COLUMNS": "300"}
+    asked = ["--model", ARTICLE_MODEL, "--from-build", f"b{OLD}", "--to-build", f"b{NEW}"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fleetbench.registry.cli", "compare", *asked, *args],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    table, markdown = cli(), cli("--markdown")
+    assert table.returncode == 1 and markdown.returncode == 1, table.stderr  # hold
+    assert f"verdict: hold: {H100}" in table.stdout
+    assert "h100-0" in table.stdout and "worse" in table.stdout
+    lines = markdown.stdout.splitlines()
+    assert (
+        lines[0]
+        == f"## {ARTICLE_MODEL}: llama.cpp b{OLD} Metal -> llama.cpp b{NEW} Metal (offline)"
+    )
+    assert lines[2].startswith(f"**Verdict: hold**: {H100}: S_TG at B=")
+    assert f"| {A100} | go | 3 |" in markdown.stdout
+    rows = [line for line in lines if line.startswith("| h100-1 | S_TG |")]
+    assert [row.split(" | ")[4] for row in rows] == ["1", "2", "4", "8", "16", "32"]
+    missing = subprocess.run(
+        [sys.executable, "-m", "fleetbench.registry.cli", "compare", "--model", "nope",
+         "--from-build", "1", "--to-build", "2"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert missing.returncode == 1 and "model 'nope' not found" in missing.stderr
+
+
+# The pure judgement.
+
+SETTINGS = CompareSettings()
+
+
+def side(runs: int, mean: float, spread: float | None = 0.01) -> SideFigures:
+    return SideFigures(runs=runs, mean=mean, spread=spread, repeat_noise=None)
+
+
+def test_a_cells_interval_and_detectable_change_narrow_with_runs() -> None:
+    key = PointKey("s_tg", 512, 128, 8)
+    few = compare_cell(key, side(2, 100, 0.03), side(2, 95, 0.03), SETTINGS)
+    many = compare_cell(key, side(20, 100, 0.03), side(20, 95, 0.03), SETTINGS)
+    assert few is not None and many is not None
+    assert few.ratio == many.ratio == pytest.approx(0.95)
+    assert few.high - few.low > many.high - many.low
+    assert few.detectable > many.detectable >= SETTINGS.min_change
+    assert few.worse == pytest.approx(0.05)
+    ttft = compare_cell(PointKey("ttft_ms_p90", 512, 128, 4), side(3, 200), side(3, 240), SETTINGS)
+    assert ttft is not None and ttft.worse == pytest.approx(0.2)  # longer is worse
+    assert compare_cell(key, side(2, 0), side(2, 1), SETTINGS) is None
+
+
+def test_the_repeats_spread_counts_when_runs_agree_too_well() -> None:
+    key = PointKey("s_tg", 512, 128, 8)
+    calm = compare_cell(key, side(3, 100, 0.0), side(3, 100, 0.0), SETTINGS)
+    noisy = compare_cell(
+        key,
+        SideFigures(3, 100, 0.0, repeat_noise=0.04),
+        SideFigures(3, 100, 0.0, repeat_noise=None),
+        SETTINGS,
+    )
+    assert calm is not None and noisy is not None
+    assert calm.noise == SETTINGS.detection.noise_floor and noisy.noise == 0.04
+
+
+def test_runs_needed_falls_with_more_nodes_and_less_noise() -> None:
+    assert runs_needed(0.03, 1, SETTINGS) >= runs_needed(0.03, 6, SETTINGS)
+    assert runs_needed(0.01, 1, SETTINGS) <= runs_needed(0.05, 1, SETTINGS)
+    assert runs_needed(0.001, 1, SETTINGS) == SETTINGS.min_runs
+    assert runs_needed(10.0, 1, SETTINGS) == 50
+
+
+def test_a_hardware_class_is_its_cards_whatever_the_driver() -> None:
+    assert hardware_class("2x NVIDIA H100 80GB HBM3 (driver 550.54.15)") == (
+        "2x NVIDIA H100 80GB HBM3"
+    )
+    assert hardware_class("Apple M4 Pro, 24 GiB") == "Apple M4 Pro, 24 GiB"
+    assert hardware_class(None) is None
