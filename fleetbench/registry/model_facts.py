@@ -38,6 +38,7 @@ class FleetFacts:
         self._models = {model.id: model for model in models}
         self._sets: dict[int, wire.ModelInfo] = {}
         self._most: dict[int, int] = {}
+        self._none: dict[int, FitFacts] = {}  # the models no node reported facts of
         self.set_counts: dict[int, int] = {}  # by model: how many distinct sets reported
         nodes = func.count(LatestRun.node_id)
         rows = session.execute(
@@ -66,7 +67,9 @@ class FleetFacts:
         most = self._most.get(model_id)
         if most is not None:
             return FitFacts(self._sets[most], "most nodes")
-        return FitFacts(model_info(self._models[model_id], None), "none")
+        if model_id not in self._none:  # asked once per node: made once per model
+            self._none[model_id] = FitFacts(model_info(self._models[model_id], None), "none")
+        return self._none[model_id]
 
 
 def model_info(model: Model, facts: ModelFacts | None) -> wire.ModelInfo:

@@ -107,24 +107,28 @@ def _spread(runs: int, mean: float, mean_of_squares: float) -> float | None:
     return math.sqrt(variance) / mean
 
 
-def _settings(row: Any) -> str:
-    return " ".join(f"{k}={getattr(row, k)}" for k in SETTING_NAMES if getattr(row, k) is not None)
+def _settings_label(values: Sequence[Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in zip(SETTING_NAMES, values, strict=True) if v is not None)
+
+
+_LEADING = ("node_id", "fingerprint_id")  # the columns before the settings in a row
 
 
 @functools.cache
 def _offline_statement(since: bool) -> Select[Any]:
+    # Grouped by ids, not names: a narrow key PostgreSQL hashes rather than sorts (each run
+    # has one point per PP x TG x B, so a group's rows are its runs).
     settings = [getattr(Run, k) for k in SETTING_NAMES]
     statement = (
         select(
-            Node.name,
-            HardwareFingerprint.hash,
-            HardwareFingerprint.description,
+            Run.node_id,
+            Run.fingerprint_id,
             *settings,
             Run.build_id,
             RunPoint.pp,
             RunPoint.tg,
             RunPoint.b,
-            func.count(func.distinct(Run.id)).label("runs"),
+            func.count().label("runs"),
             func.avg(RunPoint.s_tg).label("s_tg"),
             func.avg(RunPoint.s_tg * RunPoint.s_tg).label("s_tg_sq"),
             func.avg(RunPoint.s_pp).label("s_pp"),
@@ -135,8 +139,6 @@ def _offline_statement(since: bool) -> Select[Any]:
             func.avg(RunPoint.repeats).label("repeats"),
         )
         .select_from(Run)
-        .join(Node, Node.id == Run.node_id)
-        .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
         .join(RunPoint, RunPoint.run_id == Run.id)
         .where(
             Run.model_id.in_(bindparam("model_ids", expanding=True)),
@@ -144,9 +146,8 @@ def _offline_statement(since: bool) -> Select[Any]:
             RUN_SUCCESSFUL,
         )
         .group_by(
-            Node.name,
-            HardwareFingerprint.hash,
-            HardwareFingerprint.description,
+            Run.node_id,
+            Run.fingerprint_id,
             *settings,
             Run.build_id,
             RunPoint.pp,
@@ -157,6 +158,12 @@ def _offline_statement(since: bool) -> Select[Any]:
     if since:
         statement = statement.where(Run.started_at >= bindparam("since"))
     return statement
+
+
+_NAMES = select(Node.id, Node.name).where(Node.id.in_(bindparam("ids", expanding=True)))
+_FINGERPRINTS = select(
+    HardwareFingerprint.id, HardwareFingerprint.hash, HardwareFingerprint.description
+).where(HardwareFingerprint.id.in_(bindparam("ids", expanding=True)))
 
 
 @dataclass
@@ -193,24 +200,42 @@ def offline_groups(
     }
     if since is not None:
         parameters["since"] = since
-    groups: dict[tuple[str, str | None, str], Group] = {}
-    sums: dict[tuple[str, str | None, str], dict[Side, dict[PointKey, _Sums]]] = {}
-    for row in connection.execute(_offline_statement(since is not None), parameters):
-        key = (row.name, row.hash, _settings(row))
+    rows = connection.execute(_offline_statement(since is not None), parameters).all()
+    names = {
+        r.id: r.name for r in connection.execute(_NAMES, {"ids": list({r.node_id for r in rows})})
+    }
+    fingerprints = {
+        r.id: (r.hash, r.description)
+        for r in connection.execute(
+            _FINGERPRINTS, {"ids": list({r.fingerprint_id for r in rows} - {None})}
+        )
+    }
+    first_setting = len(_LEADING)
+    labels: dict[tuple[Any, ...], str] = {}  # a settings label made once per distinct tuple
+    groups: dict[tuple[int, int | None, str], Group] = {}
+    sums: dict[tuple[int, int | None, str], dict[Side, dict[PointKey, _Sums]]] = {}
+    for row in rows:
+        values = tuple(row[first_setting : first_setting + len(SETTING_NAMES)])
+        settings = labels.get(values)
+        if settings is None:
+            settings = labels[values] = _settings_label(values)
+        key = (row.node_id, row.fingerprint_id, settings)
         if key not in groups:
-            groups[key] = Group(row.name, row.description, row.hash, key[2])
+            hash_, described = fingerprints.get(row.fingerprint_id, (None, None))
+            groups[key] = Group(names[row.node_id], described, hash_, settings)
             sums[key] = {"before": defaultdict(_Sums), "after": defaultdict(_Sums)}
         side: Side = "after" if row.build_id in builds.after_ids else "before"
         runs = int(row.runs)
-        for metric in ("s_tg", "s_pp"):
-            mean = getattr(row, metric)
+        for metric, mean, squares, rsd in (
+            ("s_tg", row.s_tg, row.s_tg_sq, row.s_tg_rsd),
+            ("s_pp", row.s_pp, row.s_pp_sq, row.s_pp_rsd),
+        ):
             if mean is None or mean <= 0:
                 continue
             found = sums[key][side][PointKey(metric, row.pp, row.tg, row.b)]
             found.runs += runs
             found.total += runs * float(mean)
-            found.squares += runs * float(getattr(row, f"{metric}_sq"))
-            rsd = getattr(row, f"{metric}_rsd")
+            found.squares += runs * float(squares)
             if rsd is not None and row.repeats:
                 found.rsd += runs * float(rsd)
                 found.repeats += runs * float(row.repeats)
