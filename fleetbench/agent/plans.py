@@ -27,6 +27,7 @@ from fleetbench.agent.gguf_model import sha256_of
 from fleetbench.agent.probes.nvidia import gpu_memory
 from fleetbench.agent.runners.batched_bench_binary import BINARY
 from fleetbench.agent.runners.engines import UnknownEngine, engine_name
+from fleetbench.agent.runners.llama_cpp_python import BINDING, binding_version
 from fleetbench.contract.bounds import storable_text
 from fleetbench.contract.plans import REASON_LENGTH, NodePlans, PlanModel, PlanVersion
 
@@ -185,6 +186,10 @@ def _sweep_for(
         return None, (
             f"binary {plan.binary or BINARY + ' (on PATH)'} is not one this node allows plans "
             "to run (agent.plan_binaries)"
+        )
+    if plan.binding_version is not None and plan.binding_version != binding_version():
+        return None, (
+            f"a canary plan for {BINDING} {plan.binding_version}: this node has {binding_version()}"
         )
     path, missing = _find_model(plan.model, sha256_cache)
     if path is None:

@@ -84,7 +84,7 @@ KINDS: tuple[PlanKind, ...] = ("offline", "serving")
 # plan's stored body, and the ETag of what its nodes pull, never change with the other
 # kind's defaults.
 _FIELDS_OF: dict[str, tuple[str, ...]] = {
-    "offline": ("settings", "engine", "binary"),
+    "offline": ("settings", "engine", "binary", "binding_version"),
     "serving": ("url", "serve"),
 }
 
@@ -108,6 +108,12 @@ class PlanBody(_Strict):
     binary: Path | None = Field(
         default=None, description="the node's llama-batched-bench, instead of in-process"
     )
+    binding_version: Annotated[Text, Field(min_length=1, max_length=100)] | None = Field(
+        default=None,
+        description="a canary's build, in process: only nodes whose llama-cpp-python is this "
+        "version run the plan (the others skip it, saying which they have); a binary plan "
+        "names its build by its `binary`",
+    )
     settings: SweepSpec = Field(
         default=_DEFAULT_SETTINGS,
         description="the sweep's grid and settings, by their names or llama.cpp's",
@@ -129,11 +135,16 @@ class PlanBody(_Strict):
         if self.kind == "serving":
             if self.url is None or self.model.name is None:
                 raise ValueError("a serving plan names its server's url and its model's name")
-            offline = self.engine, self.binary, self.settings != _DEFAULT_SETTINGS
+            offline = (
+                self.engine,
+                self.binary,
+                self.binding_version,
+                self.settings != _DEFAULT_SETTINGS,
+            )
             if any(offline):
                 raise ValueError(
-                    "settings, engine and binary are an offline plan's: a serving plan's "
-                    "load is `serve`"
+                    "settings, engine, binary and binding_version are an offline plan's: a "
+                    "serving plan's load is `serve`"
                 )
             if self.model.path is not None or self.model.search_dirs:
                 raise ValueError("a serving plan's model is its server's: give its name alone")
@@ -142,6 +153,11 @@ class PlanBody(_Strict):
                 raise ValueError('url and serve are a serving plan\'s (kind = "serving")')
             if self.model.path is None and not self.model.search_dirs:
                 raise ValueError("give the model's path, or search_dirs to find it in by sha256")
+            if self.binding_version is not None and (self.binary or self.engine):
+                raise ValueError(
+                    "binding_version picks the in-process engine's build: a plan running "
+                    "a binary or another engine names its build by its binary"
+                )
         return self
 
     @model_serializer(mode="wrap")
@@ -149,6 +165,8 @@ class PlanBody(_Strict):
         self, handler: SerializerFunctionWrapHandler
     ) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
+        if data.get("binding_version", 0) is None:  # plans written before it keep their body
+            del data["binding_version"]
         for kind, fields in _FIELDS_OF.items():
             if kind != self.kind:
                 for name in fields:

@@ -19,6 +19,7 @@ import pytest
 
 from fleetbench.agent.daemon import Daemon
 from fleetbench.agent.plans import resolve_plan
+from fleetbench.agent.runners.llama_cpp_python import binding_version
 from fleetbench.contract.plans import PlanVersion
 from fleetbench.registry.config import RegistrySettings
 from tests.factories import LiveRegistry, a_daemon, free_port, running_registry
@@ -210,6 +211,11 @@ def test_bad_plans_are_refused_with_the_field_named(live_registry: LiveRegistry)
         "bad cron": {"model": {"path": "/m.gguf"}, "cron": "every night"},
         "bad setting": {"model": {"path": "/m.gguf"}, "settings": {"npl": [0]}},
         "unknown setting": {"model": {"path": "/m.gguf"}, "settings": {"gpu": "yes"}},
+        "a canary build beside a binary": {
+            "model": {"path": "/m.gguf"},
+            "binary": "/opt/llama/llama-batched-bench",
+            "binding_version": "0.3.99",
+        },
         # 2 x 20 x 32 = 1,280 points a run: more than this registry takes in one
         "too large a grid": {
             "model": {"path": "/m.gguf"},
@@ -221,6 +227,8 @@ def test_bad_plans_are_refused_with_the_field_named(live_registry: LiveRegistry)
         assert answer.status_code == 422, (name, answer.text)
         if name == "too large a grid":
             assert "has 1280 points" in answer.json()["detail"]
+        if name == "a canary build beside a binary":
+            assert "names its build by its binary" in answer.text
     with live_registry.client(live_registry.token("node-x")) as client:
         assert (
             client.put(
@@ -401,3 +409,36 @@ def test_an_unreadable_model_is_a_skip_not_a_crash(
     planned = resolve_plan(plan, sha256_cache=tmp_path / "sha256.json")
     assert planned.sweep is None
     assert planned.skipped == f"model unreadable: [Errno 13] Permission denied: '{tiny_llama}'"
+
+
+def test_a_canary_plan_runs_only_where_its_binding_version_is_installed(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """A plan naming a llama-cpp-python version sweeps the canaries that have it; every
+    other node it picks skips it, saying which version it has."""
+    installed = binding_version()
+
+    def canary(version: str) -> PlanVersion:
+        return PlanVersion.model_validate(
+            {
+                "name": "canary",
+                "version": 1,
+                "created_at": "2026-12-01T00:00:00Z",
+                "labels": {"canary": "true"},
+                "model": {"path": str(tiny_llama)},
+                "cron": "0 3 * * *",
+                "binding_version": version,
+            }
+        )
+
+    cache = tmp_path / "sha256.json"
+    elsewhere = resolve_plan(canary("0.0.1"), sha256_cache=cache)
+    assert elsewhere.sweep is None
+    assert elsewhere.skipped == (
+        f"a canary plan for llama-cpp-python 0.0.1: this node has {installed}"
+    )
+    here = resolve_plan(canary(installed), sha256_cache=cache)
+    assert here.skipped is None and here.sweep is not None
+    # a plan without one keeps the body it had before the field existed
+    plain = canary(installed).model_copy(update={"binding_version": None})
+    assert "binding_version" not in plain.model_dump()
