@@ -440,6 +440,9 @@ def compare(
     max_age_days: Annotated[
         float | None, typer.Option(min=0.001, max=36_500, help="only runs this recent")
     ] = None,
+    limit: Annotated[
+        int, typer.Option(min=1, max=100_000, help="list at most this many nodes, worst first")
+    ] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
     as_markdown: Annotated[
         bool, typer.Option("--markdown", help="print Markdown, for a pull request or ticket")
@@ -461,6 +464,7 @@ def compare(
             kind=kind,
             max_age_days=max_age_days,
             settings=settings.compare_settings(),
+            limit=limit,
         )
     if as_json:
         typer.echo(answer.model_dump_json(indent=2))

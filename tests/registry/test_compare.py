@@ -131,6 +131,10 @@ def test_a_build_slowing_one_class_by_12_percent_at_b_8_and_up_holds_naming_it(
     assert 0.83 < point["ratio"] < 0.93 and point["beyond_detection"]
     assert (point["runs_from"], point["runs_to"]) == (3, 3)
     assert answer["not_compared"] == []
+    # a fleet lists its worst nodes first, as many as asked; the verdict weighs them all
+    first = compare(live_registry, limit=2)
+    assert first["nodes_compared"] == 6 and first["verdict"] == "hold"
+    assert [n["node"][:4] for n in first["nodes"]] == ["h100", "h100"]
 
 
 def test_noise_alone_goes(live_registry: LiveRegistry) -> None:

@@ -121,7 +121,10 @@ class CompareAnswer(BaseModel):
     min_change_pct: float
     max_detectable_pct: float
     classes: list[ClassSummary] = Field(description="each hardware class that ran the new build")
-    nodes: list[NodeCompared] = Field(description="the nodes compared, by name")
+    nodes_compared: int = Field(description="how many nodes ran both builds comparably")
+    nodes: list[NodeCompared] = Field(
+        description="the first `limit` of them, the one most worse at any point first"
+    )
     not_compared: list[NotCompared] = Field(description="the nodes with one build only, and why")
 
 
@@ -134,6 +137,7 @@ def compare_builds(
     kind: CompareKind,
     max_age_days: float | None,
     settings: CompareSettings,
+    limit: int = 100,
 ) -> CompareAnswer:
     builds = select_builds(session, from_build, to_build)
     since = datetime.now(UTC) - timedelta(days=max_age_days) if max_age_days else None
@@ -168,7 +172,10 @@ def compare_builds(
         min_change_pct=settings.min_change * 100,
         max_detectable_pct=settings.max_detectable * 100,
         classes=[_class_summary(c, settings) for c in fleet.classes],
-        nodes=[_node_compared(c, g) for c, g in compared],
+        nodes_compared=len(compared),
+        # Listed worst first, and only the first `limit`: a 1,000-node fleet's every point
+        # is 12,000 of them (the verdict weighs them all either way).
+        nodes=[_node_compared(c, g) for c, g in sorted(compared, key=_worst_first)[:limit]],
         not_compared=[
             NotCompared(node=n.node, hardware_class=n.hardware_class, reason=n.reason or "")
             for n in sorted(not_compared, key=lambda n: n.node)
@@ -214,6 +221,11 @@ def _per_node(
             NodeComparison(node, hardware_class(newest[0].hardware), (), why, 0, runs)
         )
     return compared, not_compared
+
+
+def _worst_first(found: tuple[NodeComparison, Group]) -> tuple[float, str]:
+    comparison, _ = found
+    return (-max(cell.worse for cell in comparison.cells), comparison.node)
 
 
 def _old_build_only(groups: Sequence[Group], listed: set[str]) -> list[NotCompared]:

@@ -62,6 +62,8 @@ def markdown(answer: CompareAnswer) -> str:
         "",
         *_table(POINT_COLUMNS, point_rows(answer)),
     ]
+    if answer.nodes_compared > len(answer.nodes):
+        lines += ["", f"The {len(answer.nodes)} worst of {answer.nodes_compared} nodes compared."]
     if answer.not_compared:
         lines += ["", "Not compared:", ""]
         lines += [f"- {n.node}: {n.reason}" for n in answer.not_compared]

@@ -25,7 +25,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from fleetbench.registry.questions.hardware import hardware_class
 from fleetbench.registry.questions.regressions import DETECTION_POWER_Z, DetectionSettings
@@ -73,16 +73,14 @@ class CompareSettings:
         return self.detection.z_known + DETECTION_POWER_Z
 
 
-@dataclass(frozen=True, slots=True)
-class PointKey:
+class PointKey(NamedTuple):  # tuples: a fleet's comparison hashes hundreds of thousands
     metric: str
     pp: int
     tg: int
     b: int  # serving: the concurrency
 
 
-@dataclass(frozen=True, slots=True)
-class SideFigures:
+class SideFigures(NamedTuple):
     """One build's runs at one point of one node."""
 
     runs: int
@@ -91,8 +89,7 @@ class SideFigures:
     repeat_noise: float | None  # relative standard error from the points' own repeats
 
 
-@dataclass(frozen=True, slots=True)
-class CellComparison:
+class CellComparison(NamedTuple):
     key: PointKey
     before: SideFigures
     after: SideFigures

@@ -35,6 +35,9 @@ def read_compare(
         Query(description="offline curves (S_TG, S_PP) or serving runs (TTFT p90, per-user p10)"),
     ] = "offline",
     max_age_days: Annotated[float | None, Query(gt=0, le=MAX_AGE_DAYS, allow_inf_nan=False)] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=100_000, description="list at most this many nodes, worst first")
+    ] = 100,
 ) -> Response:
     """Is `to_build` safe to roll out after `from_build`? Every node that ran both on the
     same hardware and settings, compared point by point, and a verdict per hardware class:
@@ -47,5 +50,6 @@ def read_compare(
         kind=kind,
         max_age_days=max_age_days,
         settings=settings.compare_settings(),
+        limit=limit,
     )
     return Response(answer.model_dump_json(), media_type="application/json")
