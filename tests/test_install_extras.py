@@ -61,7 +61,8 @@ def _venv(folder: Path, requirement: str) -> Path:
     # uv resolves and installs from its cache in a second or two where pip took 20 s
     # (it builds the wheel in a tenth of pip's time too); what is tested is what the
     # extras declare, whichever installer reads it.
-    subprocess.run([_UV, "venv", "--quiet", str(folder)], check=True, timeout=120)
+    python = ["--python", sys.executable]  # this interpreter's version, not uv's choice
+    subprocess.run([_UV, "venv", "--quiet", *python, str(folder)], check=True, timeout=120)
     python = str(folder / "bin" / "python")
     uv = [_UV, "pip", "install", "--quiet", "--python", python, requirement]
     done = subprocess.run(uv, capture_output=True, text=True, timeout=900)

@@ -37,6 +37,8 @@ from fleetbench.registry.db import (
 )
 from fleetbench.registry.schemas import TokenPublic, TokenRequest, token_public
 
+UNKNOWN_EXIT = 3  # `compare`: not yet known (2 is a usage error's)
+
 # rich_markup_mode=None: the helps' "[default: ...]" shown as written, not read as markup
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 token_app = typer.Typer(
@@ -449,7 +451,8 @@ def compare(
     ] = False,
 ) -> None:
     """Is TO_BUILD safe to roll out? Every node that ran both builds, compared point by
-    point, and a verdict per hardware class (go, hold, unknown); exits 1 on hold."""
+    point, and a verdict per hardware class (go, hold, unknown); exits 1 on hold, 3 on
+    unknown (a build no node ran, too few runs)."""
     settings = RegistrySettings()
     with session_factory(_open(settings))() as session:
         models = crud.find_models(session, model)
@@ -483,8 +486,8 @@ def compare(
         for node in answer.not_compared:
             console.print(f"not compared: {node.node}: {node.reason}")
         console.print(f"verdict: {answer.verdict}: {answer.reason}")
-    if answer.verdict == "hold":
-        raise typer.Exit(1)
+    if answer.verdict != "go":  # a pipeline stops on hold (1) and on unknown (3)
+        raise typer.Exit(1 if answer.verdict == "hold" else UNKNOWN_EXIT)
 
 
 if __name__ == "__main__":

@@ -171,7 +171,10 @@ def test_a_serving_plan_runs_where_the_node_allows_its_server_and_is_skipped_els
     ("body", "problem"),
     [
         ({"model": {"path": "/m.gguf"}}, "a serving plan names its server's url and its model"),
-        ({"settings": {"npl": [1]}}, "settings, engine and binary are an offline plan's"),
+        (
+            {"settings": {"npl": [1]}},
+            "settings, engine, binary and binding_version are an offline plan's",
+        ),
         ({"serve": {"concurrency": [0]}}, '"loc":["body","serve","concurrency",0]'),
         ({"url": "file:///etc/passwd"}, "is not an http(s) URL with a host"),
         ({"kind": "offline", "model": {"path": "/m.gguf"}}, "url and serve are a serving plan"),

@@ -29,7 +29,8 @@ from tests.factories import ARTICLE_MODEL, JSON, LiveRegistry, make_report, runn
 
 CALLERS = ("none", "unknown", "expired", "revoked", "node A", "node B", "reader", "admin")
 NOT_AUTHENTICATED = {"none", "unknown", "expired", "revoked"}
-PAGES = ["/", "/placement", "/regressions", "/series", "/curves", "/plans", "/nodes/node-a"]
+PAGES = ["/", "/placement", "/capacity", "/compare", "/regressions", "/series", "/curves", "/plans",
+         "/nodes/node-a"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ ASKS = [
     Ask("GET", "/v1/nodes/{name}"),
     Ask("GET", "/v1/models"),
     Ask("GET", "/v1/placement", {"model": ARTICLE_MODEL, "min_tps_per_user": 15}),
+    Ask("GET", "/v1/capacity", {"model": ARTICLE_MODEL, "users": 8, "min_tps_per_user": 15}),
+    Ask("GET", "/v1/compare", {"model": ARTICLE_MODEL, "from_build": "b1", "to_build": "b2"}),
     Ask("GET", "/v1/regressions"),
     Ask("POST", "/v1/regressions/{regression_id}/acknowledge", body=lambda: {"note": "ok"},
         done=404),  # no regression has that id: past the gate, it is looked up

@@ -24,10 +24,20 @@ from fleetbench.registry.questions.compare import (
     PointKey,
     SideFigures,
     compare_cell,
+    compare_node,
+    fleet_verdict,
     runs_needed,
 )
 from fleetbench.registry.questions.hardware import hardware_class
-from tests.factories import ARTICLE_MODEL, ARTICLE_TABLE, DAY0, LiveRegistry, make_report
+from tests.factories import (
+    ARTICLE_MODEL,
+    ARTICLE_TABLE,
+    DAY0,
+    LiveRegistry,
+    make_report,
+    make_serving_report,
+    post_report,
+)
 
 OLD, NEW = 11429, 11500
 
@@ -178,6 +188,54 @@ def test_nodes_with_one_build_or_changed_hardware_are_listed_as_not_compared(
     assert "no node ran both builds" in classes[A100]["reason"]
 
 
+def test_serving_runs_compare_the_servers_ttft_and_per_user_speed(
+    live_registry: LiveRegistry,
+) -> None:
+    """Two llama-server builds on two nodes: the new one's first token comes 30% later at
+    every concurrency on both, per-user speed unchanged: hold on the TTFT p90, longer."""
+    rng = random.Random(3)
+    for node in ("srv-a", "srv-b"):
+        token = live_registry.token(node)
+        with live_registry.client(token) as client:
+            for build, ttft in ((7100, 200.0), (7200, 260.0)):
+                for run in range(3):
+                    points = [
+                        (c, 40.0 * c, 20.0 * (1 + rng.gauss(0, 0.01)),
+                         ttft * c * (1 + rng.gauss(0, 0.01)))
+                        for c in (1, 2, 4)
+                    ]  # fmt: skip
+                    report = make_serving_report(
+                        node=node,
+                        points=points,
+                        build_number=build,
+                        started_at=DAY0 + timedelta(hours=build - 7000 + run),
+                        hardware=gpu(H100, node),
+                    )
+                    assert post_report(client, report).status_code == 201
+    with live_registry.client() as client:
+        response = client.get(
+            "/v1/compare",
+            params={"model": "gemma-3-270m", "from_build": "b7100", "to_build": "b7200",
+                    "kind": "serving"},
+        )  # fmt: skip
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["verdict"] == "hold" and answer["kind"] == "serving"
+    assert answer["reason"].startswith(f"{H100}: TTFT p90 at B=")
+    assert "longer" in answer["reason"]
+    [summary] = answer["classes"]
+    held = {(p["metric"], p["b"]) for p in summary["points"] if p["held"]}
+    assert held == {("ttft_ms_p90", c) for c in (1, 2, 4)}
+    ttft = [p for p in summary["points"] if p["metric"] == "ttft_ms_p90"]
+    assert all(28 < p["worse_pct"] < 32 for p in ttft)
+    node = answer["nodes"][0]
+    assert node["settings"] == (
+        "kind=llama-server slots=4 ctx_per_slot=4096 prompt_tokens=512 gen_tokens=128 "
+        "on llama.cpp llama-server"
+    )
+    assert {p["runs_from"] for p in node["points"]} == {3}
+
+
 def test_an_unknown_model_is_404_and_a_build_no_run_has_says_so(
     live_registry: LiveRegistry,
 ) -> None:
@@ -194,6 +252,8 @@ def test_an_unknown_model_is_404_and_a_build_no_run_has_says_so(
     answer = compare(live_registry, to_build="b99999")
     assert answer["verdict"] == "unknown"
     assert answer["reason"] == "no run of build 'b99999' is stored"
+    # digits str.isdigit() takes and int() does not: a build no run has, not a 500
+    assert compare(live_registry, from_build="b\u00b2")["verdict"] == "unknown"
     same = compare(live_registry, from_build=str(OLD), to_build=f"llama.cpp b{OLD} Metal")
     assert same["verdict"] == "unknown"
     assert same["reason"] == (
@@ -235,6 +295,8 @@ def test_the_cli_prints_the_verdict_as_a_table_or_markdown_and_fails_on_hold(
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert missing.returncode == 1 and "model 'nope' not found" in missing.stderr
+    unknown = cli("--to-build", "b99999")  # a typo, or no canary has run it: not a go
+    assert unknown.returncode == 3 and "verdict: unknown" in unknown.stdout
 
 
 # The pure judgement.
@@ -271,6 +333,24 @@ def test_the_repeats_spread_counts_when_runs_agree_too_well() -> None:
     )
     assert calm is not None and noisy is not None
     assert calm.noise == SETTINGS.detection.noise_floor and noisy.noise == 0.04
+
+
+def test_a_slowdown_beyond_noise_holds_though_the_runs_could_miss_a_smaller_one() -> None:
+    """8% slower on 4 runs of each build at 3% noise: 3.8 standard errors out, so it holds;
+    the 9.3% these runs would find with 95% probability decides only `unknown`."""
+    before, after = side(4, 100, 0.03), side(4, 92, 0.03)
+    cell = compare_cell(PointKey("s_tg", 512, 128, 8), before, after, SETTINGS)
+    assert cell is not None and cell.high < 1  # the interval clears no change
+    node = compare_node("gpu-1", H100, {cell.key: before}, {cell.key: after}, SETTINGS)
+    verdict = fleet_verdict([node], SETTINGS, {})
+    assert verdict.verdict == "hold", verdict.reason
+
+
+def test_figures_no_ratio_or_interval_can_hold_are_left_out_not_a_crash() -> None:
+    key = PointKey("s_tg", 512, 128, 8)
+    assert compare_cell(key, side(2, 1e12), side(2, 1e-320), SETTINGS) is None  # ratio 0
+    wide = compare_cell(key, SideFigures(2, 1.0, None, 1000.0), side(2, 1.0), SETTINGS)
+    assert wide is not None and 1e100 < wide.high < 1e200 and 1e-200 < wide.low < 1e-100
 
 
 def test_runs_needed_falls_with_more_nodes_and_less_noise() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Collection, Sequence
@@ -41,6 +42,7 @@ __all__ = [
 
 Side = Literal["before", "after"]
 SERVING_METRICS = ("per_user_tps_p10", "ttft_ms_p90")
+_DIGITS = re.compile(r"[0-9]+")  # ASCII digits: str.isdigit() takes '²', which int() refuses
 
 
 def build_matches(selector: str, build: EngineBuild) -> bool:
@@ -49,8 +51,8 @@ def build_matches(selector: str, build: EngineBuild) -> bool:
     `llama-cpp-python 0.3.16`), or its whole label (`llama.cpp b4567 (abc1234) CUDA`)."""
     wanted = selector.strip()
     number = wanted[1:] if wanted[:1] in ("b", "B") else wanted
-    if number.isdigit() and build.build_number is not None:
-        return int(number) == build.build_number
+    if _DIGITS.fullmatch(number) and int(number) == build.build_number:
+        return True  # (digits alone may also be a commit's first seven: tried next)
     if (
         len(wanted) >= 7
         and build.commit
@@ -68,6 +70,9 @@ class BuildSelection:
     before_labels: tuple[str, ...]
     after_labels: tuple[str, ...]
     both_labels: tuple[str, ...]  # builds both names match, left out of both
+    # what runs each build ran on, whatever its version: runs on another backend or engine
+    # (CUDA beside Vulkan, a binary beside in-process) are never pooled or compared
+    runners: dict[int, str]
 
 
 def select_builds(session: Session, before: str, after: str) -> BuildSelection:
@@ -82,7 +87,12 @@ def select_builds(session: Session, before: str, after: str) -> BuildSelection:
         tuple(sorted({build_label(b) for i, b in first.items() if i not in both})),
         tuple(sorted({build_label(b) for i, b in second.items() if i not in both})),
         tuple(sorted({build_label(first[i]) for i in both})),
+        {i: _runner(b) for i, b in (first | second).items()},
     )
+
+
+def _runner(build: EngineBuild) -> str:
+    return " ".join(part for part in (build.engine, build.backend, build.binding) if part)
 
 
 @dataclass
@@ -128,14 +138,15 @@ def _offline_statement(since: bool) -> Select[Any]:
             RunPoint.pp,
             RunPoint.tg,
             RunPoint.b,
-            func.count().label("runs"),
+            func.count(RunPoint.s_tg).label("s_tg_runs"),
             func.avg(RunPoint.s_tg).label("s_tg"),
             func.avg(RunPoint.s_tg * RunPoint.s_tg).label("s_tg_sq"),
+            func.count(RunPoint.s_pp).label("s_pp_runs"),
             func.avg(RunPoint.s_pp).label("s_pp"),
             func.avg(RunPoint.s_pp * RunPoint.s_pp).label("s_pp_sq"),
-            # the points' own repeats: a relative deviation of one measurement, and how many
-            func.avg(RunPoint.s_tg_stdev / func.nullif(RunPoint.s_tg, 0)).label("s_tg_rsd"),
-            func.avg(RunPoint.s_pp_stdev / func.nullif(RunPoint.s_pp, 0)).label("s_pp_rsd"),
+            # the points' own repeats: their deviation (relative to the mean, here) and count
+            func.avg(RunPoint.s_tg_stdev).label("s_tg_sd"),
+            func.avg(RunPoint.s_pp_stdev).label("s_pp_sd"),
             func.avg(RunPoint.repeats).label("repeats"),
         )
         .select_from(Run)
@@ -219,25 +230,25 @@ def offline_groups(
         settings = labels.get(values)
         if settings is None:
             settings = labels[values] = _settings_label(values)
-        key = (row.node_id, row.fingerprint_id, settings)
+        runner = builds.runners[row.build_id]
+        key = (row.node_id, row.fingerprint_id, f"{settings} on {runner}".strip())
         if key not in groups:
             hash_, described = fingerprints.get(row.fingerprint_id, (None, None))
-            groups[key] = Group(names[row.node_id], described, hash_, settings)
+            groups[key] = Group(names[row.node_id], described, hash_, key[2])
             sums[key] = {"before": defaultdict(_Sums), "after": defaultdict(_Sums)}
         side: Side = "after" if row.build_id in builds.after_ids else "before"
-        runs = int(row.runs)
-        for metric, mean, squares, rsd in (
-            ("s_tg", row.s_tg, row.s_tg_sq, row.s_tg_rsd),
-            ("s_pp", row.s_pp, row.s_pp_sq, row.s_pp_rsd),
+        for metric, runs, mean, squares, sd in (
+            ("s_tg", row.s_tg_runs, row.s_tg, row.s_tg_sq, row.s_tg_sd),
+            ("s_pp", row.s_pp_runs, row.s_pp, row.s_pp_sq, row.s_pp_sd),
         ):
-            if mean is None or mean <= 0:
+            if not runs or mean is None or mean <= 0:
                 continue
             found = sums[key][side][PointKey(metric, row.pp, row.tg, row.b)]
             found.runs += runs
             found.total += runs * float(mean)
             found.squares += runs * float(squares)
-            if rsd is not None and row.repeats:
-                found.rsd += runs * float(rsd)
+            if sd is not None and row.repeats:
+                found.rsd += runs * float(sd) / float(mean)
                 found.repeats += runs * float(row.repeats)
                 found.repeated += runs
     for key, group in groups.items():
@@ -277,7 +288,7 @@ def _serving_statement(since: bool) -> Select[Any]:
 
 
 # What of a server, besides its build, shapes its figures: runs compared must share it.
-_SERVER_SHAPE = ("server", "slots", "ctx_per_slot", "n_ctx", "prompt_tokens", "gen_tokens")
+_SERVER_SHAPE = ("kind", "slots", "ctx_per_slot", "n_ctx", "prompt_tokens", "gen_tokens")
 
 
 def serving_groups(
@@ -299,7 +310,7 @@ def serving_groups(
     for row in connection.execute(_serving_statement(since is not None), parameters):
         server = row.server or {}
         shape = " ".join(f"{k}={server[k]}" for k in _SERVER_SHAPE if server.get(k) is not None)
-        key = (row.name, row.hash, shape)
+        key = (row.name, row.hash, f"{shape} on {builds.runners[row.build_id]}")
         side: Side = "after" if row.build_id in builds.after_ids else "before"
         described[key] = row.description
         runs.setdefault(key, {"before": set(), "after": set()})[side].add(row.id)

@@ -134,11 +134,15 @@ class ClassCell:
     ratio: float  # the median of the nodes' ratios
     worst_node: str
     worst_ratio: float
-    detectable: float
+    detectable: float  # the smallest slowdown these runs find with 95% probability
+    significant: float  # the smallest change told from noise (z_known standard errors)
     worse: float
 
     def held(self, s: CompareSettings) -> bool:
-        return self.worse >= max(self.detectable, s.min_change)
+        """Worse by at least the minimum change, and beyond noise: `significance` standard
+        errors (the regression check's at a known change). `detectable` adds the power
+        margin: what these runs could miss, which decides `unknown`, not `hold`."""
+        return self.worse >= max(self.significant, s.min_change)
 
 
 @dataclass(frozen=True)
@@ -175,14 +179,18 @@ def compare_cell(
     repeats = [x for x in (before.repeat_noise, after.repeat_noise) if x is not None]
     noise = max(pooled, max(repeats, default=0.0), s.detection.noise_floor)
     ratio = after.mean / before.mean
+    if not (math.isfinite(ratio) and ratio > 0):  # figures too far apart to divide
+        return None
     se = noise * math.sqrt(1 / before.runs + 1 / after.runs)
+    # a spread so wide its interval is no number: as wide as a float allows
+    spread = math.exp(min(_CI_Z * se, 300.0))
     return CellComparison(
         key=key,
         before=before,
         after=after,
         ratio=ratio,
-        low=ratio * math.exp(-_CI_Z * se),
-        high=ratio * math.exp(_CI_Z * se),
+        low=ratio / spread,
+        high=ratio * spread,
         noise=noise,
         detectable=max(s.min_change, s.z * se),
         worse=_worse(key.metric, ratio),
@@ -237,6 +245,7 @@ def _class_cells(nodes: Sequence[NodeComparison], s: CompareSettings) -> list[Cl
                 worst_node=worst_node,
                 worst_ratio=worst.ratio,
                 detectable=max(s.min_change, s.z * se),
+                significant=s.detection.z_known * se,
                 worse=_worse(key.metric, median),
             )
         )
@@ -282,16 +291,16 @@ def class_verdict(
         reason = _describe(worst, metric_names) + (also if len(held) > 1 else "")
         return ClassVerdict(name, "hold", reason, len(compared), not_compared, tuple(cells), None)
     blind = max((c.detectable for c in cells), default=None)
-    if blind is None or blind > s.max_detectable:
-        noises = [c.noise for n in compared for c in n.cells]
-        noise = statistics.median(noises) if noises else ASSUMED_NOISE
-        needed = runs_needed(noise, len(compared), s)
+    short = [n for n in compared if min(n.runs_before, n.runs_after) < s.min_runs]
+    if blind is None or blind > s.max_detectable or short:
+        needed = runs_needed(_noisiest(compared), len(compared), s)
         have = min((min(n.runs_before, n.runs_after) for n in compared), default=0)
         more = max(needed - have, 1)
         if not compared:
             why = "no node ran both builds on the same hardware and settings"
-        elif blind is None:
-            why = f"fewer than {s.min_runs} runs of each build on every node compared"
+        elif blind is None or short:
+            names = ", ".join(n.node for n in short[:5]) + (", ..." if len(short) > 5 else "")
+            why = f"fewer than {s.min_runs} runs of each build on {names}"
         else:
             why = f"its runs tell only changes of {blind:.1%} or more from noise"
         reason = (
@@ -306,6 +315,13 @@ def class_verdict(
         f"{len(compared)} node{'s' if len(compared) != 1 else ''}"
     )
     return ClassVerdict(name, "go", reason, len(compared), not_compared, tuple(cells), None)
+
+
+def _noisiest(nodes: Sequence[NodeComparison]) -> float:
+    """The run-to-run spread to plan runs by: the noisiest point's where runs tell it, else
+    ASSUMED_NOISE (one run of a build has no spread, only the floor)."""
+    told = [c.noise for n in nodes for c in n.cells if c.before.runs > 1 or c.after.runs > 1]
+    return max(told, default=ASSUMED_NOISE)
 
 
 def fleet_verdict(
