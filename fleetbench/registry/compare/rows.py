@@ -198,6 +198,19 @@ class _Sums:
         )
 
 
+def _parameters(
+    model_ids: Collection[int], builds: BuildSelection, since: datetime | None
+) -> dict[str, Any]:
+    """The bound values of either kind's statement (`since` only where it is asked)."""
+    found: dict[str, Any] = {
+        "model_ids": list(model_ids),
+        "build_ids": [*builds.before_ids, *builds.after_ids],
+    }
+    if since is not None:
+        found["since"] = since
+    return found
+
+
 def offline_groups(
     connection: Connection,
     *,
@@ -205,12 +218,7 @@ def offline_groups(
     builds: BuildSelection,
     since: datetime | None,
 ) -> list[Group]:
-    parameters: dict[str, Any] = {
-        "model_ids": list(model_ids),
-        "build_ids": [*builds.before_ids, *builds.after_ids],
-    }
-    if since is not None:
-        parameters["since"] = since
+    parameters = _parameters(model_ids, builds, since)
     rows = connection.execute(_offline_statement(since is not None), parameters).all()
     names = {
         r.id: r.name for r in connection.execute(_NAMES, {"ids": list({r.node_id for r in rows})})
@@ -298,12 +306,7 @@ def serving_groups(
     builds: BuildSelection,
     since: datetime | None,
 ) -> list[Group]:
-    parameters: dict[str, Any] = {
-        "model_ids": list(model_ids),
-        "build_ids": [*builds.before_ids, *builds.after_ids],
-    }
-    if since is not None:
-        parameters["since"] = since
+    parameters = _parameters(model_ids, builds, since)
     values: dict[tuple[str, str | None, str], dict[Side, dict[PointKey, list[float]]]] = {}
     runs: dict[tuple[str, str | None, str], dict[Side, set[Any]]] = {}
     described: dict[tuple[str, str | None, str], str | None] = {}

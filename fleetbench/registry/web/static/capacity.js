@@ -1,7 +1,7 @@
 // How many nodes serve N users at X tokens/s each (GET /v1/capacity): the plan as a
 // table and a chart of the users each node takes, each class alone, who was left out.
 import {
-  api,
+  askRegistry,
   baseLayout,
   COLORS,
   curvesUrl,
@@ -64,13 +64,8 @@ function drawChart(answer) {
 }
 
 async function ask(query) {
-  done("loading");
-  message(statusBox, "info", "Asking the registry…");
-  answerBox.hidden = true;
-  const answer = await settle(statusBox, () => api("/v1/capacity", query));
+  const answer = await askRegistry(statusBox, answerBox, "/v1/capacity", query);
   if (answer === FAILED) return;
-  replace(statusBox);
-  answerBox.hidden = false;
   document.getElementById("reason").textContent = answer.reason;
   replace(
     document.querySelector("#plan tbody"),

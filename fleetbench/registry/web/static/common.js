@@ -276,6 +276,21 @@ export async function settle(target, work) {
   }
 }
 
+/**
+ * A question page's answer from the registry: the page marked loading and its answer box
+ * hidden while asked; on failure the reason shown in `statusBox` and FAILED given.
+ */
+export async function askRegistry(statusBox, answerBox, path, query) {
+  done("loading");
+  message(statusBox, "info", "Asking the registry…");
+  answerBox.hidden = true;
+  const answer = await settle(statusBox, () => api(path, query));
+  if (answer === FAILED) return FAILED;
+  replace(statusBox);
+  answerBox.hidden = false;
+  return answer;
+}
+
 /** The named fields of a form that are filled in, trimmed, as query parameters. */
 export function formQuery(form, names) {
   const data = new FormData(form);

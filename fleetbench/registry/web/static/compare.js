@@ -1,7 +1,7 @@
 // Two builds compared across the fleet (GET /v1/compare): the verdict per hardware class,
 // each node's new/old ratio per B drawn, and every point as a table.
 import {
-  api,
+  askRegistry,
   baseLayout,
   badge,
   COLORS,
@@ -100,13 +100,8 @@ function drawChart(answer) {
 }
 
 async function ask(query) {
-  done("loading");
-  message(statusBox, "info", "Asking the registry…");
-  answerBox.hidden = true;
-  const answer = await settle(statusBox, () => api("/v1/compare", query));
+  const answer = await askRegistry(statusBox, answerBox, "/v1/compare", query);
   if (answer === FAILED) return;
-  replace(statusBox);
-  answerBox.hidden = false;
   replace(document.getElementById("verdict"), verdictBadge(answer.verdict));
   document.getElementById("reason").textContent = answer.reason;
   replace(

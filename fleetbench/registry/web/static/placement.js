@@ -1,6 +1,6 @@
 // The placement question as a form; the answer (GET /v1/placement) as a table and a chart.
 import {
-  api,
+  askRegistry,
   baseLayout,
   COLORS,
   curvesUrl,
@@ -176,13 +176,8 @@ function drawChart(answer) {
 }
 
 async function ask(query) {
-  done("loading");
-  message(statusBox, "info", "Asking the registry…");
-  answerBox.hidden = true;
-  const answer = await settle(statusBox, () => api("/v1/placement", query));
+  const answer = await askRegistry(statusBox, answerBox, "/v1/placement", query);
   if (answer === FAILED) return;
-  replace(statusBox);
-  answerBox.hidden = false;
   document.getElementById("reason").textContent = answer.reason;
   const count = answer.candidates.length;
   document.getElementById("count").textContent =
