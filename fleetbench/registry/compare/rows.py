@@ -128,16 +128,17 @@ _LEADING = ("node_id", "fingerprint_id")  # the columns before the settings in a
 def _offline_statement(since: bool) -> Select[Any]:
     # Grouped by ids, not names: a narrow key PostgreSQL hashes rather than sorts (each run
     # has one point per PP x TG x B, so a group's rows are its runs).
-    settings = [getattr(Run, k) for k in SETTING_NAMES]
+    keys = (
+        *(getattr(Run, k) for k in _LEADING),
+        *(getattr(Run, k) for k in SETTING_NAMES),
+        Run.build_id,
+        RunPoint.pp,
+        RunPoint.tg,
+        RunPoint.b,
+    )
     statement = (
         select(
-            Run.node_id,
-            Run.fingerprint_id,
-            *settings,
-            Run.build_id,
-            RunPoint.pp,
-            RunPoint.tg,
-            RunPoint.b,
+            *keys,
             func.count(RunPoint.s_tg).label("s_tg_runs"),
             func.avg(RunPoint.s_tg).label("s_tg"),
             func.avg(RunPoint.s_tg * RunPoint.s_tg).label("s_tg_sq"),
@@ -156,15 +157,7 @@ def _offline_statement(since: bool) -> Select[Any]:
             Run.build_id.in_(bindparam("build_ids", expanding=True)),
             RUN_SUCCESSFUL,
         )
-        .group_by(
-            Run.node_id,
-            Run.fingerprint_id,
-            *settings,
-            Run.build_id,
-            RunPoint.pp,
-            RunPoint.tg,
-            RunPoint.b,
-        )
+        .group_by(*keys)
     )
     if since:
         statement = statement.where(Run.started_at >= bindparam("since"))

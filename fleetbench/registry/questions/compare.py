@@ -101,10 +101,6 @@ class CellComparison(NamedTuple):
     worse: float  # how much worse the new build is (negative: better), a fraction
 
     @property
-    def enough_runs(self) -> bool:
-        return self.before.runs > 0 and self.after.runs > 0
-
-    @property
     def beyond_detection(self) -> bool:
         return abs(self.ratio - 1) >= self.detectable
 
