@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --cpu-dry-run) MODE=cpu; shift ;;
         --out) OUT="$(realpath -m "${2:?--out takes a folder}")"; shift 2 ;;
-        --wheels) export PIP_NO_INDEX=1 PIP_FIND_LINKS="$(realpath "${2:?--wheels takes a folder}")"; shift 2 ;;
+        --wheels) export FLEETBENCH_OFFLINE_WHEELS="$(realpath "${2:?--wheels takes a folder}")"; shift 2 ;;
         *) echo "usage: $0 [--cpu-dry-run] [--out DIR] [--wheels DIR]" >&2; exit 2 ;;
     esac
 done
@@ -50,19 +50,8 @@ if [ "$MODE" = gpu ]; then
     # decode path crashes on some hosts, ggml-org/llama.cpp#20824); the GPU does the work.
     export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DGGML_NATIVE=OFF ${LAUNCHER[*]:-}"
     export CMAKE_BUILD_PARALLEL_LEVEL="$(getconf _NPROCESSORS_ONLN)"
-    # pip's wheel cache does not know build flags: a CUDA wheel of our own, built once per arch
-    WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels-cuda-sm$ARCH"
-    if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-        echo "building llama-cpp-python for CUDA sm_$ARCH (once; kept in $WHEELS)" >&2
-        python3 -m pip wheel --quiet --no-cache-dir --no-deps "llama-cpp-python>=0.3.16" -w "$WHEELS"
-    fi
-    export PIP_FIND_LINKS="$WHEELS${PIP_FIND_LINKS:+ $PIP_FIND_LINKS}"
-    # That wheel and no other llama-cpp-python (a newer one on the index, or a CPU build of
-    # it in pip's cache, which does not know build flags)
-    KEPT="$(basename "$(ls "$WHEELS"/llama_cpp_python-*.whl | head -n 1)" | cut -d- -f2)"
-    export PIP_CONSTRAINT="$OUT.constraints.txt"
-    mkdir -p "$(dirname "$OUT")"
-    echo "llama-cpp-python==$KEPT" > "$PIP_CONSTRAINT"
+    # a CUDA wheel of its own, built once per arch by bootstrap.sh, in a venv of its own
+    export FLEETBENCH_LLAMA_WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels-cuda-sm$ARCH"
     export FLEETBENCH_VENV="${FLEETBENCH_VENV:-$ROOT/.venv-cuda}"
 fi
 

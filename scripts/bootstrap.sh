@@ -22,21 +22,26 @@ _stamp="$VENV/.fleetbench-installed"
 _want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-64)"
 if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
     echo "installing fleetbench and its dependencies into $VENV" >&2
-    echo "(llama-cpp-python compiles llama.cpp the first time: about 8 minutes on 2 cores;" >&2
-    echo " pip keeps the built wheel, so later installs take seconds)" >&2
-    "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    _find_links=()
-    if [ -n "${FLEETBENCH_NO_AMX:-}" ]; then
-        # pip's wheel cache does not know build flags: a wheel of our own, built once
-        _wheels="${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels-no-amx"
-        if ! ls "$_wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-            echo "this CPU has AMX: building llama-cpp-python without it (once)" >&2
-            "$VENV/bin/python" -m pip wheel --quiet --no-cache-dir --no-deps \
-                "llama-cpp-python>=0.3.16" -w "$_wheels"
-        fi
-        _find_links=(--find-links "$_wheels")
+    # FLEETBENCH_OFFLINE_WHEELS=DIR: a node that reaches no package index installs from DIR
+    _offline=()
+    if [ -n "${FLEETBENCH_OFFLINE_WHEELS:-}" ]; then
+        _offline=(--no-index --find-links "$FLEETBENCH_OFFLINE_WHEELS")
     fi
-    "$VENV/bin/python" -m pip install --quiet "${_find_links[@]}" -e "$ROOT[dev]"
+    # llama-cpp-python compiles llama.cpp: its wheel is built once into a folder of ours and
+    # installed from there (FLEETBENCH_LLAMA_WHEELS: another build's, as the GPU check's)
+    _wheels="${FLEETBENCH_LLAMA_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels${FLEETBENCH_NO_AMX:+-no-amx}}"
+    if ! ls "$_wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+        echo "building llama-cpp-python's wheel into $_wheels, once (llama.cpp compiles:" \
+            "about 8 minutes on 2 cores, unless pip's cache holds the wheel)" >&2
+        # pip's own wheel cache does not know build flags: with CMAKE_ARGS, built afresh
+        "$VENV/bin/python" -m pip wheel --quiet "${_offline[@]}" --no-deps \
+            ${CMAKE_ARGS:+--no-cache-dir} "llama-cpp-python>=0.3.16" -w "$_wheels"
+    fi
+    # uv installs the rest from its cache in seconds (pip took half a minute on 2 cores),
+    # compiled to bytecode as pip would
+    "$VENV/bin/python" -m pip install --quiet "${_offline[@]}" uv
+    "$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python" "${_offline[@]}" \
+        "$(ls "$_wheels"/llama_cpp_python-*.whl | sort -V | tail -n 1)" -e "$ROOT[dev]"
     echo "$_want" > "$_stamp"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -4,6 +4,10 @@
 # pytest. PostgreSQL being unreachable is a failure, never a skip.
 set -euo pipefail
 source "$(dirname "$0")/bootstrap.sh"
+# Bytecode cached, whatever the environment says: the suite starts hundreds of Python
+# processes (CLIs, registries, agents), each of which would compile fleetbench again, and
+# pytest would rewrite every test module's asserts in each of its processes.
+unset PYTHONDONTWRITEBYTECODE
 
 PG_ADMIN_URL="${FLEETBENCH_TEST_POSTGRES_ADMIN_URL:-postgresql://postgres@127.0.0.1:5432/postgres}"
 pg_up() { python -c "import psycopg; psycopg.connect('$PG_ADMIN_URL', connect_timeout=3).close()" 2>/dev/null; }
