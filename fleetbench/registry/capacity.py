@@ -21,7 +21,7 @@ from fleetbench.contract.answers import (
     PlacementKind,
 )
 from fleetbench.registry.models import HardwareFingerprint, Model, Run
-from fleetbench.registry.placement import place
+from fleetbench.registry.placement import PlacementQuestion, place
 from fleetbench.registry.questions.capacity import NodeOffer, Plan, fewest_nodes, plans_per_class
 from fleetbench.registry.questions.hardware import hardware_class
 
@@ -73,16 +73,15 @@ def plan_capacity(
     reserve: Collection[str] = (),
     stale_after_hours: float,
 ) -> CapacityAnswer:
-    placed = place(
-        session,
-        models,
+    question = PlacementQuestion(
         min_tps_per_user=min_tps_per_user,
         context_tokens=context_tokens,
         max_age_days=max_age_days,
-        limit=EVERY_NODE,
         kind=kind,
         max_ttft_ms=max_ttft_ms,
+        limit=EVERY_NODE,
     )
+    placed = place(session, models, question)
     now = datetime.now(UTC)
     stale_before = now - timedelta(hours=stale_after_hours)
     refused: list[CapacityRefusal] = []

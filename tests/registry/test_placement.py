@@ -13,7 +13,12 @@ from sqlalchemy.orm import Session
 from fleetbench.registry import crud, tokens
 from fleetbench.registry.models import Node
 from fleetbench.registry.placement import offline_rows
-from fleetbench.registry.questions.placement import NodeChoice, answer_placement
+from fleetbench.registry.questions.placement import (
+    NodeChoice,
+    PlacementFindings,
+    PlacementQuestion,
+    answer_placement,
+)
 from tests.factories import ARTICLE_TABLE, make_report, store_report
 
 RUN = uuid.UUID(int=1)
@@ -39,10 +44,11 @@ def _choice(node: str, b: int, s_tg: float, *, pp: int = 512) -> NodeChoice:
 
 def test_answer_lists_the_given_candidates_and_counts_all() -> None:
     answer = answer_placement(
-        model="nemo",
-        min_tps_per_user=10,
-        qualifying=[_choice("fast", 16, 480.0), _choice("m4", 16, 163.18)],
-        qualifying_count=3,
+        "nemo",
+        PlacementQuestion(min_tps_per_user=10),
+        PlacementFindings(
+            qualifying=[_choice("fast", 16, 480.0), _choice("m4", 16, 163.18)], qualifying_count=3
+        ),
     )
     assert [(c.node, c.concurrency, c.total_tps) for c in answer.candidates] == [
         ("fast", 16, 480.0),
@@ -58,11 +64,9 @@ def test_answer_lists_the_given_candidates_and_counts_all() -> None:
 
 def test_none_qualifies_reason_names_the_best_available() -> None:
     answer = answer_placement(
-        model="nemo",
-        min_tps_per_user=50,
-        qualifying=[],
-        qualifying_count=0,
-        fastest=_choice("m4pro", 1, 28.30),
+        "nemo",
+        PlacementQuestion(min_tps_per_user=50),
+        PlacementFindings(qualifying=[], qualifying_count=0, fastest=_choice("m4pro", 1, 28.30)),
     )
     assert answer.candidates == []
     assert "the best available is m4pro at concurrency 1 with 28.30 tokens/s per user" in (
@@ -72,19 +76,18 @@ def test_none_qualifies_reason_names_the_best_available() -> None:
 
 def test_no_prompt_that_long_names_the_longest_measured() -> None:
     answer = answer_placement(
-        model="nemo",
-        min_tps_per_user=1,
-        qualifying=[],
-        qualifying_count=0,
-        prompt_tokens=8192,
-        longest_prompt=("m4pro", 512),
+        "nemo",
+        PlacementQuestion(min_tps_per_user=1, prompt_tokens=8192),
+        PlacementFindings(qualifying=[], qualifying_count=0, longest_prompt=("m4pro", 512)),
     )
     assert "the longest measured is 512 tokens (node m4pro)" in answer.reason
 
 
 def test_nothing_reported() -> None:
     answer = answer_placement(
-        model="nemo", min_tps_per_user=5, qualifying=[], qualifying_count=0, max_age_days=7
+        "nemo",
+        PlacementQuestion(min_tps_per_user=5, max_age_days=7),
+        PlacementFindings(qualifying=[], qualifying_count=0),
     )
     assert answer.reason == "no successful run of nemo has been reported in the last 7 days"
 

@@ -11,5 +11,6 @@ each user's KV cache. In the order an answer is made:
 """
 
 from fleetbench.registry.placement.answer import place
+from fleetbench.registry.questions.placement import PlacementQuestion
 
-__all__ = ["place"]
+__all__ = ["PlacementQuestion", "place"]

@@ -24,7 +24,6 @@ from fleetbench.contract.answers import (
     FactsSource,
     FitBasis,
     PlacementAnswer,
-    PlacementKind,
     RejectedConcurrency,
 )
 from fleetbench.contract.kv_cache import KvPrediction, KvUnknown
@@ -41,6 +40,8 @@ from fleetbench.registry.placement.serving_rows import serving_rows
 from fleetbench.registry.questions.placement import (
     GIB,
     NodeChoice,
+    PlacementFindings,
+    PlacementQuestion,
     ServingChoices,
     answer_placement,
     largest_fitting_concurrency,
@@ -52,30 +53,26 @@ __all__ = ["place"]
 
 
 def place(
-    session: Session,
-    models: Sequence[Model],
-    *,
-    min_tps_per_user: float,
-    prompt_tokens: int | None = None,
-    context_tokens: int | None = None,
-    max_age_days: float | None = None,
-    limit: int = 100,
-    kind: PlacementKind = "any",
-    max_ttft_ms: float | None = None,
+    session: Session, models: Sequence[Model], question: PlacementQuestion
 ) -> PlacementAnswer:
     """The placement answer for the models (files sharing one name count as one model).
-    `max_ttft_ms` needs serving runs: with kind offline, ask without it."""
+    A question's `max_ttft_ms` needs serving runs: with kind offline, ask without it."""
     model_ids = [m.id for m in models]
-    since = datetime.now(UTC) - timedelta(days=max_age_days) if max_age_days else None
+    since = (
+        datetime.now(UTC) - timedelta(days=question.max_age_days) if question.max_age_days else None
+    )
     served = serving_choices(
         serving_rows(
-            session.connection(), model_ids=model_ids, since=since, prompt_tokens=prompt_tokens
+            session.connection(),
+            model_ids=model_ids,
+            since=since,
+            prompt_tokens=question.prompt_tokens,
         )
-        if kind != "offline"
+        if question.kind != "offline"
         else [],
-        min_tps_per_user=min_tps_per_user,
-        max_ttft_ms=max_ttft_ms,
-        context_tokens=context_tokens,
+        min_tps_per_user=question.min_tps_per_user,
+        max_ttft_ms=question.max_ttft_ms,
+        context_tokens=question.context_tokens,
     )
 
     def rows(caps: Mapping[FitConfig, int] | None = None) -> PlacementRows:
@@ -83,11 +80,11 @@ def place(
             session,
             model_ids=model_ids,
             since=since,
-            prompt_tokens=prompt_tokens,
-            min_tps_per_user=min_tps_per_user,
-            limit=limit,
+            prompt_tokens=question.prompt_tokens,
+            min_tps_per_user=question.min_tps_per_user,
+            limit=question.limit,
             caps=caps,
-            unserved=kind == "any",
+            unserved=question.kind == "any",
         )
 
     rejected: list[RejectedConcurrency] = []
@@ -95,40 +92,37 @@ def place(
     caps: dict[FitConfig, int] = {}  # the most users that fit, by fit config (checked)
     facts = FleetFacts(session, models)
     untimed = 0
-    if kind == "serving" or max_ttft_ms is not None:
+    if question.kind == "serving" or question.max_ttft_ms is not None:
         # Offline curves have no TTFT: asked for one, they only say how many nodes they'd add.
-        found = PlacementRows([], 0, None, None, {})
-        untimed = rows().qualifying_count if kind == "any" else 0
-    elif context_tokens is None:
-        found = rows()
+        offline = PlacementRows([], 0, None, None, {})
+        untimed = rows().qualifying_count if question.kind == "any" else 0
+    elif question.context_tokens is None:
+        offline = rows()
     else:
         for config, nodes, first in fit_configs(session, model_ids=model_ids, since=since):
             memory = memory_of(config, facts)
             if (why := why_fit_unchecked(memory)) is not None:
                 unchecked.append((first, why, nodes))
             else:
-                caps[config] = largest_fitting_concurrency(memory, tokens_per_user=context_tokens)
+                caps[config] = largest_fitting_concurrency(
+                    memory, tokens_per_user=question.context_tokens
+                )
         uncapped = rows()
-        found = rows(caps) if caps else uncapped
-        rejected = _rejected(uncapped, caps, facts, context_tokens)
+        offline = rows(caps) if caps else uncapped
+        rejected = _rejected(uncapped, caps, facts, question.context_tokens)
     offline_fits: dict[str, FitBasis] = {
         c.node: "measured buffers"
-        if found.configs[c.node].beside_kv_bytes is not None
+        if offline.configs[c.node].beside_kv_bytes is not None
         else "predicted only"
-        for c in found.qualifying
-        if found.configs[c.node] in caps
+        for c in offline.qualifying
+        if offline.configs[c.node] in caps
     }
-    predicted = _kv_caches(found, facts, context_tokens)
-    return answer_placement(
-        model=models[0].name,
-        min_tps_per_user=min_tps_per_user,
-        qualifying=_best_first(found.qualifying, served.qualifying, limit),
-        qualifying_count=found.qualifying_count + len(served.qualifying),
-        fastest=_fastest(found.fastest, served) if not served.qualifying else None,
-        prompt_tokens=prompt_tokens,
-        longest_prompt=found.longest_prompt,
-        max_age_days=max_age_days,
-        context_tokens=context_tokens,
+    predicted = _kv_caches(offline, facts, question.context_tokens)
+    findings = PlacementFindings(
+        qualifying=_best_first(offline.qualifying, served.qualifying, question.limit),
+        qualifying_count=offline.qualifying_count + len(served.qualifying),
+        fastest=_fastest(offline.fastest, served) if not served.qualifying else None,
+        longest_prompt=offline.longest_prompt,
         rejected=rejected,
         unchecked=sorted(unchecked),
         kv_cache_bytes={node: _bytes(kv) for node, kv in predicted.items()},
@@ -136,13 +130,12 @@ def place(
             node: kv.rules if isinstance(kv, KvPrediction) else f"fit unknown: {kv.reason}"
             for node, kv in predicted.items()
         },
-        fit_checked=offline_fits | _serving_fits(served, context_tokens),
-        facts_from=_facts_sources(found, facts),
-        kind=kind,
-        max_ttft_ms=max_ttft_ms,
+        fit_checked=offline_fits | _serving_fits(served, question.context_tokens),
+        facts_from=_facts_sources(offline, facts),
         small_slots=served.small_slots,
         untimed=untimed,
     )
+    return answer_placement(models[0].name, question, findings)
 
 
 def _best_first(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 from uuid import UUID
@@ -46,6 +46,8 @@ __all__ = [
     "GIB",
     "NodeChoice",
     "NodeMemory",
+    "PlacementFindings",
+    "PlacementQuestion",
     "ServingChoices",
     "ServingRow",
     "answer_placement",
@@ -269,44 +271,83 @@ def largest_fitting_concurrency(memory: NodeMemory, *, tokens_per_user: int) -> 
     return low
 
 
-def answer_placement(
-    *,
-    model: str,
-    min_tps_per_user: float,
-    qualifying: Sequence[NodeChoice],
-    qualifying_count: int,
-    fastest: NodeChoice | None = None,
-    prompt_tokens: int | None = None,
-    longest_prompt: tuple[str, int] | None = None,
-    max_age_days: float | None = None,
-    context_tokens: int | None = None,
-    rejected: Sequence[RejectedConcurrency] = (),
-    unchecked: Sequence[tuple[str, str, int]] = (),
-    kv_cache_bytes: Mapping[str, int | None] | None = None,
-    kv_rules: Mapping[str, str] | None = None,
-    fit_checked: Mapping[str, FitBasis] | None = None,
-    facts_from: Mapping[str, FactsSource] | None = None,
-    kind: PlacementKind = "any",
-    max_ttft_ms: float | None = None,
-    small_slots: Sequence[tuple[str, int]] = (),
-    untimed: int = 0,
-) -> PlacementAnswer:
-    """The answer for the nodes that qualify (`qualifying`: best total throughput first, the
-    first of `qualifying_count`). When none does, the reason names the `fastest` point per
-    user, or, when no node measured a prompt of `prompt_tokens`, the `longest_prompt`.
+@dataclass(frozen=True)
+class PlacementQuestion:
+    """What placement is asked (GET /v1/placement's parameters; capacity asks it too)."""
+
+    min_tps_per_user: float
+    prompt_tokens: int | None = None
+    context_tokens: int | None = None
+    max_age_days: float | None = None
+    kind: PlacementKind = "any"
+    max_ttft_ms: float | None = None
+    limit: int = 100  # candidates listed
+
+
+@dataclass(frozen=True)
+class PlacementFindings:
+    """What the rows and the fit checks found. `qualifying`: best total throughput first, the
+    first of `qualifying_count`. When none does, the reason names the `fastest` point per
+    user, or, when no node measured a prompt of the question's length, the `longest_prompt`.
     `unchecked`: (a node, why its fit is not checked, how many nodes alike).
     `kv_cache_bytes`: each listed node's users' KV cache at its concurrency; `kv_rules`:
-    which rules predicted it, or "fit unknown: <why>" where none can;
-    `fit_checked`: the nodes whose fit was checked, and against what; `facts_from`: whose
-    model facts each listed node's figures used. `small_slots`: serving nodes left out,
-    their server holding fewer tokens per slot than `context_tokens`; `untimed`: nodes
-    meeting the speed on their offline curves alone, left out for want of a TTFT to check
-    `max_ttft_ms` against."""
-    asked = f"{min_tps_per_user:g} tokens/s per user"
-    if max_ttft_ms is not None:
-        asked += f" with a first token within {max_ttft_ms:g} ms (p90)"
+    which rules predicted it, or "fit unknown: <why>" where none can; `fit_checked`: the
+    nodes whose fit was checked, and against what; `facts_from`: whose model facts each
+    listed node's figures used. `small_slots`: serving nodes left out, their server holding
+    fewer tokens per slot than the context asked; `untimed`: nodes meeting the speed on
+    their offline curves alone, left out for want of a TTFT to check the question's against."""
+
+    qualifying: Sequence[NodeChoice]
+    qualifying_count: int
+    fastest: NodeChoice | None = None
+    longest_prompt: tuple[str, int] | None = None
+    rejected: Sequence[RejectedConcurrency] = ()
+    unchecked: Sequence[tuple[str, str, int]] = ()
+    kv_cache_bytes: Mapping[str, int | None] = field(default_factory=dict)
+    kv_rules: Mapping[str, str] = field(default_factory=dict)
+    fit_checked: Mapping[str, FitBasis] = field(default_factory=dict)
+    facts_from: Mapping[str, FactsSource] = field(default_factory=dict)
+    small_slots: Sequence[tuple[str, int]] = ()
+    untimed: int = 0
+
+
+def answer_placement(
+    model: str, question: PlacementQuestion, found: PlacementFindings
+) -> PlacementAnswer:
+    """The answer to `question` about `model`, from what was `found`."""
+    return PlacementAnswer.model_validate(
+        {
+            "model": model,
+            "min_tps_per_user": question.min_tps_per_user,
+            "kind": question.kind,
+            "max_ttft_ms": question.max_ttft_ms,
+            "context_tokens": question.context_tokens,
+            "count": found.qualifying_count,
+            "candidates": [
+                _candidate(
+                    c,
+                    found.kv_cache_bytes.get(c.node),
+                    found.kv_rules.get(c.node),
+                    found.fit_checked.get(c.node),
+                    found.facts_from.get(c.node, "none"),
+                )
+                for c in found.qualifying
+            ],
+            "rejected": found.rejected,
+            "reason": _reason(model, question, found),
+        }
+    )
+
+
+def _reason(model: str, question: PlacementQuestion, found: PlacementFindings) -> str:
+    """Why the answer is what it is, in one paragraph: how many qualify or why none does,
+    then what was left out and what the listed figures cannot say."""
+    qualifying, fastest = found.qualifying, found.fastest
+    asked = f"{question.min_tps_per_user:g} tokens/s per user"
+    if question.max_ttft_ms is not None:
+        asked += f" with a first token within {question.max_ttft_ms:g} ms (p90)"
     if qualifying:
-        reason = f"{qualifying_count} node(s) meet {asked} on {model}"
+        reason = f"{found.qualifying_count} node(s) meet {asked} on {model}"
         sources = {c.source for c in qualifying}
         if len(sources) > 1:
             served = sum(c.source == "serving" for c in qualifying)
@@ -314,7 +355,7 @@ def answer_placement(
                 f" ({served} listed from their serving runs, {len(qualifying) - served} from "
                 "their offline curves)"
             )
-        if qualifying_count > len(qualifying):
+        if found.qualifying_count > len(qualifying):
             reason += f"; the {len(qualifying)} with the highest total throughput are listed"
     elif fastest is not None:
         reason = (
@@ -329,40 +370,40 @@ def answer_placement(
             )
         else:
             reason += f" ({fastest.s_tg:.2f} total, prompt {fastest.pp} tokens)"
-    elif untimed:
+    elif found.untimed:
         reason = (
             f"no node has a serving run of {model} to check a time to first token against; "
-            f"{untimed} node(s) meet {min_tps_per_user:g} tokens/s per user on their offline "
-            "curves (`fleetbench-agent serve-sweep` measures TTFT)"
+            f"{found.untimed} node(s) meet {question.min_tps_per_user:g} tokens/s per user on "
+            "their offline curves (`fleetbench-agent serve-sweep` measures TTFT)"
         )
-    elif rejected:
+    elif found.rejected:
         reason = (
-            f"no node meets {min_tps_per_user:g} tokens/s per user on {model} with "
-            f"{context_tokens} tokens of context per user: the KV cache of every concurrency "
-            "fast enough would not fit (see rejected)"
+            f"no node meets {question.min_tps_per_user:g} tokens/s per user on {model} with "
+            f"{question.context_tokens} tokens of context per user: the KV cache of every "
+            "concurrency fast enough would not fit (see rejected)"
         )
-    elif prompt_tokens is not None and longest_prompt is not None:
-        node, pp = longest_prompt
+    elif question.prompt_tokens is not None and found.longest_prompt is not None:
+        node, pp = found.longest_prompt
         reason = (
-            f"no node measured {model} with prompts of at least {prompt_tokens} tokens; "
+            f"no node measured {model} with prompts of at least {question.prompt_tokens} tokens; "
             f"the longest measured is {pp} tokens (node {node})"
         )
     else:
         reason = f"no successful run of {model} has been reported"
-        if max_age_days is not None:
-            reason += f" in the last {max_age_days:g} days"
-    if rejected and (qualifying or fastest is not None):
+        if question.max_age_days is not None:
+            reason += f" in the last {question.max_age_days:g} days"
+    if found.rejected and (qualifying or fastest is not None):
         reason += (
-            f"; {len(rejected)} faster choice(s) refused: their KV cache at "
-            f"{context_tokens} tokens per user would not fit"
+            f"; {len(found.rejected)} faster choice(s) refused: their KV cache at "
+            f"{question.context_tokens} tokens per user would not fit"
         )
-    if unchecked:
-        node, why, _ = unchecked[0]
-        nodes = sum(count for _, _, count in unchecked)
+    if found.unchecked:
+        node, why, _ = found.unchecked[0]
+        nodes = sum(count for _, _, count in found.unchecked)
         reason += f"; KV-cache fit unknown for {nodes} node(s) ({node}: {why})"
-    if untimed and (qualifying or fastest is not None):
+    if found.untimed and (qualifying or fastest is not None):
         reason += (
-            f"; {untimed} node(s) meeting the speed on their offline curves alone are left "
+            f"; {found.untimed} node(s) meeting the speed on their offline curves alone are left "
             "out: TTFT is measured by serving sweeps"
         )
     if off := [c.node for c in qualifying if c.engine_on_accelerator is False]:
@@ -378,41 +419,20 @@ def answer_placement(
             f"{100 * (blind[0].min_detectable_change or 0):.0f}% at the least): sweep with "
             "repeats = auto, or more often"
         )
-    predicted = [c.node for c in qualifying if (fit_checked or {}).get(c.node) == "predicted only"]
+    predicted = [c.node for c in qualifying if found.fit_checked.get(c.node) == "predicted only"]
     if predicted:
         reason += (
             f"; the fit of {len(predicted)} listed node(s) is predicted only ({predicted[0]}: "
             "its latest run logged no buffers, so the model file's size stands for the "
             "weights and compute)"
         )
-    if small_slots:
-        node, tokens = small_slots[0]
+    if found.small_slots:
+        node, tokens = found.small_slots[0]
         reason += (
-            f"; {len(small_slots)} node(s) left out: their server holds fewer than "
-            f"{context_tokens} tokens per slot ({node}: {tokens})"
+            f"; {len(found.small_slots)} node(s) left out: their server holds fewer than "
+            f"{question.context_tokens} tokens per slot ({node}: {tokens})"
         )
-    return PlacementAnswer.model_validate(
-        {
-            "model": model,
-            "min_tps_per_user": min_tps_per_user,
-            "kind": kind,
-            "max_ttft_ms": max_ttft_ms,
-            "context_tokens": context_tokens,
-            "count": qualifying_count,
-            "candidates": [
-                _candidate(
-                    c,
-                    (kv_cache_bytes or {}).get(c.node),
-                    (kv_rules or {}).get(c.node),
-                    (fit_checked or {}).get(c.node),
-                    (facts_from or {}).get(c.node, "none"),
-                )
-                for c in qualifying
-            ],
-            "rejected": rejected,
-            "reason": reason,
-        }
-    )
+    return reason
 
 
 def _candidate(

@@ -10,7 +10,7 @@ from fleetbench.contract.bounds import NAME_LENGTH
 from fleetbench.registry.capacity import plan_capacity
 from fleetbench.registry.deps import ReadAccess, SessionDep, SettingsDep, models_or_404
 from fleetbench.registry.params import MAX_AGE_DAYS, MAX_FIGURE, MAX_TOKENS, ModelQuery
-from fleetbench.registry.placement import place
+from fleetbench.registry.placement import PlacementQuestion, place
 from fleetbench.registry.responses import NOT_FOUND
 
 router = APIRouter(tags=["questions"], dependencies=[ReadAccess])
@@ -76,17 +76,16 @@ def read_placement(
     when given, and, given `context_tokens`, holds every user's KV cache beside the
     weights?"""
     _timed_kind(kind, max_ttft_ms)
-    answer = place(
-        session,
-        models_or_404(session, model),
+    question = PlacementQuestion(
         min_tps_per_user=min_tps_per_user,
         prompt_tokens=prompt_tokens,
         context_tokens=context_tokens,
         max_age_days=max_age_days,
-        limit=limit,
         kind=kind,
         max_ttft_ms=max_ttft_ms,
+        limit=limit,
     )
+    answer = place(session, models_or_404(session, model), question)
     # Serialized here: FastAPI would dump and validate the answer again, which costs more
     # than the query on a 1,000-node fleet.
     return Response(answer.model_dump_json(), media_type="application/json")
