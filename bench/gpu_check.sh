@@ -58,7 +58,8 @@ fi
 source "$ROOT/scripts/bootstrap.sh"
 if [ "$MODE" = gpu ]; then
     python -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())' || {
-        echo "the installed llama-cpp-python has no GPU offload: remove $VENV and run again" >&2
+        echo "the installed llama-cpp-python has no GPU offload: remove $VENV and" \
+            "$FLEETBENCH_LLAMA_WHEELS, and run again" >&2
         exit 1
     }
     BINARY="$(LLAMA_GPU_ARCHITECTURES="$ARCH" "$ROOT/scripts/build-llama-tool.sh" --backend cuda)"

@@ -27,21 +27,30 @@ if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
     if [ -n "${FLEETBENCH_OFFLINE_WHEELS:-}" ]; then
         _offline=(--no-index --find-links "$FLEETBENCH_OFFLINE_WHEELS")
     fi
-    # llama-cpp-python compiles llama.cpp: its wheel is built once into a folder of ours and
-    # installed from there (FLEETBENCH_LLAMA_WHEELS: another build's, as the GPU check's)
-    _wheels="${FLEETBENCH_LLAMA_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels${FLEETBENCH_NO_AMX:+-no-amx}}"
+    # llama-cpp-python compiles llama.cpp: its wheel is built once, from source, into a folder
+    # of ours (one per set of build flags; FLEETBENCH_LLAMA_WHEELS: another, as the GPU
+    # check's) and installed from there. Delete the folder to build a newer release.
+    _flags="${CMAKE_ARGS:+-$(echo "$CMAKE_ARGS" | sha256sum | cut -c1-12)}"
+    _wheels="${FLEETBENCH_LLAMA_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/fleetbench/wheels$_flags}"
     if ! ls "$_wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
         echo "building llama-cpp-python's wheel into $_wheels, once (llama.cpp compiles:" \
             "about 8 minutes on 2 cores, unless pip's cache holds the wheel)" >&2
         # pip's own wheel cache does not know build flags: with CMAKE_ARGS, built afresh
-        "$VENV/bin/python" -m pip wheel --quiet "${_offline[@]}" --no-deps \
-            ${CMAKE_ARGS:+--no-cache-dir} "llama-cpp-python>=0.3.16" -w "$_wheels"
+        "$VENV/bin/python" -m pip wheel --quiet ${_offline[@]+"${_offline[@]}"} --no-deps \
+            --no-binary llama-cpp-python ${CMAKE_ARGS:+--no-cache-dir} \
+            "llama-cpp-python>=0.3.16" -w "$_wheels"
     fi
+    _llama="$(ls "$_wheels"/llama_cpp_python-*.whl | sort -V | tail -n 1)"
     # uv installs the rest from its cache in seconds (pip took half a minute on 2 cores),
-    # compiled to bytecode as pip would
-    "$VENV/bin/python" -m pip install --quiet "${_offline[@]}" uv
-    "$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python" "${_offline[@]}" \
-        "$(ls "$_wheels"/llama_cpp_python-*.whl | sort -V | tail -n 1)" -e "$ROOT[dev]"
+    # compiled to bytecode as pip would. uv reads no pip configuration: where the index is
+    # configured for pip alone, pip installs instead.
+    "$VENV/bin/python" -m pip install --quiet ${_offline[@]+"${_offline[@]}"} uv
+    "$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python" \
+        ${_offline[@]+"${_offline[@]}"} "$_llama" -e "$ROOT[dev]" || {
+        echo "uv could not install them (it reads no pip configuration): pip installs them" >&2
+        "$VENV/bin/python" -m pip install --quiet ${_offline[@]+"${_offline[@]}"} \
+            "$_llama" -e "$ROOT[dev]"
+    }
     echo "$_want" > "$_stamp"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -48,7 +48,9 @@ fi
 echo "building $TOOL of llama-cpp-python $VERSION for $BACKEND (several minutes on 2 cores)" >&2
 if [ ! -d "$SOURCE" ]; then
     mkdir -p "$HOME_DIR"
-    python -m pip download --quiet --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$HOME_DIR" >&2
+    python -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+        ${FLEETBENCH_OFFLINE_WHEELS:+--no-index --find-links "$FLEETBENCH_OFFLINE_WHEELS"} \
+        "llama-cpp-python==$VERSION" -d "$HOME_DIR" >&2
     rm -rf "$HOME_DIR/src" && mkdir -p "$HOME_DIR/src"
     tar xzf "$HOME_DIR/llama_cpp_python-$VERSION.tar.gz" -C "$HOME_DIR/src" --strip-components=1
 fi
