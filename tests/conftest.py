@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import create_db_engine, session_factory, upgrade_schema
 from tests.databases import POSTGRES_URL, fresh_database, migrate
-from tests.factories import LiveRegistry, running_registry
+from tests.factories import LiveRegistry, Receiver, running_registry
 
 
 @pytest.fixture(scope="session")
@@ -122,3 +122,11 @@ def registry_settings(database_url: str) -> RegistrySettings:
 def live_registry(registry_settings: RegistrySettings) -> Iterator[LiveRegistry]:
     with running_registry(registry_settings) as registry:
         yield registry
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    found = Receiver([])
+    yield found
+    found.server.shutdown()
+    found.server.server_close()

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -420,3 +421,37 @@ def columns_down_and_up(
         return gone, columns()
     finally:
         engine.dispose()
+
+
+class Receiver:
+    """Answers each POST with the next status in `statuses` (then 200) and keeps the bodies."""
+
+    def __init__(self, statuses: list[int]) -> None:
+        self.statuses = statuses
+        self.bodies: list[dict[str, Any]] = []
+        self.attempts = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers["Content-Length"])
+                body = json.loads(self.rfile.read(length))
+                receiver.attempts += 1
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                if status == 200:
+                    receiver.bodies.append(body)
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_for(self, count: int, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.bodies) < count:
+            assert time.monotonic() < deadline, f"{len(self.bodies)} of {count} webhooks arrived"
+            time.sleep(0.05)

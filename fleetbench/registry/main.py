@@ -34,6 +34,7 @@ from fleetbench.registry.routes import (
     nodes,
     placement,
     plans,
+    rollouts,
     runs,
     tokens,
 )
@@ -70,6 +71,7 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
             url=settings.webhook_url,
             public_url=settings.public_url,
             max_age=timedelta(days=settings.webhook_max_age_days),
+            compare_settings=settings.compare_settings(),
         )
         if settings.webhook_url
         else None
@@ -144,7 +146,7 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
     api = APIRouter(prefix="/v1", responses=API_RESPONSES)
     api.include_router(runs.ingest_router)
     api.include_router(plans.agent_router)
-    for module in (runs, nodes, models, placement, compare, history, tokens, plans):
+    for module in (runs, nodes, models, placement, compare, rollouts, history, tokens, plans):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(web_pages.router)  # the dashboard: /, /placement, ...

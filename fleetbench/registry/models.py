@@ -368,7 +368,18 @@ class FailedPoint(Base):
     reason: Mapped[str] = mapped_column(Text)
 
 
-class Regression(Base):
+class WebhookOutbox:
+    """The columns of a table whose rows are webhook events (registry.notify): a row due
+    and `notified_at` NULL is not yet delivered; `notify_after` holds a process's lease,
+    then the next retry."""
+
+    notified_at: Mapped[datetime | None]
+    notify_attempts: Mapped[int] = mapped_column(default=0)
+    notify_after: Mapped[datetime | None]
+    notify_error: Mapped[str | None] = mapped_column(Text)
+
+
+class Regression(WebhookOutbox, Base):
     """A lasting step in one series (node x model x PP x TG x B x metric), found by the
     regression judge (registry.regressions); `first_run_id` is the first run after the
     step. `notified_at` NULL with a webhook configured: not yet delivered (the outbox)."""
@@ -408,13 +419,31 @@ class Regression(Base):
     acknowledged_at: Mapped[datetime | None]
     acknowledged_by: Mapped[str | None] = mapped_column(String(200))
     note: Mapped[str | None] = mapped_column(Text)
-    notified_at: Mapped[datetime | None]
-    notify_attempts: Mapped[int] = mapped_column(default=0)
-    notify_after: Mapped[datetime | None]
-    notify_error: Mapped[str | None] = mapped_column(Text)
 
     node: Mapped[Node] = relationship()
     model: Mapped[Model] = relationship()
+
+
+class RolloutWatch(WebhookOutbox, Base):
+    """A rollout an admin watches (registry.rollouts): two builds of a model compared as
+    GET /v1/compare compares them, the verdict checked again whenever the model has new
+    runs. A change of verdict (`changed_at`) is a webhook event until delivered."""
+
+    __tablename__ = "rollout_watches"
+    __table_args__ = (UniqueConstraint("model", "from_build", "to_build", "kind"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model: Mapped[str] = mapped_column(String(200))
+    from_build: Mapped[str] = mapped_column(String(200))
+    to_build: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    verdict: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    previous_verdict: Mapped[str | None] = mapped_column(String(16))
+    checked_at: Mapped[datetime]
+    changed_at: Mapped[datetime | None]
 
 
 class LatestRun(Base):

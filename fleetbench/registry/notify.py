@@ -1,13 +1,15 @@
-"""Webhook notifications of new regressions, delivered at least once.
+"""Webhook notifications, delivered at least once: new regressions, and changes of a
+watched rollout's verdict (registry.rollouts).
 
-The regressions table is the outbox: a regression whose `notified_at` is NULL has not been
-delivered. A thread beside the server claims due rows one at a time (a lease in
-`notify_after`, longer than a delivery can take, so two registry processes do not send the
-same one at once), POSTs each to the webhook and marks it delivered on a 2xx; any other
-answer, or none, is retried later with exponential backoff and jitter. A registry restart
-loses nothing: the rows wait in the table. Only regressions whose first run is recent
-(`max_age`) are sent: turning the webhook on, or importing old sweeps, does not page anyone
-about last year.
+Each event's table is its outbox: a due row whose `notified_at` is NULL has not been
+delivered (models.WebhookOutbox). A thread beside the server claims due rows one at a time
+(a lease in `notify_after`, longer than a delivery can take, so two registry processes do
+not send the same one at once), POSTs each to the webhook and marks it delivered on a 2xx;
+any other answer, or none, is retried later with exponential backoff and jitter. A registry
+restart loses nothing: the rows wait in their tables. Only regressions whose first run is
+recent (`max_age`) are sent: turning the webhook on, or importing old sweeps, does not page
+anyone about last year. Each pass first checks the watched rollouts whose models have new
+runs, so that a change of verdict is sent in the same pass.
 """
 
 from __future__ import annotations
@@ -16,20 +18,25 @@ import logging
 import random
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import urlencode
 
 import httpx
-from sqlalchemy import or_, select, update
+from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from fleetbench.registry.db import write_transaction
-from fleetbench.registry.models import Regression
+from fleetbench.registry.models import Regression, RolloutWatch
+from fleetbench.registry.questions.compare import CompareSettings
 from fleetbench.registry.questions.knee_shifts import KNEE_METRIC
+from fleetbench.registry.rollouts import check_rollouts, rollout_link, rollout_public
 from fleetbench.registry.schemas import RegressionPublic, SeriesKey, regression_public
 
 __all__ = ["WebhookNotifier", "series_link"]
 
 log = logging.getLogger("fleetbench.registry.notify")
+
+Outbox = type[Regression] | type[RolloutWatch]
 
 
 def series_link(public_url: str, series: RegressionPublic) -> str:
@@ -40,6 +47,12 @@ def series_link(public_url: str, series: RegressionPublic) -> str:
         return f"{public_url.rstrip('/')}/curves?{query}"
     query = urlencode(series.model_dump(include=set(SeriesKey.model_fields)))
     return f"{public_url.rstrip('/')}/series?{query}"
+
+
+def _row(session: Session, outbox: Outbox, row_id: int) -> Regression | RolloutWatch | None:
+    if outbox is Regression:
+        return session.get(Regression, row_id)
+    return session.get(RolloutWatch, row_id)
 
 
 class WebhookNotifier:
@@ -54,7 +67,10 @@ class WebhookNotifier:
         max_retry: float = 3600.0,
         poll_interval: float = 30.0,
         max_age: timedelta = timedelta(days=7),
+        compare_settings: CompareSettings | None = None,
     ) -> None:
+        """`compare_settings`: check the watched rollouts with these at each pass (None:
+        deliver only what is already waiting)."""
         self.sessions = sessions
         self.url = url
         self.public_url = public_url
@@ -63,6 +79,7 @@ class WebhookNotifier:
         self.max_retry = max_retry
         self.poll_interval = poll_interval
         self.max_age = max_age
+        self.compare_settings = compare_settings
         # httpx's timeout bounds each phase (connect, write, each read): a delivery can take
         # a few of them, and the lease must outlast it.
         self.lease = timedelta(seconds=6 * timeout)
@@ -96,57 +113,78 @@ class WebhookNotifier:
             self._wake.wait(self.poll_interval)
 
     def deliver_due(self) -> int:
-        """One pass over the regressions due when it starts (one that fails waits for its
-        retry, not for this pass); returns how many were delivered."""
+        """One pass: the watched rollouts checked, then the events due when it starts
+        delivered (one that fails waits for its retry, not for this pass); returns how many
+        were delivered."""
+        if self.compare_settings is not None:
+            try:
+                with self.sessions() as session:
+                    check_rollouts(session, self.compare_settings)
+            except Exception:  # the database may be down: what is due is still tried
+                log.exception("checking the watched rollouts failed")
         started = datetime.now(UTC)
         delivered = 0
-        while (regression_id := self._claim_next(due_by=started)) is not None:
-            delivered += self._deliver(regression_id)
+        for outbox in (Regression, RolloutWatch):
+            while (row_id := self._claim_next(outbox, due_by=started)) is not None:
+                delivered += self._deliver(outbox, row_id)
         return delivered
 
-    def _claim_next(self, *, due_by: datetime) -> int | None:
-        """A due regression now leased to this process, or None when none is due."""
-        is_due = or_(Regression.notify_after.is_(None), Regression.notify_after <= due_by)
+    def _pending(self, outbox: Outbox, due_by: datetime) -> list[ColumnElement[bool]]:
+        """What makes a row of `outbox` an event still to send."""
+        if outbox is Regression:
+            return [
+                Regression.acknowledged_at.is_(None),
+                Regression.change < 0,
+                Regression.first_seen_at >= due_by - self.max_age,
+            ]
+        return [RolloutWatch.changed_at.is_not(None)]
+
+    def _claim_next(self, outbox: Outbox, *, due_by: datetime) -> int | None:
+        """A due event of `outbox` now leased to this process, or None when none is due."""
+        is_due = or_(outbox.notify_after.is_(None), outbox.notify_after <= due_by)
+        first = (Regression.detected_at,) if outbox is Regression else (RolloutWatch.changed_at,)
         while True:
             with self.sessions() as session, write_transaction(session):
                 due = session.scalars(
-                    select(Regression.id)
-                    .where(
-                        Regression.notified_at.is_(None),
-                        Regression.acknowledged_at.is_(None),
-                        Regression.change < 0,
-                        Regression.first_seen_at >= due_by - self.max_age,
-                        is_due,
-                    )
-                    .order_by(Regression.detected_at, Regression.id)
+                    select(outbox.id)
+                    .where(outbox.notified_at.is_(None), is_due, *self._pending(outbox, due_by))
+                    .order_by(*first, outbox.id)
                     .limit(10)
                 ).all()
                 if not due:
                     return None
                 lease = datetime.now(UTC) + self.lease
-                for regression_id in due:
+                for row_id in due:
                     claimed = session.execute(
-                        update(Regression)
-                        .where(Regression.id == regression_id, is_due)
-                        .values(notify_after=lease)
+                        update(outbox).where(outbox.id == row_id, is_due).values(notify_after=lease)
                     )
                     if claimed.rowcount == 1:  # type: ignore[attr-defined]
                         session.commit()
-                        return regression_id
+                        return row_id
                 session.commit()  # all taken by another process meanwhile: look again
 
-    def _deliver(self, regression_id: int) -> int:
-        with self.sessions() as session:
-            regression = session.get(Regression, regression_id)
-            if regression is None:  # withdrawn meanwhile
-                return 0
-            public = regression_public(regression)
-            body = {
+    def _event(self, row: Regression | RolloutWatch) -> dict[str, Any]:
+        if isinstance(row, Regression):
+            regression = regression_public(row)
+            return {
                 "event": "regression",
-                "regression": public.model_dump(mode="json"),
-                "url": series_link(self.public_url, public),
+                "regression": regression.model_dump(mode="json"),
+                "url": series_link(self.public_url, regression),
             }
-            attempts = regression.notify_attempts
+        rollout = rollout_public(row)
+        return {
+            "event": "rollout_verdict",
+            "rollout": rollout.model_dump(mode="json"),
+            "url": rollout_link(self.public_url, rollout),
+        }
+
+    def _deliver(self, outbox: Outbox, row_id: int) -> int:
+        with self.sessions() as session:
+            row = _row(session, outbox, row_id)
+            if row is None:  # withdrawn or forgotten meanwhile
+                return 0
+            body = self._event(row)
+            attempts = row.notify_attempts
         error: str | None = None
         try:
             response = self._client.post(self.url, json=body)
@@ -156,19 +194,17 @@ class WebhookNotifier:
             error = f"{type(exc).__name__}: {exc}"
         now = datetime.now(UTC)
         with self.sessions() as session, write_transaction(session):
-            regression = session.get(Regression, regression_id)
-            if regression is None:
+            row = _row(session, outbox, row_id)
+            if row is None:
                 return 0
-            regression.notify_attempts = attempts + 1
+            row.notify_attempts = attempts + 1
             if error is None:
-                regression.notified_at = now
-                regression.notify_error = None
+                row.notified_at = now
+                row.notify_error = None
             else:
                 backoff = min(self.max_retry, self.first_retry * 2 ** min(attempts, 30))
-                regression.notify_after = now + timedelta(
-                    seconds=backoff * random.uniform(0.5, 1.0)
-                )
-                regression.notify_error = error
-                log.warning("webhook for regression %s failed: %s", regression_id, error)
+                row.notify_after = now + timedelta(seconds=backoff * random.uniform(0.5, 1.0))
+                row.notify_error = error
+                log.warning("webhook for %s %s failed: %s", body["event"], row_id, error)
             session.commit()
         return 1 if error is None else 0

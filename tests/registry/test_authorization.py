@@ -59,6 +59,10 @@ ASKS = [
     Ask("GET", "/v1/placement", {"model": ARTICLE_MODEL, "min_tps_per_user": 15}),
     Ask("GET", "/v1/capacity", {"model": ARTICLE_MODEL, "users": 8, "min_tps_per_user": 15}),
     Ask("GET", "/v1/compare", {"model": ARTICLE_MODEL, "from_build": "b1", "to_build": "b2"}),
+    Ask("GET", "/v1/rollouts"),
+    Ask("POST", "/v1/rollouts", body=lambda: {"model": "nope", "from_build": "1", "to_build": "2"},
+        done=404),  # no such model: past the gate, it is looked up
+    Ask("DELETE", "/v1/rollouts/{rollout_id}", done=404),
     Ask("GET", "/v1/regressions"),
     Ask("POST", "/v1/regressions/{regression_id}/acknowledge", body=lambda: {"note": "ok"},
         done=404),  # no regression has that id: past the gate, it is looked up
@@ -94,7 +98,7 @@ def expected(ask: Ask, caller: str, *, reads_closed: bool) -> int:
     elif (
         ask.path.startswith(("/v1/tokens", "/v1/plans/sweep-now"))
         or ask.path.endswith("/acknowledge")
-        or (ask.path.startswith("/v1/plans") and ask.method != "GET")
+        or (ask.path.startswith(("/v1/plans", "/v1/rollouts")) and ask.method != "GET")
     ):
         gate = "admin"
     elif not reads_closed:
@@ -142,6 +146,7 @@ def _fleet(registry: LiveRegistry) -> tuple[dict[str, str | None], dict[str, str
         "run_id": str(report.run_id),
         "name": "node-a",
         "regression_id": "2147483000",
+        "rollout_id": "2147483000",
         "token_id": str(victim.id),
     }
     return callers, values

@@ -19,6 +19,7 @@ from fleetbench.contract import wire
 from fleetbench.registry import crud, tokens
 from fleetbench.registry.db import session_factory, write_transaction
 from fleetbench.registry.ingest import ingest_batch
+from fleetbench.registry.notify import WebhookNotifier
 from fleetbench.registry.questions.compare import (
     CompareSettings,
     PointKey,
@@ -34,6 +35,7 @@ from tests.factories import (
     ARTICLE_TABLE,
     DAY0,
     LiveRegistry,
+    Receiver,
     make_report,
     make_serving_report,
     post_report,
@@ -261,6 +263,65 @@ def test_an_unknown_model_is_404_and_a_build_no_run_has_says_so(
         f"llama.cpp b{OLD} Metal, which '{OLD}' and 'llama.cpp b{OLD} Metal' both name"
     )
     assert [n["node"] for n in answer["not_compared"]] == []
+
+
+def test_a_watched_rollout_says_once_on_the_webhook_when_its_verdict_changes(
+    live_registry: LiveRegistry, receiver: Receiver
+) -> None:
+    """Unknown while the canaries have one run of the new build; hold once they have three;
+    the change POSTed once, with a link to the comparison; nothing new, nothing sent."""
+    seed(live_registry.engine, FLEET, {OLD: 3, NEW: 1}, h100_slower_at_8_and_up)
+    admin = live_registry.scoped_token("admin", name="ops")
+    body = {"model": ARTICLE_MODEL, "from_build": f"b{OLD}", "to_build": str(NEW)}
+    with live_registry.client(admin) as client:
+        made = client.post("/v1/rollouts", json=body)
+        assert made.status_code == 201, made.text
+        watch = made.json()
+        assert (watch["verdict"], watch["created_by"], watch["kind"]) == (
+            "unknown",
+            "ops",
+            "offline",
+        )
+        assert "more run" in watch["reason"]
+        again = client.post("/v1/rollouts", json=body)
+        assert (again.status_code, again.json()["id"]) == (200, watch["id"])
+        assert client.post("/v1/rollouts", json=body | {"model": "nope"}).status_code == 404
+        assert client.post("/v1/rollouts", json=body | {"kind": "both"}).status_code == 422
+    with live_registry.client() as client:  # the reader's view: open reads here
+        assert client.post("/v1/rollouts", json=body).status_code == 401
+    notifier = WebhookNotifier(
+        session_factory(live_registry.engine),
+        url=receiver.url,
+        public_url="http://registry.example:8787",
+        compare_settings=CompareSettings(),
+    )
+    try:
+        assert notifier.deliver_due() == 0  # the first verdict is the admin's answer
+        seed(live_registry.engine, FLEET, {NEW: 2}, h100_slower_at_8_and_up, seed=8)
+        assert notifier.deliver_due() == 1
+        assert notifier.deliver_due() == 0  # sent once; no run since: not checked again
+    finally:
+        notifier.stop()
+    [event] = receiver.bodies
+    assert event["event"] == "rollout_verdict"
+    rollout = event["rollout"]
+    assert (rollout["id"], rollout["verdict"], rollout["previous_verdict"]) == (
+        watch["id"],
+        "hold",
+        "unknown",
+    )
+    assert H100 in rollout["reason"]
+    assert event["url"] == (
+        f"http://registry.example:8787/compare?model={ARTICLE_MODEL}&from_build=b{OLD}"
+        f"&to_build={NEW}&kind=offline"
+    )
+    with live_registry.client() as client:
+        [listed] = client.get("/v1/rollouts").json()["data"]
+        assert (listed["verdict"], listed["notified_at"] is not None) == ("hold", True)
+    with live_registry.client(admin) as client:
+        assert client.delete(f"/v1/rollouts/{watch['id']}").status_code == 204
+        assert client.delete(f"/v1/rollouts/{watch['id']}").status_code == 404
+        assert client.get("/v1/rollouts").json() == {"data": [], "count": 0}
 
 
 def test_the_cli_prints_the_verdict_as_a_table_or_markdown_and_fails_on_hold(

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -17,7 +13,7 @@ from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import session_factory
 from fleetbench.registry.models import Regression
 from fleetbench.registry.notify import WebhookNotifier
-from tests.factories import WOBBLE, LiveRegistry, post_history, running_registry
+from tests.factories import WOBBLE, LiveRegistry, Receiver, post_history, running_registry
 
 SLOWER_BUILD = [(1, w) for w in WOBBLE[:5]] + [(2, 0.8), (2, 0.8)]
 
@@ -25,48 +21,6 @@ SLOWER_BUILD = [(1, w) for w in WOBBLE[:5]] + [(2, 0.8), (2, 0.8)]
 def recently() -> datetime:
     """A start such that the regression's first run (day 5) was two days ago."""
     return datetime.now(UTC) - timedelta(days=7)
-
-
-class Receiver:
-    """Answers each POST with the next status in `statuses` (then 200) and keeps the bodies."""
-
-    def __init__(self, statuses: list[int]) -> None:
-        self.statuses = statuses
-        self.bodies: list[dict[str, Any]] = []
-        self.attempts = 0
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers["Content-Length"])
-                body = json.loads(self.rfile.read(length))
-                receiver.attempts += 1
-                status = receiver.statuses.pop(0) if receiver.statuses else 200
-                if status == 200:
-                    receiver.bodies.append(body)
-                self.send_response(status)
-                self.end_headers()
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def wait_for(self, count: int, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.bodies) < count:
-            assert time.monotonic() < deadline, f"{len(self.bodies)} of {count} webhooks arrived"
-            time.sleep(0.05)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    found = Receiver([])
-    yield found
-    found.server.shutdown()
-    found.server.server_close()
 
 
 def test_a_new_regression_reaches_the_webhook_with_a_link(
