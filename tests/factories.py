@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -424,12 +424,14 @@ def columns_down_and_up(
 
 
 class Receiver:
-    """Answers each POST with the next status in `statuses` (then 200) and keeps the bodies."""
+    """Answers each POST with the next status in `statuses` (then 200) and keeps the bodies;
+    `meanwhile` runs before each answer (what another process does during a delivery)."""
 
     def __init__(self, statuses: list[int]) -> None:
         self.statuses = statuses
         self.bodies: list[dict[str, Any]] = []
         self.attempts = 0
+        self.meanwhile: Callable[[], None] | None = None
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -437,6 +439,8 @@ class Receiver:
                 length = int(self.headers["Content-Length"])
                 body = json.loads(self.rfile.read(length))
                 receiver.attempts += 1
+                if receiver.meanwhile is not None:
+                    receiver.meanwhile()
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
                 if status == 200:
                     receiver.bodies.append(body)

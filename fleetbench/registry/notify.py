@@ -55,6 +55,12 @@ def _row(session: Session, outbox: Outbox, row_id: int) -> Regression | RolloutW
     return session.get(RolloutWatch, row_id)
 
 
+def _change_of(row: Regression | RolloutWatch) -> datetime | None:
+    """Which event a row holds: a regression is one event; a watched rollout holds its
+    latest change of verdict."""
+    return row.changed_at if isinstance(row, RolloutWatch) else None
+
+
 class WebhookNotifier:
     def __init__(
         self,
@@ -185,6 +191,7 @@ class WebhookNotifier:
                 return 0
             body = self._event(row)
             attempts = row.notify_attempts
+            sent = _change_of(row)
         error: str | None = None
         try:
             response = self._client.post(self.url, json=body)
@@ -195,7 +202,9 @@ class WebhookNotifier:
         now = datetime.now(UTC)
         with self.sessions() as session, write_transaction(session):
             row = _row(session, outbox, row_id)
-            if row is None:
+            if row is None or _change_of(row) != sent:
+                # withdrawn, or a rollout whose verdict changed again meanwhile: that newer
+                # change is the one still to send, and this answer says nothing of it
                 return 0
             row.notify_attempts = attempts + 1
             if error is None:

@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import exists, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fleetbench.contract.bounds import Name
@@ -116,13 +117,12 @@ def watch_rollout(
     now = datetime.now(UTC)
     watch = RolloutWatch(**key, created_at=now, created_by=by, checked_at=now)
     watch.verdict, watch.reason = _verdict(session, models, watch, settings)
-    with write_transaction(session):
-        # another admin may have made the same watch meanwhile: theirs stands
-        found = session.scalars(select(RolloutWatch).filter_by(**key)).one_or_none()
-        if found is not None:
-            return found, False
-        session.add(watch)
-        session.commit()
+    try:
+        with write_transaction(session):
+            session.add(watch)
+            session.commit()
+    except IntegrityError:  # another admin made the same watch meanwhile: theirs stands
+        return session.scalars(select(RolloutWatch).filter_by(**key)).one(), False
     return watch, True
 
 

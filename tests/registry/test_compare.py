@@ -9,16 +9,17 @@ import random
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 
 from fleetbench.contract import wire
 from fleetbench.registry import crud, tokens
 from fleetbench.registry.db import session_factory, write_transaction
 from fleetbench.registry.ingest import ingest_batch
+from fleetbench.registry.models import RolloutWatch
 from fleetbench.registry.notify import WebhookNotifier
 from fleetbench.registry.questions.compare import (
     CompareSettings,
@@ -30,6 +31,7 @@ from fleetbench.registry.questions.compare import (
     runs_needed,
 )
 from fleetbench.registry.questions.hardware import hardware_class
+from fleetbench.registry.rollouts import RolloutRequest, watch_rollout
 from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_TABLE,
@@ -322,6 +324,50 @@ def test_a_watched_rollout_says_once_on_the_webhook_when_its_verdict_changes(
         assert client.delete(f"/v1/rollouts/{watch['id']}").status_code == 204
         assert client.delete(f"/v1/rollouts/{watch['id']}").status_code == 404
         assert client.get("/v1/rollouts").json() == {"data": [], "count": 0}
+
+
+def test_a_change_made_while_the_one_before_is_delivered_is_sent_too(
+    live_registry: LiveRegistry, receiver: Receiver
+) -> None:
+    """Another registry process records a newer verdict while this one delivers the older:
+    the delivery's answer marks only what it sent, and the newer change goes next."""
+    seed(live_registry.engine, FLEET, {OLD: 3, NEW: 1}, h100_slower_at_8_and_up)
+    sessions = session_factory(live_registry.engine)
+    with sessions() as session:
+        [model] = crud.find_models(session, ARTICLE_MODEL)
+        request = RolloutRequest(model=ARTICLE_MODEL, from_build=str(OLD), to_build=str(NEW))
+        watch, _ = watch_rollout(session, request, [model], by="ops", settings=CompareSettings())
+        watch_id = watch.id
+    seed(live_registry.engine, FLEET, {NEW: 2}, h100_slower_at_8_and_up, seed=8)
+
+    def newer_verdict() -> None:
+        receiver.meanwhile = None
+        with sessions() as session, write_transaction(session):
+            session.execute(
+                update(RolloutWatch)
+                .where(RolloutWatch.id == watch_id)
+                .values(
+                    verdict="go",
+                    previous_verdict="hold",
+                    changed_at=datetime.now(UTC),
+                    notified_at=None,
+                    notify_after=None,
+                    notify_attempts=0,
+                )
+            )
+            session.commit()
+
+    receiver.meanwhile = newer_verdict
+    notifier = WebhookNotifier(
+        sessions, url=receiver.url, public_url="http://x", compare_settings=CompareSettings()
+    )
+    try:
+        # the hold sent but not counted as the watch's news, then the go in the same pass
+        assert notifier.deliver_due() == 1
+        assert notifier.deliver_due() == 0
+    finally:
+        notifier.stop()
+    assert [b["rollout"]["verdict"] for b in receiver.bodies] == ["hold", "go"]
 
 
 def test_the_cli_prints_the_verdict_as_a_table_or_markdown_and_fails_on_hold(
