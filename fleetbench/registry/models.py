@@ -48,6 +48,7 @@ __all__ = [
     "NodeActivity",
     "NodePlanStatus",
     "Regression",
+    "RolloutWatch",
     "Run",
     "RunOrder",
     "RunPoint",
@@ -55,6 +56,7 @@ __all__ = [
     "ServingPointRow",
     "SweepPlan",
     "Token",
+    "WebhookOutbox",
     "newer_run",
     "table_of",
 ]

@@ -119,20 +119,23 @@ class WebhookNotifier:
             self._wake.wait(self.poll_interval)
 
     def deliver_due(self) -> int:
-        """One pass: the watched rollouts checked, then the events due when it starts
-        delivered (one that fails waits for its retry, not for this pass); returns how many
-        were delivered."""
+        """One pass over the events due when it starts (one that fails waits for its retry,
+        not for this pass): the regressions, then the watched rollouts, checked first;
+        returns how many were delivered."""
+        started = datetime.now(UTC)
+        delivered = self._deliver_all(Regression, started)
         if self.compare_settings is not None:
             try:
                 with self.sessions() as session:
                     check_rollouts(session, self.compare_settings)
             except Exception:  # the database may be down: what is due is still tried
                 log.exception("checking the watched rollouts failed")
-        started = datetime.now(UTC)
+        return delivered + self._deliver_all(RolloutWatch, datetime.now(UTC))
+
+    def _deliver_all(self, outbox: Outbox, due_by: datetime) -> int:
         delivered = 0
-        for outbox in (Regression, RolloutWatch):
-            while (row_id := self._claim_next(outbox, due_by=started)) is not None:
-                delivered += self._deliver(outbox, row_id)
+        while (row_id := self._claim_next(outbox, due_by=due_by)) is not None:
+            delivered += self._deliver(outbox, row_id)
         return delivered
 
     def _pending(self, outbox: Outbox, due_by: datetime) -> list[ColumnElement[bool]]:
@@ -187,7 +190,7 @@ class WebhookNotifier:
     def _deliver(self, outbox: Outbox, row_id: int) -> int:
         with self.sessions() as session:
             row = _row(session, outbox, row_id)
-            if row is None:  # withdrawn or forgotten meanwhile
+            if row is None or row.notified_at is not None:  # withdrawn, or sent meanwhile
                 return 0
             body = self._event(row)
             attempts = row.notify_attempts

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import exists, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -23,8 +23,9 @@ from sqlalchemy.orm import Session
 from fleetbench.contract.bounds import Name
 from fleetbench.registry import crud
 from fleetbench.registry.compare import CompareKind, compare_builds
+from fleetbench.registry.compare.rows import select_builds
 from fleetbench.registry.db import write_transaction
-from fleetbench.registry.models import Model, RolloutWatch, Run
+from fleetbench.registry.models import RUN_SERVED, RUN_SUCCESSFUL, Model, RolloutWatch, Run
 from fleetbench.registry.questions.compare import CompareSettings, Verdict
 
 log = logging.getLogger("fleetbench.registry.rollouts")
@@ -51,6 +52,12 @@ class RolloutRequest(BaseModel):
     from_build: Name = Field(description="the build the fleet runs now")
     to_build: Name = Field(description="the build being rolled out")
     kind: CompareKind = "offline"
+
+    @model_validator(mode="after")
+    def _two_builds(self) -> RolloutRequest:
+        if self.from_build == self.to_build:
+            raise ValueError("from_build and to_build name the same build: nothing to compare")
+        return self
 
 
 class RolloutPublic(BaseModel):
@@ -79,7 +86,7 @@ def rollout_public(watch: RolloutWatch) -> RolloutPublic:
 
 
 def rollout_link(public_url: str, watch: RolloutPublic) -> str:
-    """The dashboard's Rollouts page for the watched comparison."""
+    """The dashboard's compare page of the watched comparison."""
     query = urlencode(watch.model_dump(include={"model", "from_build", "to_build", "kind"}))
     return f"{public_url.rstrip('/')}/compare?{query}"
 
@@ -109,8 +116,10 @@ def watch_rollout(
     settings: CompareSettings,
 ) -> tuple[RolloutWatch, bool]:
     """The watch of this comparison, made now with its first verdict (True) or as it was
-    (False). The first verdict is no event: the admin who asked reads it in the answer."""
-    key = request.model_dump()
+    (False). The first verdict is no event: the admin who asked reads it in the answer.
+    The model is kept by its name as stored, however the request spelt it (any case, with
+    `.gguf`, its sha256): one watch for one model."""
+    key = request.model_dump() | {"model": models[0].name}
     found = session.scalars(select(RolloutWatch).filter_by(**key)).one_or_none()
     if found is not None:
         return found, False
@@ -122,7 +131,11 @@ def watch_rollout(
             session.add(watch)
             session.commit()
     except IntegrityError:  # another admin made the same watch meanwhile: theirs stands
-        return session.scalars(select(RolloutWatch).filter_by(**key)).one(), False
+        session.rollback()
+        theirs = session.scalars(select(RolloutWatch).filter_by(**key)).one_or_none()
+        if theirs is None:  # made and forgotten again meanwhile: ask again
+            raise
+        return theirs, False
     return watch, True
 
 
@@ -140,34 +153,52 @@ def forget_rollout(session: Session, rollout_id: int) -> bool:
     return True
 
 
-def _has_runs_since(session: Session, models: Sequence[Model], since: datetime) -> bool:
-    newer = select(Run.id).where(Run.model_id.in_([m.id for m in models]), Run.received_at > since)
+# Ingest stamps a run's received_at when its transaction starts, and another process's
+# clock may run behind ours: runs received this long before a check are looked at again.
+RECEIVED_GRACE = timedelta(minutes=2)
+
+
+def _has_runs_since(
+    session: Session, models: Sequence[Model], watch: RolloutWatch, since: datetime
+) -> bool:
+    """Whether runs that the watch compares (its builds, its kind) were received since."""
+    builds = select_builds(session, watch.from_build, watch.to_build)
+    newer = select(Run.id).where(
+        Run.model_id.in_([m.id for m in models]),
+        Run.build_id.in_([*builds.before_ids, *builds.after_ids]),
+        RUN_SERVED if watch.kind == "serving" else RUN_SUCCESSFUL,
+        Run.received_at > since - RECEIVED_GRACE,
+    )
     return bool(session.scalar(select(exists(newer))))
 
 
 def check_rollouts(session: Session, settings: CompareSettings) -> int:
-    """Each watch whose model has runs received since its last check, checked again;
+    """Each watch with runs of its builds received since its last check, checked again;
     returns how many verdicts changed (each now an event waiting for the webhook). A watch
     that cannot be checked is logged and left for the next pass: the others go on."""
     changed = 0
-    for watch in watched_rollouts(session):
+    for watch_id in session.scalars(select(RolloutWatch.id).order_by(RolloutWatch.id)).all():
         try:
-            changed += _check(session, watch, settings)
+            changed += _check(session, watch_id, settings)
         except Exception:
             session.rollback()
-            log.exception("the watched rollout %s could not be checked", watch.id)
+            log.exception("the watched rollout %s could not be checked", watch_id)
     return changed
 
 
-def _check(session: Session, watch: RolloutWatch, settings: CompareSettings) -> bool:
-    """Whether this check changed the watch's verdict (and recorded it: another registry
-    process checking it at the same moment records it once)."""
-    models = crud.find_models(session, watch.model)
-    if not models or not _has_runs_since(session, models, watch.checked_at):
-        return False
+def _check(session: Session, watch_id: int, settings: CompareSettings) -> bool:
+    """Whether this check changed the watch's verdict (and recorded it: of registry
+    processes checking it at once, one records it, and never over a later check's)."""
+    session.commit()  # each watch read in a snapshot of its own, taken from here
     started = datetime.now(UTC)  # runs received from here on bring another check
+    watch = session.get(RolloutWatch, watch_id, populate_existing=True)
+    if watch is None:  # forgotten meanwhile
+        return False
+    models = crud.find_models(session, watch.model)
+    if not models or not _has_runs_since(session, models, watch, watch.checked_at):
+        return False
     verdict, reason = _verdict(session, models, watch, settings)
-    was = watch.verdict
+    was, last_checked = watch.verdict, watch.checked_at
     values: dict[str, object] = {"checked_at": started, "verdict": verdict, "reason": reason}
     if verdict != was:
         values |= {
@@ -178,12 +209,16 @@ def _check(session: Session, watch: RolloutWatch, settings: CompareSettings) -> 
             "notify_attempts": 0,
             "notify_error": None,
         }
-    watch_id = watch.id
     with write_transaction(session):
         recorded = session.execute(
             update(RolloutWatch)
-            .where(RolloutWatch.id == watch_id, RolloutWatch.verdict == was)
+            .where(
+                RolloutWatch.id == watch_id,
+                RolloutWatch.verdict == was,
+                RolloutWatch.checked_at == last_checked,
+            )
             .values(**values)
+            .execution_options(synchronize_session=False)
         )
         session.commit()
     return verdict != was and recorded.rowcount == 1  # type: ignore[attr-defined]
