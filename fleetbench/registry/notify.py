@@ -127,7 +127,7 @@ class WebhookNotifier:
         if self.compare_settings is not None:
             try:
                 with self.sessions() as session:
-                    check_rollouts(session, self.compare_settings)
+                    check_rollouts(session, self.compare_settings, stop=self._stop)
             except Exception:  # the database may be down: what is due is still tried
                 log.exception("checking the watched rollouts failed")
         return delivered + self._deliver_all(RolloutWatch, datetime.now(UTC))

@@ -11,6 +11,7 @@ stored verdict is still the one the check started from, so it is announced once.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
@@ -172,12 +173,17 @@ def _has_runs_since(
     return bool(session.scalar(select(exists(newer))))
 
 
-def check_rollouts(session: Session, settings: CompareSettings) -> int:
+def check_rollouts(
+    session: Session, settings: CompareSettings, *, stop: threading.Event | None = None
+) -> int:
     """Each watch with runs of its builds received since its last check, checked again;
     returns how many verdicts changed (each now an event waiting for the webhook). A watch
-    that cannot be checked is logged and left for the next pass: the others go on."""
+    that cannot be checked is logged and left for the next pass: the others go on. `stop`
+    set: the watches not yet checked wait for the next pass (the registry is stopping)."""
     changed = 0
     for watch_id in session.scalars(select(RolloutWatch.id).order_by(RolloutWatch.id)).all():
+        if stop is not None and stop.is_set():
+            break
         try:
             changed += _check(session, watch_id, settings)
         except Exception:
