@@ -17,13 +17,15 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlencode
 
 import httpx
 from sqlalchemy import ColumnElement, or_, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import Regression, RolloutWatch
@@ -36,8 +38,6 @@ __all__ = ["WebhookNotifier", "series_link"]
 
 log = logging.getLogger("fleetbench.registry.notify")
 
-Outbox = type[Regression] | type[RolloutWatch]
-
 
 def series_link(public_url: str, series: RegressionPublic) -> str:
     """The dashboard page of a regression's series; of a knee's move, the node's curves of
@@ -49,16 +49,19 @@ def series_link(public_url: str, series: RegressionPublic) -> str:
     return f"{public_url.rstrip('/')}/series?{query}"
 
 
-def _row(session: Session, outbox: Outbox, row_id: int) -> Regression | RolloutWatch | None:
-    if outbox is Regression:
-        return session.get(Regression, row_id)
-    return session.get(RolloutWatch, row_id)
+RowT = TypeVar("RowT", Regression, RolloutWatch)
 
 
-def _change_of(row: Regression | RolloutWatch) -> datetime | None:
-    """Which event a row holds: a regression is one event; a watched rollout holds its
-    latest change of verdict."""
-    return row.changed_at if isinstance(row, RolloutWatch) else None
+@dataclass(frozen=True)
+class _Outbox(Generic[RowT]):
+    """One kind of event and the table that is its outbox."""
+
+    table: type[RowT]
+    first: InstrumentedAttribute[datetime | None]  # the order its events go out in
+    pending: Callable[[datetime], list[ColumnElement[bool]]]  # besides being due, at a pass
+    event: Callable[[RowT], dict[str, Any]]  # the body POSTed
+    # which event a row holds: a regression is one; a watch, its latest change of verdict
+    change: Callable[[RowT], datetime | None]
 
 
 class WebhookNotifier:
@@ -86,6 +89,24 @@ class WebhookNotifier:
         self.poll_interval = poll_interval
         self.max_age = max_age
         self.compare_settings = compare_settings
+        self._regressions = _Outbox(
+            Regression,
+            Regression.detected_at,
+            lambda started: [
+                Regression.acknowledged_at.is_(None),
+                Regression.change < 0,
+                Regression.first_seen_at >= started - self.max_age,
+            ],
+            self._regression_event,
+            lambda _: None,
+        )
+        self._rollouts = _Outbox(
+            RolloutWatch,
+            RolloutWatch.changed_at,
+            lambda _: [RolloutWatch.changed_at.is_not(None)],
+            self._rollout_event,
+            lambda watch: watch.changed_at,
+        )
         # httpx's timeout bounds each phase (connect, write, each read): a delivery can take
         # a few of them, and the lease must outlast it.
         self.lease = timedelta(seconds=6 * timeout)
@@ -123,41 +144,31 @@ class WebhookNotifier:
         not for this pass): the regressions, then the watched rollouts, checked first;
         returns how many were delivered."""
         started = datetime.now(UTC)
-        delivered = self._deliver_all(Regression, started)
+        delivered = self._deliver_all(self._regressions, started)
         if self.compare_settings is not None:
             try:
                 with self.sessions() as session:
                     check_rollouts(session, self.compare_settings, stop=self._stop)
             except Exception:  # the database may be down: what is due is still tried
                 log.exception("checking the watched rollouts failed")
-        return delivered + self._deliver_all(RolloutWatch, datetime.now(UTC))
+        return delivered + self._deliver_all(self._rollouts, datetime.now(UTC))
 
-    def _deliver_all(self, outbox: Outbox, due_by: datetime) -> int:
+    def _deliver_all(self, outbox: _Outbox[RowT], due_by: datetime) -> int:
         delivered = 0
         while (row_id := self._claim_next(outbox, due_by=due_by)) is not None:
             delivered += self._deliver(outbox, row_id)
         return delivered
 
-    def _pending(self, outbox: Outbox, due_by: datetime) -> list[ColumnElement[bool]]:
-        """What makes a row of `outbox` an event still to send."""
-        if outbox is Regression:
-            return [
-                Regression.acknowledged_at.is_(None),
-                Regression.change < 0,
-                Regression.first_seen_at >= due_by - self.max_age,
-            ]
-        return [RolloutWatch.changed_at.is_not(None)]
-
-    def _claim_next(self, outbox: Outbox, *, due_by: datetime) -> int | None:
+    def _claim_next(self, outbox: _Outbox[RowT], *, due_by: datetime) -> int | None:
         """A due event of `outbox` now leased to this process, or None when none is due."""
-        is_due = or_(outbox.notify_after.is_(None), outbox.notify_after <= due_by)
-        first = (Regression.detected_at,) if outbox is Regression else (RolloutWatch.changed_at,)
+        table = outbox.table
+        is_due = or_(table.notify_after.is_(None), table.notify_after <= due_by)
         while True:
             with self.sessions() as session, write_transaction(session):
                 due = session.scalars(
-                    select(outbox.id)
-                    .where(outbox.notified_at.is_(None), is_due, *self._pending(outbox, due_by))
-                    .order_by(*first, outbox.id)
+                    select(table.id)
+                    .where(table.notified_at.is_(None), is_due, *outbox.pending(due_by))
+                    .order_by(outbox.first, table.id)
                     .limit(10)
                 ).all()
                 if not due:
@@ -165,21 +176,22 @@ class WebhookNotifier:
                 lease = datetime.now(UTC) + self.lease
                 for row_id in due:
                     claimed = session.execute(
-                        update(outbox).where(outbox.id == row_id, is_due).values(notify_after=lease)
+                        update(table).where(table.id == row_id, is_due).values(notify_after=lease)
                     )
                     if claimed.rowcount == 1:  # type: ignore[attr-defined]
                         session.commit()
                         return row_id
                 session.commit()  # all taken by another process meanwhile: look again
 
-    def _event(self, row: Regression | RolloutWatch) -> dict[str, Any]:
-        if isinstance(row, Regression):
-            regression = regression_public(row)
-            return {
-                "event": "regression",
-                "regression": regression.model_dump(mode="json"),
-                "url": series_link(self.public_url, regression),
-            }
+    def _regression_event(self, row: Regression) -> dict[str, Any]:
+        regression = regression_public(row)
+        return {
+            "event": "regression",
+            "regression": regression.model_dump(mode="json"),
+            "url": series_link(self.public_url, regression),
+        }
+
+    def _rollout_event(self, row: RolloutWatch) -> dict[str, Any]:
         rollout = rollout_public(row)
         return {
             "event": "rollout_verdict",
@@ -187,14 +199,14 @@ class WebhookNotifier:
             "url": rollout_link(self.public_url, rollout),
         }
 
-    def _deliver(self, outbox: Outbox, row_id: int) -> int:
+    def _deliver(self, outbox: _Outbox[RowT], row_id: int) -> int:
         with self.sessions() as session:
-            row = _row(session, outbox, row_id)
+            row = session.get(outbox.table, row_id)
             if row is None or row.notified_at is not None:  # withdrawn, or sent meanwhile
                 return 0
-            body = self._event(row)
+            body = outbox.event(row)
             attempts = row.notify_attempts
-            sent = _change_of(row)
+            sent = outbox.change(row)
         error: str | None = None
         try:
             response = self._client.post(self.url, json=body)
@@ -204,8 +216,8 @@ class WebhookNotifier:
             error = f"{type(exc).__name__}: {exc}"
         now = datetime.now(UTC)
         with self.sessions() as session, write_transaction(session):
-            row = _row(session, outbox, row_id)
-            if row is None or _change_of(row) != sent:
+            row = session.get(outbox.table, row_id)
+            if row is None or outbox.change(row) != sent:
                 # withdrawn, or a rollout whose verdict changed again meanwhile: that newer
                 # change is the one still to send, and this answer says nothing of it
                 return 0
