@@ -5,6 +5,7 @@ serving the users found by the pure planner (registry.questions.capacity)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -18,7 +19,6 @@ from fleetbench.contract.answers import (
     CapacityNode,
     CapacityRefusal,
     PlacementCandidate,
-    PlacementKind,
 )
 from fleetbench.registry.models import HardwareFingerprint, Model, Run
 from fleetbench.registry.placement import PlacementQuestion, place
@@ -63,24 +63,15 @@ def _classes(session: Session, run_ids: Sequence[object]) -> dict[object, str]:
 def plan_capacity(
     session: Session,
     models: Sequence[Model],
+    question: PlacementQuestion,
     *,
     users: int,
-    min_tps_per_user: float,
-    context_tokens: int | None = None,
-    max_ttft_ms: float | None = None,
-    kind: PlacementKind = "any",
-    max_age_days: float | None = None,
     reserve: Collection[str] = (),
     stale_after_hours: float,
 ) -> CapacityAnswer:
-    question = PlacementQuestion(
-        min_tps_per_user=min_tps_per_user,
-        context_tokens=context_tokens,
-        max_age_days=max_age_days,
-        kind=kind,
-        max_ttft_ms=max_ttft_ms,
-        limit=EVERY_NODE,
-    )
+    """The fewest nodes serving `users` users, each as placement's `question` asks (every
+    candidate considered, whatever its `limit`), leaving out the `reserve`d nodes."""
+    question = dataclasses.replace(question, limit=EVERY_NODE)
     placed = place(session, models, question)
     now = datetime.now(UTC)
     stale_before = now - timedelta(hours=stale_after_hours)
@@ -109,10 +100,10 @@ def plan_capacity(
     return CapacityAnswer(
         model=placed.model,
         users=users,
-        min_tps_per_user=min_tps_per_user,
-        context_tokens=context_tokens,
-        max_ttft_ms=max_ttft_ms,
-        kind=kind,
+        min_tps_per_user=question.min_tps_per_user,
+        context_tokens=question.context_tokens,
+        max_ttft_ms=question.max_ttft_ms,
+        kind=question.kind,
         enough=plan.enough,
         nodes_needed=len(plan.nodes) if plan.enough else None,
         plan=[_node(by_node[o.node], o, now) for o in plan.nodes],

@@ -116,15 +116,18 @@ def read_capacity(
     measured curve: the fewest nodes, how many of each hardware class alone would do, and
     the nodes left out and why."""
     _timed_kind(kind, max_ttft_ms)
+    question = PlacementQuestion(
+        min_tps_per_user=min_tps_per_user,
+        context_tokens=context_tokens,
+        max_age_days=max_age_days,
+        kind=kind,
+        max_ttft_ms=max_ttft_ms,
+    )
     answer = plan_capacity(
         session,
         models_or_404(session, model),
+        question,
         users=users,
-        min_tps_per_user=min_tps_per_user,
-        context_tokens=context_tokens,
-        max_ttft_ms=max_ttft_ms,
-        kind=kind,
-        max_age_days=max_age_days,
         reserve=set(reserve),
         stale_after_hours=settings.stale_after_hours,
     )
