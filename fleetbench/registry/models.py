@@ -35,6 +35,8 @@ __all__ = [
     "RUN_SERVED",
     "RUN_SUCCESSFUL",
     "Base",
+    "BuildPointSum",
+    "BuildSumsStamp",
     "DetectableChange",
     "EngineBuild",
     "FailedPoint",
@@ -157,6 +159,9 @@ class HardwareFingerprint(Base):
     description: Mapped[str | None] = mapped_column(String(300))
     memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     memory_kind: Mapped[str | None] = mapped_column(String(16))
+    # The description without its driver (questions.hardware.hardware_class): what a build
+    # comparison groups nodes by, in SQL.
+    hardware_class: Mapped[str | None] = mapped_column(String(300))
 
 
 class EngineBuild(Base):
@@ -549,6 +554,56 @@ class LatestServingRun(Base):
     gen_tokens: Mapped[int]
     slots: Mapped[int | None]
     ctx_per_slot: Mapped[int | None]
+
+
+class BuildPointSum(Base):
+    """A node's successful runs of a model with one build, on one hardware and settings,
+    summed per point and metric: kept by ingest in the runs' transaction, and by the prune
+    as it deletes runs (registry.compare.sums), so that a build comparison reads one row
+    per node, build and point, whatever the history."""
+
+    __tablename__ = "build_point_sums"
+
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    build_id: Mapped[int] = mapped_column(ForeignKey("engine_builds.id"), primary_key=True)
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    # 0: runs without a fingerprint (a key column is never NULL); fingerprints go with
+    # their node, whose rows here go too
+    fingerprint_id: Mapped[int] = mapped_column(primary_key=True)
+    settings: Mapped[str] = mapped_column(String(400), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(24), primary_key=True)
+    pp: Mapped[int] = mapped_column(primary_key=True)
+    tg: Mapped[int] = mapped_column(primary_key=True)
+    b: Mapped[int] = mapped_column(primary_key=True)
+    runs: Mapped[int]
+    total: Mapped[float]
+    squares: Mapped[float]
+    # over the runs whose point has repeats: their stdev relative to the value, and repeats
+    relative_sd: Mapped[float]
+    repeats: Mapped[float]
+    repeated: Mapped[int]
+
+
+class BuildSumsStamp(Base):
+    """When a node's sums of a model's build last changed, and how many times they have:
+    written with them (registry.compare.sums), so that a process holding a build's sums
+    (registry.compare.cache) knows them unchanged by reading a row per node, not per point."""
+
+    __tablename__ = "build_sums_stamps"
+
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    build_id: Mapped[int] = mapped_column(ForeignKey("engine_builds.id"), primary_key=True)
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int]
+    changed_at: Mapped[datetime]
 
 
 class NodeActivity(Base):

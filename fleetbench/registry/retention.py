@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlalchemy import Select, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
+from fleetbench.registry.compare.sums import remove_runs
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import (
     FailedPoint,
@@ -110,6 +111,7 @@ def prune_runs(
             points = session.scalar(
                 select(func.count()).select_from(RunPoint).where(RunPoint.run_id.in_(ids))
             )
+            remove_runs(session.connection(), ids)  # the comparisons' sums, while rows remain
             # Points first: the foreign keys would cascade, but deleting them directly is
             # one statement instead of a trigger per run.
             session.execute(delete(RunPoint).where(RunPoint.run_id.in_(ids)))

@@ -4,6 +4,7 @@ few runs are unknown with the runs needed; and the pure judgement beneath."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import subprocess
@@ -22,11 +23,13 @@ from fleetbench.registry.ingest import ingest_batch
 from fleetbench.registry.models import RolloutWatch
 from fleetbench.registry.notify import WebhookNotifier
 from fleetbench.registry.questions.compare import (
+    ClassFigures,
     CompareSettings,
+    ListedCell,
+    NodeSummary,
     PointKey,
     SideFigures,
     compare_cell,
-    compare_node,
     fleet_verdict,
     runs_needed,
 )
@@ -73,17 +76,19 @@ def seed(
     *,
     noise: float = 0.01,
     seed: int = 7,
+    first_hour: int = 0,
 ) -> None:
-    """`runs[build]` runs of each build on each node, interleaved in time, each point's
-    speeds scaled by the slowdown and by 1% noise (seeded)."""
+    """`runs[build]` runs of each build on each node, interleaved in time from
+    `first_hour`, each point's speeds scaled by the slowdown and by 1% noise (seeded)."""
     rng = random.Random(seed)
     batch: list[tuple[wire.RunReport, int]] = []
     with session_factory(engine)() as session, write_transaction(session):
         for node, card in fleet.items():
-            tokens.create_node_token(session, node_name=node, labels={})
+            if crud.find_node(session, node) is None:
+                tokens.create_node_token(session, node_name=node, labels={})
             found = crud.find_node(session, node)
             assert found is not None
-            hour = 0
+            hour = first_hour
             for build, count in runs.items():
                 for _ in range(count):
                     hour += 1
@@ -414,53 +419,44 @@ def test_the_cli_prints_the_verdict_as_a_table_or_markdown_and_fails_on_hold(
 SETTINGS = CompareSettings()
 
 
-def side(runs: int, mean: float, spread: float | None = 0.01) -> SideFigures:
-    return SideFigures(runs=runs, mean=mean, spread=spread, repeat_noise=None)
+def cell(before: tuple[int, float], after: tuple[int, float], noise: float = 0.03) -> ListedCell:
+    key = PointKey("s_tg", 512, 128, 8)
+    return ListedCell("gpu-1", key, SideFigures(*before), SideFigures(*after), noise)
 
 
 def test_a_cells_interval_and_detectable_change_narrow_with_runs() -> None:
-    key = PointKey("s_tg", 512, 128, 8)
-    few = compare_cell(key, side(2, 100, 0.03), side(2, 95, 0.03), SETTINGS)
-    many = compare_cell(key, side(20, 100, 0.03), side(20, 95, 0.03), SETTINGS)
-    assert few is not None and many is not None
-    assert few.ratio == many.ratio == pytest.approx(0.95)
+    few = compare_cell(cell((2, 100), (2, 95)), SETTINGS)
+    many = compare_cell(cell((20, 100), (20, 95)), SETTINGS)
+    assert few.ratio == pytest.approx(0.95) and many.ratio == pytest.approx(0.95)
     assert few.high - few.low > many.high - many.low
+    assert few.low < 0.95 < few.high
     assert few.detectable > many.detectable >= SETTINGS.min_change
     assert few.worse == pytest.approx(0.05)
-    ttft = compare_cell(PointKey("ttft_ms_p90", 512, 128, 4), side(3, 200), side(3, 240), SETTINGS)
-    assert ttft is not None and ttft.worse == pytest.approx(0.2)  # longer is worse
-    assert compare_cell(key, side(2, 0), side(2, 1), SETTINGS) is None
-
-
-def test_the_repeats_spread_counts_when_runs_agree_too_well() -> None:
-    key = PointKey("s_tg", 512, 128, 8)
-    calm = compare_cell(key, side(3, 100, 0.0), side(3, 100, 0.0), SETTINGS)
-    noisy = compare_cell(
-        key,
-        SideFigures(3, 100, 0.0, repeat_noise=0.04),
-        SideFigures(3, 100, 0.0, repeat_noise=None),
-        SETTINGS,
-    )
-    assert calm is not None and noisy is not None
-    assert calm.noise == SETTINGS.detection.noise_floor and noisy.noise == 0.04
+    ttft = ListedCell("gpu-1", PointKey("ttft_ms_p90", 512, 128, 4), SideFigures(3, 200),
+                      SideFigures(3, 240), 0.01)  # fmt: skip
+    assert compare_cell(ttft, SETTINGS).worse == pytest.approx(0.2)  # longer is worse
 
 
 def test_a_slowdown_beyond_noise_holds_though_the_runs_could_miss_a_smaller_one() -> None:
     """8% slower on 4 runs of each build at 3% noise: 3.8 standard errors out, so it holds;
     the 9.3% these runs would find with 95% probability decides only `unknown`."""
-    before, after = side(4, 100, 0.03), side(4, 92, 0.03)
-    cell = compare_cell(PointKey("s_tg", 512, 128, 8), before, after, SETTINGS)
-    assert cell is not None and cell.high < 1  # the interval clears no change
-    node = compare_node("gpu-1", H100, {cell.key: before}, {cell.key: after}, SETTINGS)
-    verdict = fleet_verdict([node], SETTINGS, {})
+    listed = compare_cell(cell((4, 100), (4, 92)), SETTINGS)
+    assert listed.high < 1  # the interval clears no change
+    node = NodeSummary("gpu-1", "H100", "H100 (driver 1)", "n_ctx=4096", 4, 4, 4, 4, True, 0.03)
+    figures = ClassFigures(
+        PointKey("s_tg", 512, 128, 8), "H100", 1, math.log(0.92), 0.03**2 * (1 / 4 + 1 / 4),
+        "gpu-1", math.log(0.92),
+    )  # fmt: skip
+    verdict = fleet_verdict([node], [figures], SETTINGS, {})
     assert verdict.verdict == "hold", verdict.reason
+    assert verdict.reason.startswith("H100: s_tg at B=8 (PP 512, TG 128) 8.0% slower")
 
 
-def test_figures_no_ratio_or_interval_can_hold_are_left_out_not_a_crash() -> None:
-    key = PointKey("s_tg", 512, 128, 8)
-    assert compare_cell(key, side(2, 1e12), side(2, 1e-320), SETTINGS) is None  # ratio 0
-    wide = compare_cell(key, SideFigures(2, 1.0, None, 1000.0), side(2, 1.0), SETTINGS)
-    assert wide is not None and 1e100 < wide.high < 1e200 and 1e-200 < wide.low < 1e-100
+def test_figures_no_interval_can_hold_stay_numbers_not_a_crash() -> None:
+    wide = compare_cell(cell((2, 1.0), (2, 1.0), noise=1000.0), SETTINGS)
+    assert 1e100 < wide.high < 1e200 and 1e-200 < wide.low < 1e-100
+    far = compare_cell(cell((2, 1e12), (2, 1e-300)), SETTINGS)
+    assert far.low <= far.ratio <= far.high < 1e-200 and far.worse == pytest.approx(1)
 
 
 def test_runs_needed_falls_with_more_nodes_and_less_noise() -> None:

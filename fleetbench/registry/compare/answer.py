@@ -4,6 +4,7 @@ registry.questions.compare, and the whole put in the shape `GET /v1/compare` dec
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -11,25 +12,20 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from fleetbench.registry.compare.rows import (
-    BuildSelection,
-    Group,
-    offline_groups,
-    select_builds,
-    serving_groups,
-)
+from fleetbench.registry.compare.pairs import ComparedRows, compare_sums
+from fleetbench.registry.compare.rows import BuildSelection, read_sides, select_builds
 from fleetbench.registry.models import Model
 from fleetbench.registry.questions.compare import (
     CellComparison,
     ClassCell,
     ClassVerdict,
     CompareSettings,
-    NodeComparison,
+    NodeSummary,
     Verdict,
-    compare_node,
+    compare_cell,
     fleet_verdict,
+    point_order,
 )
-from fleetbench.registry.questions.hardware import hardware_class
 
 __all__ = ["METRIC_NAMES", "CompareAnswer", "CompareKind", "compare_builds"]
 
@@ -141,14 +137,26 @@ def compare_builds(
 ) -> CompareAnswer:
     builds = select_builds(session, from_build, to_build)
     since = datetime.now(UTC) - timedelta(days=max_age_days) if max_age_days else None
-    read = offline_groups if kind == "offline" else serving_groups
-    groups = (
-        read(session.connection(), model_ids=[m.id for m in models], builds=builds, since=since)
-        if builds.before_ids and builds.after_ids
-        else []
-    )
-    compared, not_compared = _per_node(groups, builds, settings)
-    fleet = fleet_verdict([c for c, _ in compared] + not_compared, settings, METRIC_NAMES)
+    found = ComparedRows([], [], [])
+    if builds.before_ids and builds.after_ids:
+        sides = read_sides(
+            session.connection(),
+            kind=kind,
+            model_ids=[m.id for m in models],
+            builds=builds,
+            since=since,
+        )
+        found = compare_sums(
+            sides.before,
+            sides.after,
+            sides.labels,
+            noise_floor=settings.detection.noise_floor,
+            min_runs=settings.min_runs,
+            # Listed worst first, and only the first `limit`: a 1,000-node fleet's every
+            # point is 12,000 of them (the verdict weighs them all either way).
+            limit=limit,
+        )
+    fleet = fleet_verdict(found.nodes, found.classes, settings, METRIC_NAMES)
     reason = fleet.reason
     if not builds.before_ids or not builds.after_ids:
         missing = [
@@ -172,68 +180,58 @@ def compare_builds(
         min_change_pct=settings.min_change * 100,
         max_detectable_pct=settings.max_detectable * 100,
         classes=[_class_summary(c, settings) for c in fleet.classes],
-        nodes_compared=len(compared),
-        # Listed worst first, and only the first `limit`: a 1,000-node fleet's every point
-        # is 12,000 of them (the verdict weighs them all either way).
-        nodes=[_node_compared(c, g) for c, g in sorted(compared, key=_worst_first)[:limit]],
-        not_compared=[
-            NotCompared(node=n.node, hardware_class=n.hardware_class, reason=n.reason or "")
-            for n in sorted(not_compared, key=lambda n: n.node)
-        ]
-        + _old_build_only(groups, {c.node for c, _ in compared} | {n.node for n in not_compared}),
+        nodes_compared=sum(1 for n in found.nodes if n.compared),
+        nodes=_listed(found, settings),
+        not_compared=sorted(
+            (
+                NotCompared(node=n.node, hardware_class=n.hardware_class, reason=why)
+                for n in found.nodes
+                if (why := _why_not(n, builds)) is not None
+            ),
+            key=lambda n: (n.reason == _OLD_ONLY, n.node),  # those with the new build first
+        ),
     )
 
 
-def _per_node(
-    groups: Sequence[Group], builds: BuildSelection, settings: CompareSettings
-) -> tuple[list[tuple[NodeComparison, Group]], list[NodeComparison]]:
-    """Each node's comparison on its hardware and settings with the most runs of both
-    builds, or why it has none (only nodes that ran the new build: the others have nothing
-    to say of it, and are listed by _old_build_only)."""
-    by_node: dict[str, list[Group]] = {}
-    for group in groups:
-        by_node.setdefault(group.node, []).append(group)
-    compared, not_compared = [], []
-    for node, found in sorted(by_node.items()):
-        both = [g for g in found if g.runs["before"] and g.runs["after"]]
-        if both:
-            best = max(
-                both, key=lambda g: (min(g.runs["before"], g.runs["after"]), g.runs["after"])
+_OLD_ONLY = "it has not run the new build"
+
+
+def _why_not(node: NodeSummary, builds: BuildSelection) -> str | None:
+    """Why a node was not compared (None: it was)."""
+    if node.compared:
+        return None
+    if not node.any_runs_after:
+        return _OLD_ONLY
+    if node.settings is not None:
+        return "the two builds measured no point in common"
+    if node.any_runs_before:
+        return "its runs of the two builds differ in hardware or settings"
+    return f"no run of {', '.join(builds.before_labels)} on it"
+
+
+def _listed(found: ComparedRows, settings: CompareSettings) -> list[NodeCompared]:
+    """The nodes listed, the one most worse at any point first, each point in order."""
+    cells: dict[str, list[CellComparison]] = defaultdict(list)
+    for listed in found.listed:
+        cells[listed.node].append(compare_cell(listed, settings))
+    summaries = {n.node: n for n in found.nodes if n.node in cells}
+    nodes = []
+    for node, compared in sorted(
+        cells.items(), key=lambda nc: (-max(c.worse for c in nc[1]), nc[0])
+    ):
+        summary = summaries[node]
+        nodes.append(
+            NodeCompared(
+                node=node,
+                hardware=summary.hardware,
+                hardware_class=summary.hardware_class,
+                settings=summary.settings or "",
+                runs_from=summary.runs_before,
+                runs_to=summary.runs_after,
+                points=[_point(c) for c in sorted(compared, key=lambda c: point_order(c.key))],
             )
-            comparison = compare_node(
-                node, best.hardware, best.sides["before"], best.sides["after"], settings
-            )
-            if comparison.compared:
-                compared.append((comparison, best))
-            else:
-                not_compared.append(comparison)
-            continue
-        newest = [g for g in found if g.runs["after"]]
-        if not newest:
-            continue
-        runs = max(g.runs["after"] for g in newest)
-        why = (
-            "its runs of the two builds differ in hardware or settings"
-            if any(g.runs["before"] for g in found)
-            else f"no run of {', '.join(builds.before_labels)} on it"
         )
-        not_compared.append(
-            NodeComparison(node, hardware_class(newest[0].hardware), (), why, 0, runs)
-        )
-    return compared, not_compared
-
-
-def _worst_first(found: tuple[NodeComparison, Group]) -> tuple[float, str]:
-    comparison, _ = found
-    return (-max(cell.worse for cell in comparison.cells), comparison.node)
-
-
-def _old_build_only(groups: Sequence[Group], listed: set[str]) -> list[NotCompared]:
-    nodes = sorted({(g.node, hardware_class(g.hardware)) for g in groups if g.node not in listed})
-    return [
-        NotCompared(node=node, hardware_class=hw, reason="it has not run the new build")
-        for node, hw in nodes
-    ]
+    return nodes
 
 
 def _point(cell: CellComparison) -> PointRatio:
@@ -252,18 +250,6 @@ def _point(cell: CellComparison) -> PointRatio:
         detectable_pct=cell.detectable * 100,
         beyond_detection=cell.beyond_detection,
         worse_pct=cell.worse * 100,
-    )
-
-
-def _node_compared(comparison: NodeComparison, group: Group) -> NodeCompared:
-    return NodeCompared(
-        node=comparison.node,
-        hardware=group.hardware,
-        hardware_class=comparison.hardware_class,
-        settings=group.settings,
-        runs_from=group.runs["before"],
-        runs_to=group.runs["after"],
-        points=[_point(c) for c in comparison.cells],
     )
 
 

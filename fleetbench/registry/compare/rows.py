@@ -1,48 +1,31 @@
-"""The figures a build comparison reads: each node's runs of the model with either build,
-aggregated per node x hardware x settings x build x point in SQL (a 1,000-node fleet's
-comparison reads one row per node, build and point, not every run's points); serving runs
-(a handful per node) are read as rows and aggregated here."""
+"""The builds a comparison names, and each one's sums as columns: held by this process
+(registry.compare.cache), or (for runs since a time) read from the runs themselves; with
+the names of the nodes and hardware they mention."""
 
 from __future__ import annotations
 
-import functools
-import math
 import re
-import statistics
-from collections import defaultdict
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+import weakref
+from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from sqlalchemy import Connection, Select, bindparam, func, select
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session
 
-from fleetbench.registry.labels import SETTING_NAMES, binding_label, build_label
-from fleetbench.registry.models import (
-    RUN_SERVED,
-    RUN_SUCCESSFUL,
-    EngineBuild,
-    HardwareFingerprint,
-    Node,
-    Run,
-    RunPoint,
-    ServingPointRow,
-)
-from fleetbench.registry.questions.compare import PointKey, SideFigures
+from fleetbench.registry.compare.cache import SumsCache, Texts, table_of_rows
+from fleetbench.registry.compare.pairs import Labels, SumsTable
+from fleetbench.registry.compare.sums import METRICS, metrics_of, sums_of_runs
+from fleetbench.registry.labels import binding_label, build_label
+from fleetbench.registry.models import BuildPointSum, EngineBuild, HardwareFingerprint, Node, Run
 
-__all__ = [
-    "BuildSelection",
-    "Group",
-    "build_matches",
-    "offline_groups",
-    "select_builds",
-    "serving_groups",
-]
+__all__ = ["BuildSelection", "Sides", "build_matches", "read_sides", "select_builds"]
 
-Side = Literal["before", "after"]
-SERVING_METRICS = ("per_user_tps_p10", "ttft_ms_p90")
 _DIGITS = re.compile(r"[0-9]+")  # ASCII digits: str.isdigit() takes '²', which int() refuses
+# A ratio beyond e^700 is no measurement (and e^710 no float): such points are left out.
+_MOST_LOG_RATIO = 700.0
+_MOST_RELATIVE = 1e6  # a spread relative to a value this small is capped, not divided
 
 
 def build_matches(selector: str, build: EngineBuild) -> bool:
@@ -95,241 +78,88 @@ def _runner(build: EngineBuild) -> str:
     return " ".join(part for part in (build.engine, build.backend, build.binding) if part)
 
 
-@dataclass
-class Group:
-    """A node's runs on one hardware and settings: each build's figures per point."""
-
-    node: str
-    hardware: str | None
-    hardware_hash: str | None
-    settings: str
-    sides: dict[Side, dict[PointKey, SideFigures]] = field(
-        default_factory=lambda: {"before": {}, "after": {}}
-    )
-    runs: dict[Side, int] = field(default_factory=lambda: {"before": 0, "after": 0})
+@dataclass(frozen=True)
+class Sides:
+    before: SumsTable
+    after: SumsTable
+    labels: Labels
 
 
-def _spread(runs: int, mean: float, mean_of_squares: float) -> float | None:
-    """The relative standard deviation between runs, from their mean and mean square."""
-    if runs < 2 or mean <= 0:
-        return None
-    variance = max(0.0, mean_of_squares - mean * mean) * runs / (runs - 1)
-    return math.sqrt(variance) / mean
+# one per database: a process may serve several (tests do), whose ids mean other rows
+_CACHES: weakref.WeakKeyDictionary[Engine, SumsCache] = weakref.WeakKeyDictionary()
+_TEXTS = Texts()  # settings and runner labels as codes, the same in every table
 
 
-def _settings_label(values: Sequence[Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in zip(SETTING_NAMES, values, strict=True) if v is not None)
-
-
-_LEADING = ("node_id", "fingerprint_id")  # the columns before the settings in a row
-
-
-@functools.cache
-def _offline_statement(since: bool) -> Select[Any]:
-    # Grouped by ids, not names: a narrow key PostgreSQL hashes rather than sorts (each run
-    # has one point per PP x TG x B, so a group's rows are its runs).
-    keys = (
-        *(getattr(Run, k) for k in _LEADING),
-        *(getattr(Run, k) for k in SETTING_NAMES),
-        Run.build_id,
-        RunPoint.pp,
-        RunPoint.tg,
-        RunPoint.b,
-    )
-    statement = (
-        select(
-            *keys,
-            func.count(RunPoint.s_tg).label("s_tg_runs"),
-            func.avg(RunPoint.s_tg).label("s_tg"),
-            func.avg(RunPoint.s_tg * RunPoint.s_tg).label("s_tg_sq"),
-            func.count(RunPoint.s_pp).label("s_pp_runs"),
-            func.avg(RunPoint.s_pp).label("s_pp"),
-            func.avg(RunPoint.s_pp * RunPoint.s_pp).label("s_pp_sq"),
-            # the points' own repeats: their deviation (relative to the mean, here) and count
-            func.avg(RunPoint.s_tg_stdev).label("s_tg_sd"),
-            func.avg(RunPoint.s_pp_stdev).label("s_pp_sd"),
-            func.avg(RunPoint.repeats).label("repeats"),
-        )
-        .select_from(Run)
-        .join(RunPoint, RunPoint.run_id == Run.id)
-        .where(
-            Run.model_id.in_(bindparam("model_ids", expanding=True)),
-            Run.build_id.in_(bindparam("build_ids", expanding=True)),
-            RUN_SUCCESSFUL,
-        )
-        .group_by(*keys)
-    )
-    if since:
-        statement = statement.where(Run.started_at >= bindparam("since"))
-    return statement
-
-
-_NAMES = select(Node.id, Node.name).where(Node.id.in_(bindparam("ids", expanding=True)))
-_FINGERPRINTS = select(
-    HardwareFingerprint.id, HardwareFingerprint.hash, HardwareFingerprint.description
-).where(HardwareFingerprint.id.in_(bindparam("ids", expanding=True)))
-
-
-@dataclass
-class _Sums:
-    """One side's sums at one point (a side may hold several builds: one name, backends)."""
-
-    runs: int = 0
-    total: float = 0.0
-    squares: float = 0.0
-    rsd: float = 0.0  # the repeats' relative deviations, summed over runs with repeats
-    repeats: float = 0.0
-    repeated: int = 0
-
-    def figures(self) -> SideFigures:
-        mean = self.total / self.runs
-        noise = None
-        if self.repeated and self.repeats / self.repeated >= 2:
-            noise = self.rsd / self.repeated / math.sqrt(self.repeats / self.repeated)
-        return SideFigures(
-            self.runs, mean, _spread(self.runs, mean, self.squares / self.runs), noise
-        )
-
-
-def _parameters(
-    model_ids: Collection[int], builds: BuildSelection, since: datetime | None
-) -> dict[str, Any]:
-    """The bound values of either kind's statement (`since` only where it is asked)."""
-    found: dict[str, Any] = {
-        "model_ids": list(model_ids),
-        "build_ids": [*builds.before_ids, *builds.after_ids],
-    }
-    if since is not None:
-        found["since"] = since
-    return found
-
-
-def offline_groups(
+def read_sides(
     connection: Connection,
     *,
+    kind: str,
     model_ids: Collection[int],
     builds: BuildSelection,
     since: datetime | None,
-) -> list[Group]:
-    parameters = _parameters(model_ids, builds, since)
-    rows = connection.execute(_offline_statement(since is not None), parameters).all()
-    names = {
-        r.id: r.name for r in connection.execute(_NAMES, {"ids": list({r.node_id for r in rows})})
-    }
-    fingerprints = {
-        r.id: (r.hash, r.description)
-        for r in connection.execute(
-            _FINGERPRINTS, {"ids": list({r.fingerprint_id for r in rows} - {None})}
+) -> Sides:
+    """Each side's sums, its several builds' summed, and what their codes stand for."""
+    build_ids = [*builds.before_ids, *builds.after_ids]
+    if since is None:
+        cache = _CACHES.setdefault(connection.engine, SumsCache())
+        held = cache.tables(connection, kind, model_ids, build_ids, _TEXTS)
+        tables = {b: SumsTable.joined([h.table for h in found]) for b, found in held.items()}
+        everything = [h for found in held.values() for h in found]
+        labels = Labels(
+            _TEXTS.texts(),
+            _TEXTS.texts(),
+            METRICS,
+            {i: name for h in everything for i, name in h.nodes.items()},
+            {i: named for h in everything for i, named in h.hardware.items()},
         )
-    }
-    first_setting = len(_LEADING)
-    labels: dict[tuple[Any, ...], str] = {}  # a settings label made once per distinct tuple
-    groups: dict[tuple[int, int | None, str], Group] = {}
-    sums: dict[tuple[int, int | None, str], dict[Side, dict[PointKey, _Sums]]] = {}
-    for row in rows:
-        values = tuple(row[first_setting : first_setting + len(SETTING_NAMES)])
-        settings = labels.get(values)
-        if settings is None:
-            settings = labels[values] = _settings_label(values)
-        runner = builds.runners[row.build_id]
-        key = (row.node_id, row.fingerprint_id, f"{settings} on {runner}".strip())
-        if key not in groups:
-            hash_, described = fingerprints.get(row.fingerprint_id, (None, None))
-            groups[key] = Group(names[row.node_id], described, hash_, key[2])
-            sums[key] = {"before": defaultdict(_Sums), "after": defaultdict(_Sums)}
-        side: Side = "after" if row.build_id in builds.after_ids else "before"
-        for metric, runs, mean, squares, sd in (
-            ("s_tg", row.s_tg_runs, row.s_tg, row.s_tg_sq, row.s_tg_sd),
-            ("s_pp", row.s_pp_runs, row.s_pp, row.s_pp_sq, row.s_pp_sd),
-        ):
-            if not runs or mean is None or mean <= 0:
-                continue
-            found = sums[key][side][PointKey(metric, row.pp, row.tg, row.b)]
-            found.runs += runs
-            found.total += runs * float(mean)
-            found.squares += runs * float(squares)
-            if sd is not None and row.repeats:
-                found.rsd += runs * float(sd) / float(mean)
-                found.repeats += runs * float(row.repeats)
-                found.repeated += runs
-    for key, group in groups.items():
-        for side in ("before", "after"):
-            points = sums[key][side]
-            group.sides[side] = {cell: found.figures() for cell, found in points.items()}
-            group.runs[side] = max((f.runs for f in points.values()), default=0)
-    return list(groups.values())
+    else:
+        tables = _since(connection, kind, model_ids, build_ids, since)
+        labels = _labels(connection, model_ids, build_ids)
+    runner_code = {b: _TEXTS.code(runner) for b, runner in builds.runners.items()}
+    with_runner = {b: t.with_runner(runner_code[b]) for b, t in tables.items()}
+    before = SumsTable.joined([with_runner[b] for b in builds.before_ids if b in with_runner])
+    after = SumsTable.joined([with_runner[b] for b in builds.after_ids if b in with_runner])
+    return Sides(before, after, labels)
 
 
-@functools.cache
-def _serving_statement(since: bool) -> Select[Any]:
-    statement = (
-        select(
-            Node.name,
-            HardwareFingerprint.hash,
-            HardwareFingerprint.description,
-            Run.id,
-            Run.build_id,
-            Run.server,
-            ServingPointRow.concurrency,
-            *(getattr(ServingPointRow, m) for m in SERVING_METRICS),
-        )
-        .select_from(Run)
-        .join(Node, Node.id == Run.node_id)
-        .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
-        .join(ServingPointRow, ServingPointRow.run_id == Run.id)
-        .where(
-            Run.model_id.in_(bindparam("model_ids", expanding=True)),
-            Run.build_id.in_(bindparam("build_ids", expanding=True)),
-            RUN_SERVED,
-        )
-    )
-    if since:
-        statement = statement.where(Run.started_at >= bindparam("since"))
-    return statement
-
-
-# What of a server, besides its build, shapes its figures: runs compared must share it.
-_SERVER_SHAPE = ("kind", "slots", "ctx_per_slot", "n_ctx", "prompt_tokens", "gen_tokens")
-
-
-def serving_groups(
+def _since(
     connection: Connection,
-    *,
+    kind: str,
     model_ids: Collection[int],
-    builds: BuildSelection,
-    since: datetime | None,
-) -> list[Group]:
-    parameters = _parameters(model_ids, builds, since)
-    values: dict[tuple[str, str | None, str], dict[Side, dict[PointKey, list[float]]]] = {}
-    runs: dict[tuple[str, str | None, str], dict[Side, set[Any]]] = {}
-    described: dict[tuple[str, str | None, str], str | None] = {}
-    for row in connection.execute(_serving_statement(since is not None), parameters):
-        server = row.server or {}
-        shape = " ".join(f"{k}={server[k]}" for k in _SERVER_SHAPE if server.get(k) is not None)
-        key = (row.name, row.hash, f"{shape} on {builds.runners[row.build_id]}")
-        side: Side = "after" if row.build_id in builds.after_ids else "before"
-        described[key] = row.description
-        runs.setdefault(key, {"before": set(), "after": set()})[side].add(row.id)
-        points = values.setdefault(key, {"before": defaultdict(list), "after": defaultdict(list)})
-        for metric in SERVING_METRICS:
-            value = getattr(row, metric)
-            if value is not None and value > 0:
-                cell = PointKey(
-                    metric, server.get("prompt_tokens", 0), server.get("gen_tokens", 0),
-                    row.concurrency,
-                )  # fmt: skip
-                points[side][cell].append(float(value))
-    groups = []
-    for key, sides in values.items():
-        group = Group(key[0], described[key], key[1], key[2])
-        for side in ("before", "after"):
-            group.runs[side] = len(runs[key][side])
-            group.sides[side] = {cell: _figures(found) for cell, found in sides[side].items()}
-        groups.append(group)
-    return groups
+    build_ids: Collection[int],
+    since: datetime,
+) -> dict[int, SumsTable]:
+    """The sums of the runs started since `since`, per build, from the runs themselves."""
+    statement = sums_of_runs(
+        kind,
+        Run.model_id.in_(list(model_ids)),
+        Run.build_id.in_(list(build_ids)),
+        Run.started_at >= since,
+    )
+    by_build: dict[int, list[Any]] = {}
+    for row in connection.execute(statement):
+        by_build.setdefault(row.build_id, []).append(row)
+    return {b: table_of_rows(rows, metrics_of(kind), _TEXTS) for b, rows in by_build.items()}
 
 
-def _figures(values: Sequence[float]) -> SideFigures:
-    mean = statistics.fmean(values)
-    spread = statistics.stdev(values) / mean if len(values) > 1 else None
-    return SideFigures(runs=len(values), mean=mean, spread=spread, repeat_noise=None)
+def _labels(
+    connection: Connection, model_ids: Collection[int], build_ids: Collection[int]
+) -> Labels:
+    """The names of the nodes and hardware the builds' sums mention."""
+    mentioned = (
+        BuildPointSum.model_id.in_(list(model_ids)),
+        BuildPointSum.build_id.in_(list(build_ids)),
+    )
+    nodes = select(Node.id, Node.name).where(
+        Node.id.in_(select(BuildPointSum.node_id).where(*mentioned))
+    )
+    fingerprints = select(
+        HardwareFingerprint.id, HardwareFingerprint.description, HardwareFingerprint.hardware_class
+    ).where(HardwareFingerprint.id.in_(select(BuildPointSum.fingerprint_id).where(*mentioned)))
+    return Labels(
+        _TEXTS.texts(),
+        _TEXTS.texts(),
+        METRICS,
+        {row.id: row.name for row in connection.execute(nodes)},
+        {row.id: (row.description, row.hardware_class) for row in connection.execute(fingerprints)},
+    )

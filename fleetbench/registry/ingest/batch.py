@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from fleetbench.contract import wire
 from fleetbench.contract.allocation import beside_kv_bytes
+from fleetbench.registry.compare.sums import add_runs
 from fleetbench.registry.costs import Steps
 from fleetbench.registry.ingest.answers import (
     IngestLimits,
@@ -116,6 +117,9 @@ def ingest_batch(
     with steps.step("latest") as cost:
         cost.rows += _record_latest(connection, runs, fingerprints)
         cost.rows += _record_latest_serving(connection, runs)
+    with steps.step("sums") as cost:
+        add_runs(connection, [run.id for run in runs])
+        cost.rows += len(runs)
     with steps.step("queue") as cost:
         checks = _checks(runs)
         queue_checks(connection, checks, now=_now())

@@ -24,7 +24,7 @@ from fleetbench.registry.bulk import insert_rows
 from fleetbench.registry.ingest.answers import IngestLimits, ReportRefused
 from fleetbench.registry.ingest.statements import MODEL_FACTS, Statements
 from fleetbench.registry.models import FailedPoint, Run, RunPoint, ServingPointRow, table_of
-from fleetbench.registry.questions.hardware import summarize_hardware
+from fleetbench.registry.questions.hardware import hardware_class, summarize_hardware
 
 
 @dataclass
@@ -236,6 +236,7 @@ def store_fingerprints(
             "first_seen": seen,
             "last_seen": seen,
             "description": summary.description,
+            "hardware_class": hardware_class(summary.description),
             "memory_bytes": summary.memory_bytes,
             "memory_kind": summary.memory_kind,
         }

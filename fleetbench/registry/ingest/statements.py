@@ -103,6 +103,7 @@ def statements_for(dialect: str) -> Statements:
                 "last_seen": latest(fingerprints.c.last_seen, new.last_seen),
                 # stored before summaries existed (migration 0003): filled now
                 "description": func.coalesce(fingerprints.c.description, new.description),
+                "hardware_class": func.coalesce(fingerprints.c.hardware_class, new.hardware_class),
                 "memory_bytes": func.coalesce(fingerprints.c.memory_bytes, new.memory_bytes),
                 "memory_kind": func.coalesce(fingerprints.c.memory_kind, new.memory_kind),
             },

@@ -21,29 +21,31 @@ any compared class is, and goes otherwise.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from fleetbench.registry.questions.hardware import hardware_class
 from fleetbench.registry.questions.regressions import DETECTION_POWER_Z, DetectionSettings
 
 __all__ = [
     "LOWER_IS_BETTER",
+    "UNKNOWN_CLASS",
     "CellComparison",
     "ClassCell",
+    "ClassFigures",
     "ClassVerdict",
     "CompareSettings",
     "FleetVerdict",
-    "NodeComparison",
+    "ListedCell",
+    "NodeSummary",
     "PointKey",
     "SideFigures",
     "Verdict",
+    "class_cell",
     "compare_cell",
-    "compare_node",
     "fleet_verdict",
+    "point_order",
     "runs_needed",
 ]
 
@@ -57,6 +59,8 @@ _CI_Z = 1.96  # a two-sided 95% interval
 # The run-to-run spread assumed where a node's is not known yet (one run of a build): what
 # this project's machines showed (README, "Regressions"), to say how many runs to ask for.
 ASSUMED_NOISE = 0.03
+UNKNOWN_CLASS = "unknown hardware"  # nodes without a fingerprint, or one not described
+_MOST_LOG = 700.0  # exp() of more overflows
 MOST_RUNS_ASKED = 50
 
 
@@ -73,7 +77,7 @@ class CompareSettings:
         return self.detection.z_known + DETECTION_POWER_Z
 
 
-class PointKey(NamedTuple):  # tuples: a fleet's comparison hashes hundreds of thousands
+class PointKey(NamedTuple):
     metric: str
     pp: int
     tg: int
@@ -85,8 +89,18 @@ class SideFigures(NamedTuple):
 
     runs: int
     mean: float
-    spread: float | None  # relative standard deviation between runs (None: one run)
-    repeat_noise: float | None  # relative standard error from the points' own repeats
+
+
+class ListedCell(NamedTuple):
+    """A point of a node, both builds measured there, with the run-to-run noise its runs
+    show (relative: the spread between runs pooled over both builds, never below the
+    repeats' own nor the detector's floor; registry.compare.rows weighs it)."""
+
+    node: str
+    key: PointKey
+    before: SideFigures
+    after: SideFigures
+    noise: float
 
 
 class CellComparison(NamedTuple):
@@ -104,23 +118,37 @@ class CellComparison(NamedTuple):
     def beyond_detection(self) -> bool:
         return abs(self.ratio - 1) >= self.detectable
 
-    @property
-    def log_se(self) -> float:
-        return self.noise * math.sqrt(1 / self.before.runs + 1 / self.after.runs)
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """A node with runs of either build: on the hardware and settings with the most runs
+    of both (`settings`; None: no such), how many, and the noisiest point its runs tell."""
+
+    node: str
+    hardware_class: str | None
+    hardware: str | None
+    settings: str | None
+    runs_before: int  # on that hardware and settings, at its point with the most
+    runs_after: int
+    any_runs_before: int  # on any hardware and settings
+    any_runs_after: int
+    compared: bool  # both builds measured a point in common there
+    noisiest: float | None  # of its points measured more than once on either side
 
 
 @dataclass(frozen=True)
-class NodeComparison:
-    node: str
-    hardware_class: str | None
-    cells: tuple[CellComparison, ...] = ()
-    reason: str | None = None  # why it was not compared
-    runs_before: int = 0
-    runs_after: int = 0
+class ClassFigures:
+    """A hardware class's nodes at one point, as SQL reduces them (registry.compare.rows):
+    the nodes with enough runs of both builds, the median of their log ratios, the sum of
+    the ratios' log variances, and the worst node."""
 
-    @property
-    def compared(self) -> bool:
-        return bool(self.cells)
+    key: PointKey
+    hardware_class: str | None
+    nodes: int
+    median_log_ratio: float
+    variance: float
+    worst_node: str
+    worst_log_ratio: float
 
 
 @dataclass(frozen=True)
@@ -163,89 +191,48 @@ def _worse(metric: str, ratio: float) -> float:
     return ratio - 1 if metric in LOWER_IS_BETTER else 1 - ratio
 
 
-def compare_cell(
-    key: PointKey, before: SideFigures, after: SideFigures, s: CompareSettings
-) -> CellComparison | None:
-    """One point of one node, both builds measured there (None: a mean not positive)."""
-    if before.mean <= 0 or after.mean <= 0:
-        return None
-    spreads = [(side.runs - 1, side.spread) for side in (before, after) if side.spread is not None]
-    degrees = sum(d for d, _ in spreads)
-    pooled = math.sqrt(sum(d * x * x for d, x in spreads) / degrees) if degrees else 0.0
-    repeats = [x for x in (before.repeat_noise, after.repeat_noise) if x is not None]
-    noise = max(pooled, max(repeats, default=0.0), s.detection.noise_floor)
-    ratio = after.mean / before.mean
-    if not (math.isfinite(ratio) and ratio > 0):  # figures too far apart to divide
-        return None
-    se = noise * math.sqrt(1 / before.runs + 1 / after.runs)
+def compare_cell(cell: ListedCell, s: CompareSettings) -> CellComparison:
+    """One point of one node, both builds measured there with positive means."""
+    before, after = cell.before, cell.after
+    log_ratio = math.log(after.mean) - math.log(before.mean)
+    se = cell.noise * math.sqrt(1 / before.runs + 1 / after.runs)
     # a spread so wide its interval is no number: as wide as a float allows
-    spread = math.exp(min(_CI_Z * se, 300.0))
+    half = min(_CI_Z * se, 300.0)
+    ratio = math.exp(min(log_ratio, _MOST_LOG))
     return CellComparison(
-        key=key,
+        key=cell.key,
         before=before,
         after=after,
         ratio=ratio,
-        low=ratio / spread,
-        high=ratio * spread,
-        noise=noise,
+        low=math.exp(min(log_ratio - half, _MOST_LOG)),  # (a tiny one is 0.0, no error)
+        high=math.exp(min(log_ratio + half, _MOST_LOG)),
+        noise=cell.noise,
         detectable=max(s.min_change, s.z * se),
-        worse=_worse(key.metric, ratio),
+        worse=_worse(cell.key.metric, ratio),
     )
 
 
-def compare_node(
-    node: str,
-    hardware: str | None,
-    before: Mapping[PointKey, SideFigures],
-    after: Mapping[PointKey, SideFigures],
-    s: CompareSettings,
-) -> NodeComparison:
-    """A node's points measured with both builds (its runs on one hardware and settings)."""
-    cells = [
-        cell
-        for key in sorted(before.keys() & after.keys(), key=_point_order)
-        if (cell := compare_cell(key, before[key], after[key], s)) is not None
-    ]
-    runs_before = max((f.runs for f in before.values()), default=0)
-    runs_after = max((f.runs for f in after.values()), default=0)
-    reason = None if cells else "the two builds measured no point in common"
-    return NodeComparison(
-        node, hardware_class(hardware), tuple(cells), reason, runs_before, runs_after
-    )
-
-
-def _point_order(key: PointKey) -> tuple[str, int, int, int]:
+def point_order(key: PointKey) -> tuple[str, int, int, int]:
     return (key.metric, key.pp, key.tg, key.b)
 
 
-def _class_cells(nodes: Sequence[NodeComparison], s: CompareSettings) -> list[ClassCell]:
-    by_key: dict[PointKey, list[tuple[str, CellComparison]]] = defaultdict(list)
-    for node in nodes:
-        for cell in node.cells:
-            if min(cell.before.runs, cell.after.runs) >= s.min_runs:
-                by_key[cell.key].append((node.node, cell))
-    cells = []
-    for key in sorted(by_key, key=_point_order):
-        found = by_key[key]
-        ratios = [c.ratio for _, c in found]
-        k = len(found)
-        factor = _MEDIAN_SE if k >= 3 else 1.0
-        se = factor * math.sqrt(sum(c.log_se**2 for _, c in found)) / k
-        worst_node, worst = max(found, key=lambda nc: nc[1].worse)
-        median = math.exp(statistics.median(math.log(r) for r in ratios))
-        cells.append(
-            ClassCell(
-                key=key,
-                nodes=k,
-                ratio=median,
-                worst_node=worst_node,
-                worst_ratio=worst.ratio,
-                detectable=max(s.min_change, s.z * se),
-                significant=s.detection.z_known * se,
-                worse=_worse(key.metric, median),
-            )
-        )
-    return cells
+def class_cell(figures: ClassFigures, s: CompareSettings) -> ClassCell:
+    """A class's point: its nodes' median ratio, and how far from noise it lies (the
+    median's standard error, sqrt(pi/2) times the mean's from three nodes on)."""
+    k = figures.nodes
+    factor = _MEDIAN_SE if k >= 3 else 1.0
+    se = factor * math.sqrt(figures.variance) / k
+    median = math.exp(figures.median_log_ratio)
+    return ClassCell(
+        key=figures.key,
+        nodes=k,
+        ratio=median,
+        worst_node=figures.worst_node,
+        worst_ratio=math.exp(figures.worst_log_ratio),
+        detectable=max(s.min_change, s.z * se),
+        significant=s.detection.z_known * se,
+        worse=_worse(figures.key.metric, median),
+    )
 
 
 def runs_needed(noise: float, nodes: int, s: CompareSettings) -> int:
@@ -273,12 +260,13 @@ def _describe(cell: ClassCell, metric_names: Mapping[str, str]) -> str:
 
 def class_verdict(
     name: str,
-    nodes: Sequence[NodeComparison],
+    nodes: Sequence[NodeSummary],
+    cells: Sequence[ClassCell],
     s: CompareSettings,
     metric_names: Mapping[str, str],
 ) -> ClassVerdict:
+    """A class's verdict from its nodes that ran the new build and its points."""
     compared = [n for n in nodes if n.compared]
-    cells = _class_cells(compared, s)
     not_compared = len(nodes) - len(compared)
     held = [c for c in cells if c.held(s)]
     if held:
@@ -313,21 +301,30 @@ def class_verdict(
     return ClassVerdict(name, "go", reason, len(compared), not_compared, tuple(cells), None)
 
 
-def _noisiest(nodes: Sequence[NodeComparison]) -> float:
+def _noisiest(nodes: Sequence[NodeSummary]) -> float:
     """The run-to-run spread to plan runs by: the noisiest point's where runs tell it, else
     ASSUMED_NOISE (one run of a build has no spread, only the floor)."""
-    told = [c.noise for n in nodes for c in n.cells if c.before.runs > 1 or c.after.runs > 1]
-    return max(told, default=ASSUMED_NOISE)
+    return max((n.noisiest for n in nodes if n.noisiest is not None), default=ASSUMED_NOISE)
 
 
 def fleet_verdict(
-    nodes: Iterable[NodeComparison], s: CompareSettings, metric_names: Mapping[str, str]
+    nodes: Iterable[NodeSummary],
+    figures: Iterable[ClassFigures],
+    s: CompareSettings,
+    metric_names: Mapping[str, str],
 ) -> FleetVerdict:
-    """The verdict per hardware class of the nodes that ran the new build, and the fleet's."""
-    by_class: dict[str, list[NodeComparison]] = defaultdict(list)
+    """The verdict per hardware class of the nodes that ran the new build, and the fleet's
+    (`figures`: each class's points)."""
+    by_class: dict[str, list[NodeSummary]] = defaultdict(list)
     for node in nodes:
-        by_class[node.hardware_class or "unknown hardware"].append(node)
-    classes = tuple(class_verdict(k, v, s, metric_names) for k, v in sorted(by_class.items()))
+        if node.any_runs_after:
+            by_class[node.hardware_class or UNKNOWN_CLASS].append(node)
+    cells: dict[str, list[ClassCell]] = defaultdict(list)
+    for found in sorted(figures, key=lambda f: point_order(f.key)):
+        cells[found.hardware_class or UNKNOWN_CLASS].append(class_cell(found, s))
+    classes = tuple(
+        class_verdict(k, v, cells[k], s, metric_names) for k, v in sorted(by_class.items())
+    )
     held = [c for c in classes if c.verdict == "hold"]
     unknown = [c for c in classes if c.verdict == "unknown"]
     if held:

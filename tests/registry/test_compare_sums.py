@@ -1,0 +1,137 @@
+"""The sums a build comparison reads (registry.compare.sums), kept by ingest and the prune,
+and held by each registry process (registry.compare.cache): on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select, true
+
+from fleetbench.contract import wire
+from fleetbench.registry.compare.sums import sums_of_runs
+from fleetbench.registry.db import session_factory
+from fleetbench.registry.models import BuildPointSum
+from fleetbench.registry.retention import prune_runs
+from tests.factories import DAY0, LiveRegistry, make_report, post_report
+from tests.registry.test_compare import (
+    FLEET,
+    H100,
+    NEW,
+    OLD,
+    compare,
+    gpu,
+    h100_slower_at_8_and_up,
+    seed,
+)
+
+_KEY = ("model_id", "build_id", "node_id", "fingerprint_id", "settings", "metric", "pp", "tg", "b")
+_SUMS = ("runs", "total", "squares", "relative_sd", "repeats", "repeated")
+
+
+def kept_and_recounted(engine: Engine) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """The kept sums, and the same counted again from the runs."""
+    with session_factory(engine)() as session:
+        kept = {
+            tuple(getattr(r, k) for k in _KEY): tuple(getattr(r, s) for s in _SUMS)
+            for r in session.scalars(select(BuildPointSum))
+        }
+        recounted = {
+            tuple(getattr(r, k) for k in _KEY): tuple(getattr(r, s) for s in _SUMS)
+            for kind in ("offline", "serving")
+            for r in session.execute(sums_of_runs(kind, true()))
+        }
+    return kept, recounted
+
+
+def assert_same(kept: dict[Any, Any], recounted: dict[Any, Any]) -> None:
+    assert kept.keys() == recounted.keys()
+    for key, sums in recounted.items():
+        assert kept[key] == pytest.approx(sums, rel=1e-9), key
+
+
+def test_the_kept_sums_are_the_runs_own_after_ingest_and_after_a_prune(
+    live_registry: LiveRegistry,
+) -> None:
+    seed(live_registry.engine, FLEET, {OLD: 3, NEW: 3}, h100_slower_at_8_and_up)
+    kept, recounted = kept_and_recounted(live_registry.engine)
+    assert len(kept) == 6 * 2 * 2 * 6  # nodes x builds x metrics x B
+    assert {s[0] for s in kept.values()} == {3}
+    assert_same(kept, recounted)
+    before = compare(live_registry)
+    # the same question over the runs themselves (max_age_days reads them, not the sums)
+    recent = compare(live_registry, max_age_days=36500)
+    assert recent["verdict"] == before["verdict"] == "hold"
+
+    def ratios(answer: dict[str, Any]) -> list[tuple[str, str, int]]:
+        return [
+            (c["hardware_class"], p["metric"], p["b"])
+            for c in answer["classes"]
+            for p in c["points"]
+        ]
+
+    def medians(answer: dict[str, Any]) -> list[float]:
+        return [p["median_ratio"] for c in answer["classes"] for p in c["points"]]
+
+    assert ratios(recent) == ratios(before) and len(ratios(before)) == 2 * 12
+    assert medians(recent) == pytest.approx(medians(before), rel=1e-9)
+    # the first runs of each node (hours 1-2: OLD's) are pruned; their sums go with them
+    pruned = prune_runs(session_factory(live_registry.engine), cutoff=DAY0 + timedelta(hours=2.5))
+    assert pruned.runs == 6 * 2
+    kept, recounted = kept_and_recounted(live_registry.engine)
+    assert {(k[1], s[0]) for k, s in kept.items()} == {
+        (k[1], 3 - (k[1] == min(x[1] for x in kept)) * 2) for k in kept
+    }
+    assert_same(kept, recounted)
+    after = compare(live_registry)
+    assert {p["runs_from"] for n in after["nodes"] for p in n["points"]} == {1}
+
+
+def test_a_comparison_asked_again_sees_the_runs_stored_since(live_registry: LiveRegistry) -> None:
+    """The registry holds each build's sums between questions; runs stored meanwhile (by
+    another process: here the test's own engine) are in the next answer."""
+    seed(live_registry.engine, FLEET, {OLD: 3, NEW: 1}, h100_slower_at_8_and_up)
+    assert compare(live_registry)["verdict"] == "unknown"
+    seed(live_registry.engine, FLEET, {NEW: 2}, h100_slower_at_8_and_up, first_hour=10, seed=8)
+    answer = compare(live_registry)
+    assert answer["verdict"] == "hold", answer["reason"]
+    assert answer["reason"].startswith(f"{H100}: S_") and "(median of 3 nodes" in answer["reason"]
+    assert {p["runs_to"] for n in answer["nodes"] for p in n["points"]} == {3}
+
+
+def test_the_repeats_spread_counts_when_runs_agree_too_well(live_registry: LiveRegistry) -> None:
+    """Runs of both builds with the same speeds, each point measured 5 times with a 4%
+    spread: the comparison's noise is the repeats' (detectable change wider), not the
+    runs' agreement (which is none)."""
+    token = live_registry.token("gpu-r")
+    with live_registry.client(token) as client:
+        for model, stdev in (("calm", None), ("noisy", 0.04)):
+            for build in (OLD, NEW):
+                for run in range(3):
+                    points = [
+                        wire.Point(
+                            pp=512,
+                            tg=128,
+                            b=b,
+                            s_pp=1000.0,
+                            s_tg=30.0 * b,
+                            repeats=5,
+                            s_tg_stdev=None if stdev is None else stdev * 30.0 * b,
+                        )
+                        for b in (1, 8)
+                    ]
+                    report = make_report(
+                        node="gpu-r",
+                        model=model,
+                        build_number=build,
+                        points=points,
+                        started_at=DAY0 + timedelta(hours=build - OLD + run),
+                        hardware=gpu(H100, "gpu-r"),
+                    )
+                    assert post_report(client, report).status_code == 201
+    detectable = {}
+    for model in ("calm", "noisy"):
+        [node] = compare(live_registry, model=model)["nodes"]
+        detectable[model] = {p["detectable_pct"] for p in node["points"] if p["metric"] == "s_tg"}
+    assert max(detectable["calm"]) < min(detectable["noisy"])
