@@ -8,11 +8,17 @@ What it measures
        at PP=512 TG=128, speeds with 2% noise; one class slower by 12% at B >= 8 on every
        fifth build), then VACUUM ANALYZE.
     2. Starts `fleetbench-registry serve` on a free loopback port.
-    3. Asks, interleaved, a comparison of two successive builds (drawn at random) and a
+    3. Asks each pair of successive builds once, in order: the first question about a build
+       since the registry started, which reads its sums from the database (`first`).
+    4. Stores one new run of the newest build on a random node (through the storage layer,
+       as another registry process would) and asks that comparison again, `--fresh` times:
+       the registry re-reads only the node whose sums changed (`after a run`).
+    5. Asks, interleaved, a comparison of two successive builds (drawn at random) and a
        capacity question (users and per-user speed drawn at random), over HTTP with
        keep-alive, timed until the body is read. The first answers of each are checked (a
        slowed build holds naming its class; a plan's nodes serve the users asked for).
-    4. Prints p50/p90/p99/max of each and the target (p99 <= 100 ms) as PASS/MISS.
+    6. Prints p50/p90/p99/max of each, and the target (p99 <= 100 ms) as PASS/MISS for the
+       questions of step 5: what dashboards, CI gates and watched rollouts ask all day.
 
 How to run (PostgreSQL on 127.0.0.1:5432, user postgres, trust auth)
     .venv/bin/python bench/compare_capacity.py               # fill (minutes), then measure
@@ -68,6 +74,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--builds", type=int, default=20)
     parser.add_argument("--runs", type=int, default=2, help="runs of each build per node")
     parser.add_argument("--questions", type=int, default=200, help="of each kind, measured")
+    parser.add_argument("--fresh", type=int, default=20, help="comparisons after a new run")
     parser.add_argument("--reuse", action="store_true", help="keep an already-filled db")
     parser.add_argument("--seed", type=int, default=1)
     return parser.parse_args(argv)
@@ -139,6 +146,23 @@ def fill(url: str, args: argparse.Namespace) -> None:
         connection.execute("VACUUM ANALYZE")
 
 
+def store_one_run(url: str, nodes: int, build: int, rng: random.Random) -> None:
+    """One more run of `build` on a random node, stored as a report would be."""
+    engine = create_db_engine(url)
+    try:
+        n = rng.randrange(nodes)
+        name = f"gpu-{n:04d}"
+        with session_factory(engine)() as session, write_transaction(session):
+            node = crud.find_node(session, name)
+            assert node is not None
+            run = report(name, CLASSES[n % len(CLASSES)], build, datetime.now(UTC), rng)
+            [stored] = ingest_batch(session, [(run, node.id)])
+            assert not isinstance(stored, Exception), stored
+            session.commit()
+    finally:
+        engine.dispose()
+
+
 def timed(client: httpx.Client, path: str, params: dict[str, Any]) -> tuple[float, Any]:
     began = time.perf_counter()
     response = client.get(path, params=params)
@@ -156,8 +180,18 @@ def main() -> int:
     process, base = start_registry(args.database_url)
     rng = random.Random(args.seed)
     times: dict[str, list[float]] = {"compare": [], "capacity": []}
+    first: list[float] = []
+    fresh: list[float] = []
     try:
         with httpx.Client(base_url=base, timeout=60) as client:
+            for build in range(FIRST_BUILD, FIRST_BUILD + args.builds - 1):
+                asked = {"model": MODEL, "from_build": str(build), "to_build": str(build + 1)}
+                first.append(timed(client, "/v1/compare", asked)[0])
+            newest = FIRST_BUILD + args.builds - 1
+            asked = {"model": MODEL, "from_build": str(newest - 1), "to_build": str(newest)}
+            for _ in range(args.fresh):
+                store_one_run(args.database_url, args.nodes, newest, rng)
+                fresh.append(timed(client, "/v1/compare", asked)[0])
             for i in range(args.questions + 5):
                 build = rng.randrange(FIRST_BUILD, FIRST_BUILD + args.builds - 1)
                 asked = {"model": MODEL, "from_build": str(build), "to_build": str(build + 1)}
@@ -177,6 +211,11 @@ def main() -> int:
     finally:
         stop_registry(process)
     print(f"{args.nodes} nodes x {args.builds} builds x {args.runs} runs, PostgreSQL, HTTP:")
+    for name, found in (("first", first), ("after a run", fresh)):
+        print(
+            f"  compare, {name:11} p50 {statistics.median(found):6.1f} ms  max "
+            f"{max(found):6.1f}  ({len(found)} questions)"
+        )
     for name, found in times.items():
         p99 = percentile(found, 0.99)
         print(

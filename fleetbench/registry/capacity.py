@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import select, union_all
 from sqlalchemy.orm import Session
 
 from fleetbench.contract.answers import (
@@ -20,10 +20,15 @@ from fleetbench.contract.answers import (
     CapacityRefusal,
     PlacementCandidate,
 )
-from fleetbench.registry.models import HardwareFingerprint, Model, Run
+from fleetbench.registry.models import (
+    HardwareFingerprint,
+    LatestRun,
+    LatestServingRun,
+    Model,
+    Run,
+)
 from fleetbench.registry.placement import PlacementQuestion, place
 from fleetbench.registry.questions.capacity import NodeOffer, Plan, fewest_nodes, plans_per_class
-from fleetbench.registry.questions.hardware import hardware_class
 
 __all__ = ["plan_capacity"]
 
@@ -48,16 +53,20 @@ def _refusal(
     return None
 
 
-def _classes(session: Session, run_ids: Sequence[object]) -> dict[object, str]:
-    """The hardware class of each run's fingerprint."""
-    if not run_ids:
-        return {}
+def _classes(session: Session, models: Sequence[Model]) -> dict[object, str]:
+    """The hardware class of each node's latest runs of the models (what placement offers):
+    one join, not a list of a thousand run ids to send."""
+    model_ids = [m.id for m in models]
+    latest = union_all(
+        select(LatestRun.run_id).where(LatestRun.model_id.in_(model_ids)),
+        select(LatestServingRun.run_id).where(LatestServingRun.model_id.in_(model_ids)),
+    ).subquery()
     rows = session.execute(
-        select(Run.id, HardwareFingerprint.description)
+        select(latest.c.run_id, HardwareFingerprint.hardware_class)
+        .join(Run, Run.id == latest.c.run_id)
         .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
-        .where(Run.id.in_(run_ids))
     )
-    return {run_id: hardware_class(described) or "unknown hardware" for run_id, described in rows}
+    return {run_id: named or "unknown hardware" for run_id, named in rows}
 
 
 def plan_capacity(
@@ -89,7 +98,7 @@ def plan_capacity(
         for r in placed.rejected
         if r.node not in offered and r.node not in reserve
     ]
-    classes = _classes(session, [c.run_id for c in usable])
+    classes = _classes(session, models)
     offers = [
         NodeOffer(c.node, classes.get(c.run_id, "unknown hardware"), c.concurrency, c.total_tps)
         for c in usable

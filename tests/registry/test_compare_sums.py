@@ -135,3 +135,38 @@ def test_the_repeats_spread_counts_when_runs_agree_too_well(live_registry: LiveR
         [node] = compare(live_registry, model=model)["nodes"]
         detectable[model] = {p["detectable_pct"] for p in node["points"] if p["metric"] == "s_tg"}
     assert max(detectable["calm"]) < min(detectable["noisy"])
+
+
+def test_speeds_at_the_bounds_are_stored_and_compared_as_numbers(
+    live_registry: LiveRegistry,
+) -> None:
+    """1e12 tokens/s on one build, 1e-300 on the next, repeats' spreads of 5e-324: every
+    run is stored (no underflow refused), and the comparison answers with numbers."""
+    token = live_registry.token("gpu-x")
+    with live_registry.client(token) as client:
+        for build, speed in ((OLD, 1e12), (NEW, 1e-300)):
+            for run in range(2):
+                points = [
+                    wire.Point(
+                        pp=512,
+                        tg=128,
+                        b=b,
+                        s_pp=speed,
+                        s_tg=speed,
+                        repeats=3,
+                        s_tg_stdev=5e-324,
+                        s_pp_stdev=speed,
+                    )
+                    for b in (1, 2)
+                ]
+                report = make_report(
+                    node="gpu-x",
+                    build_number=build,
+                    points=points,
+                    started_at=DAY0 + timedelta(hours=build - OLD + run),
+                )
+                assert post_report(client, report).status_code == 201
+    answer = compare(live_registry)
+    assert answer["nodes_compared"] == 0  # a ratio of 1e-312 is no measurement
+    assert [n["node"] for n in answer["not_compared"]] == ["gpu-x"]
+    assert answer["verdict"] == "unknown"

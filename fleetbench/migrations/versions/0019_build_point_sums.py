@@ -69,6 +69,10 @@ _serving = sa.table(
 )
 
 
+def _at_least(value: Any) -> Any:
+    return sa.case((value < 1e-100, 1e-100), else_=value)
+
+
 def _labelled(parts: list[tuple[str, Any]]) -> Any:
     pieces = [sa.func.coalesce(sa.literal(f" {name}=") + value, "") for name, value in parts]
     return sa.func.ltrim(functools.reduce(operator.add, pieces))
@@ -96,7 +100,7 @@ def _summed(metric: str, value: Any, settings: Any, point: Any, relative: Any, r
             *(k.label(n) for k, n in zip(keys, _KEYS, strict=True)),
             sa.func.count().label("runs"),
             sa.func.sum(value).label("total"),
-            sa.func.sum(value * value).label("squares"),
+            sa.func.sum(_at_least(value) * _at_least(value)).label("squares"),
             (
                 sa.func.coalesce(sa.func.sum(relative), 0.0)
                 if relative is not None
@@ -118,7 +122,7 @@ def _offline(metric: str) -> Any:
     relative = sa.case(
         (
             sa.and_(sd.is_not(None), _points.c.repeats >= 2),
-            sa.case((sd < value * 1e6, sd / value), else_=1e6),
+            sa.case((sd < 1e-100, 0.0), (sd < value * 1e6, sd / _at_least(value)), else_=1e6),
         )
     )
     settings = _labelled([(name, _text(name, flag)) for name, flag in _SETTINGS])

@@ -67,6 +67,9 @@ _SERVER_SHAPE = ("kind", "slots", "ctx_per_slot", "n_ctx", "prompt_tokens", "gen
 # A spread relative to a value this small is no measurement: capped, not divided (float
 # division would overflow, which PostgreSQL refuses).
 _MOST_RELATIVE = 1e6
+# PostgreSQL refuses a product or quotient that underflows (a speed of 1e-300 squared):
+# figures this small are taken as this, which no mean or spread that matters can tell.
+_LEAST = 1e-100
 _SUMMED = ("runs", "total", "squares", "relative_sd", "repeats", "repeated")
 
 
@@ -83,13 +86,21 @@ def _as_text(column: ColumnElement[Any]) -> ColumnElement[str]:
     return cast(column, String)
 
 
+def _at_least(value: Any) -> ColumnElement[float]:
+    return case((value < _LEAST, _LEAST), else_=value)
+
+
 def _offline(metric: str) -> Select[Any]:
     value = getattr(RunPoint, metric)
     sd = getattr(RunPoint, f"{metric}_stdev")
     relative = case(
         (
             and_(sd.is_not(None), RunPoint.repeats >= 2),
-            case((sd < value * _MOST_RELATIVE, sd / value), else_=_MOST_RELATIVE),
+            case(
+                (sd < _LEAST, 0.0),
+                (sd < value * _MOST_RELATIVE, sd / _at_least(value)),
+                else_=_MOST_RELATIVE,
+            ),
         )
     )
     settings = _labelled([(name, _as_text(getattr(Run, name))) for name in SETTING_NAMES])
@@ -145,7 +156,7 @@ def _summed(
             *(key.label(name) for key, name in zip(keys, _KEY_NAMES, strict=True)),
             func.count().label("runs"),
             func.sum(value).label("total"),
-            func.sum(value * value).label("squares"),
+            func.sum(_at_least(value) * _at_least(value)).label("squares"),
             func.coalesce(func.sum(relative), 0.0).label("relative_sd")
             if relative is not None
             else literal(0.0).label("relative_sd"),
