@@ -53,20 +53,34 @@ def _refusal(
     return None
 
 
-def _classes(session: Session, models: Sequence[Model]) -> dict[object, str]:
-    """The hardware class of each node's latest runs of the models (what placement offers):
-    one join, not a list of a thousand run ids to send."""
+def _classes(
+    session: Session, models: Sequence[Model], run_ids: Collection[object]
+) -> dict[object, str]:
+    """The hardware class of each run (the candidates'): read for every node's latest runs
+    of the models by one join, not a list of a thousand run ids; a run that stopped being
+    a node's latest meanwhile (an ingest committed since placement read it) by its id."""
     model_ids = [m.id for m in models]
     latest = union_all(
         select(LatestRun.run_id).where(LatestRun.model_id.in_(model_ids)),
         select(LatestServingRun.run_id).where(LatestServingRun.model_id.in_(model_ids)),
     ).subquery()
-    rows = session.execute(
-        select(latest.c.run_id, HardwareFingerprint.hardware_class)
-        .join(Run, Run.id == latest.c.run_id)
-        .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+    found: dict[object, str | None] = dict(
+        session.execute(
+            select(latest.c.run_id, HardwareFingerprint.hardware_class)
+            .join(Run, Run.id == latest.c.run_id)
+            .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+        ).all()
     )
-    return {run_id: named or "unknown hardware" for run_id, named in rows}
+    missing = [run_id for run_id in run_ids if run_id not in found]
+    if missing:
+        found |= dict(
+            session.execute(
+                select(Run.id, HardwareFingerprint.hardware_class)
+                .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+                .where(Run.id.in_(missing))
+            ).all()
+        )
+    return {run_id: named or "unknown hardware" for run_id, named in found.items()}
 
 
 def plan_capacity(
@@ -98,7 +112,7 @@ def plan_capacity(
         for r in placed.rejected
         if r.node not in offered and r.node not in reserve
     ]
-    classes = _classes(session, models)
+    classes = _classes(session, models, [c.run_id for c in usable])
     offers = [
         NodeOffer(c.node, classes.get(c.run_id, "unknown hardware"), c.concurrency, c.total_tps)
         for c in usable

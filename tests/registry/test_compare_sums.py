@@ -170,3 +170,49 @@ def test_speeds_at_the_bounds_are_stored_and_compared_as_numbers(
     assert answer["nodes_compared"] == 0  # a ratio of 1e-312 is no measurement
     assert [n["node"] for n in answer["not_compared"]] == ["gpu-x"]
     assert answer["verdict"] == "unknown"
+
+
+def test_a_prune_leaves_the_other_runs_sums_exact_beside_a_huge_one(
+    live_registry: LiveRegistry,
+) -> None:
+    """A first run at 1e12 tokens/s, then three ordinary ones: once the first is pruned,
+    the sums are the three's (counted again, not subtracted: 1e24 + 1e4 - 1e24 is 0)."""
+    token = live_registry.token("gpu-p")
+    with live_registry.client(token) as client:
+        for hour, s_tg in ((1, 1e12), (5, 100.0), (6, 104.0), (7, 96.0)):
+            report = make_report(
+                node="gpu-p", table=[(1, 1000.0, s_tg)], started_at=DAY0 + timedelta(hours=hour)
+            )
+            assert post_report(client, report).status_code == 201
+    pruned = prune_runs(session_factory(live_registry.engine), cutoff=DAY0 + timedelta(hours=2))
+    assert pruned.runs == 1
+    kept, recounted = kept_and_recounted(live_registry.engine)
+    assert_same(kept, recounted)
+    [s_tg] = [sums for key, sums in kept.items() if key[5] == "s_tg"]
+    assert s_tg[:3] == pytest.approx((3, 300.0, 100.0**2 + 104.0**2 + 96.0**2))
+
+
+def test_one_name_for_two_model_files_counts_each_node_once_recent_or_not(
+    live_registry: LiveRegistry,
+) -> None:
+    """Two files under one name (two digests) on the same nodes: each node is compared
+    once, whether the sums kept or the recent runs are read (`max_age_days`)."""
+    for digest in ("a" * 64, "b" * 64):
+        model = wire.ModelInfo(name="llama-8b", sha256=digest)
+        token = live_registry.token("gpu-m")
+        with live_registry.client(token) as client:
+            for build in (OLD, NEW):
+                for run in range(2):
+                    report = make_report(
+                        node="gpu-m",
+                        model=model,
+                        build_number=build,
+                        started_at=DAY0 + timedelta(hours=build - OLD + run),
+                        hardware=gpu(H100, "gpu-m"),
+                    )
+                    assert post_report(client, report).status_code == 201
+    kept = compare(live_registry, model="llama-8b")
+    recent = compare(live_registry, model="llama-8b", max_age_days=36500)
+    for answer in (kept, recent):
+        assert answer["nodes_compared"] == 1
+        assert {p["runs_from"] for n in answer["nodes"] for p in n["points"]} == {4}

@@ -46,8 +46,9 @@ class Texts:
             with self._lock:
                 found = self._codes.get(text)
                 if found is None:
-                    found = self._codes[text] = len(self._texts)
-                    self._texts.append(text)
+                    found = len(self._texts)
+                    self._texts.append(text)  # before the code is seen: its text is there
+                    self._codes[text] = found
         return found
 
     def texts(self) -> Sequence[str]:
@@ -153,7 +154,7 @@ class SumsCache:
         metrics = list(metrics_of(kind))
         signatures = connection.execute(
             _SIGNATURES,
-            {"model_ids": list(model_ids), "build_ids": list(build_ids), "metrics": metrics},
+            {"model_ids": list(model_ids), "build_ids": list(build_ids)},
         ).all()
         per_build: dict[int, list[HeldBuild]] = {}
         for model_id, build_id, nodes, versions, changed_at in signatures:

@@ -23,9 +23,6 @@ from fleetbench.registry.models import BuildPointSum, EngineBuild, HardwareFinge
 __all__ = ["BuildSelection", "Sides", "build_matches", "read_sides", "select_builds"]
 
 _DIGITS = re.compile(r"[0-9]+")  # ASCII digits: str.isdigit() takes '²', which int() refuses
-# A ratio beyond e^700 is no measurement (and e^710 no float): such points are left out.
-_MOST_LOG_RATIO = 700.0
-_MOST_RELATIVE = 1e6  # a spread relative to a value this small is capped, not divided
 
 
 def build_matches(selector: str, build: EngineBuild) -> bool:
@@ -110,7 +107,9 @@ def read_sides(
             _TEXTS.texts(),
             METRICS,
             {i: name for h in everything for i, name in h.nodes.items()},
-            {i: named for h in everything for i, named in h.hardware.items()},
+            # a class filled in later (an old fingerprint summarised) wins over none
+            {i: named for h in everything for i, named in h.hardware.items() if not named[1]}
+            | {i: named for h in everything for i, named in h.hardware.items() if named[1]},
         )
     else:
         tables = _since(connection, kind, model_ids, build_ids, since)
@@ -136,10 +135,15 @@ def _since(
         Run.build_id.in_(list(build_ids)),
         Run.started_at >= since,
     )
-    by_build: dict[int, list[Any]] = {}
+    # per model and build: one name may stand for several models, whose rows of one key
+    # are summed (SumsTable.joined), as the cache's tables are
+    found: dict[tuple[int, int], list[Any]] = {}
     for row in connection.execute(statement):
-        by_build.setdefault(row.build_id, []).append(row)
-    return {b: table_of_rows(rows, metrics_of(kind), _TEXTS) for b, rows in by_build.items()}
+        found.setdefault((row.build_id, row.model_id), []).append(row)
+    tables: dict[int, list[SumsTable]] = {}
+    for (build_id, _), rows in found.items():
+        tables.setdefault(build_id, []).append(table_of_rows(rows, metrics_of(kind), _TEXTS))
+    return {b: SumsTable.joined(t) for b, t in tables.items()}
 
 
 def _labels(

@@ -196,20 +196,21 @@ def metrics_of(kind: str) -> tuple[str, ...]:
     return {"offline": OFFLINE_METRICS, "serving": SERVING_METRICS}.get(kind, METRICS)
 
 
-def _upsert(connection: Connection, run_ids: Collection[uuid.UUID], sign: int) -> None:
+def _upsert(connection: Connection, sums: dict[str, Select[Any]]) -> None:
+    """Adds each kind's `sums` (sums_of_runs) to the kept ones, and stamps their nodes."""
     table = table_of(BuildPointSum)
     insert_for: Any = (
         postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
     )
-    _stamp(connection, run_ids, insert_for)
-    for kind in ("offline", "serving"):
-        found = sums_of_runs(kind, Run.id.in_(list(run_ids))).subquery()
-        columns = [*_KEY_NAMES, *_SUMMED]
-        rows = select(
-            *(found.c[c] * sign if sign != 1 and c in _SUMMED else found.c[c] for c in columns)
-        ).where(true())  # (SQLite reads an upsert's SELECT without WHERE ambiguously)
-        rows = rows.order_by(*(found.c[c] for c in _KEY_NAMES))  # one lock order
-        statement = insert_for(table).from_select(columns, rows)
+    columns = [*_KEY_NAMES, *_SUMMED]
+    for found in sums.values():
+        rows = found.subquery()
+        ordered = (
+            select(*(rows.c[c] for c in columns))
+            .where(true())  # (SQLite reads an upsert's SELECT without WHERE ambiguously)
+            .order_by(*(rows.c[c] for c in _KEY_NAMES))  # one lock order for every writer
+        )
+        statement = insert_for(table).from_select(columns, ordered)
         connection.execute(
             statement.on_conflict_do_update(
                 index_elements=[table.c[c] for c in _KEY_NAMES],
@@ -247,22 +248,37 @@ def _stamp(connection: Connection, run_ids: Collection[uuid.UUID], insert_for: A
     )
 
 
+def _insert_for(connection: Connection) -> Any:
+    return postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+
+
 def add_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> None:
     """Adds the runs just stored to the sums (in their transaction)."""
-    if run_ids:
-        _upsert(connection, run_ids, 1)
+    if not run_ids:
+        return
+    _stamp(connection, run_ids, _insert_for(connection))
+    stored = Run.id.in_(list(run_ids))
+    _upsert(connection, {kind: sums_of_runs(kind, stored) for kind in ("offline", "serving")})
 
 
 def remove_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> None:
-    """Takes runs about to be deleted out of the sums (in their transaction); a point no
-    run is left at goes."""
+    """Takes runs about to be deleted out of the sums (in their transaction): the sums of
+    each node, model and build they belong to are counted again from its other runs. Not
+    subtracted: a sum of squares less a large one loses the small ones' (1e24 + 1e4 - 1e24
+    is 0 in floating point), and with them a node's spread for good."""
     if not run_ids:
         return
-    _upsert(connection, run_ids, -1)
+    _stamp(connection, run_ids, _insert_for(connection))
+    leaving = list(run_ids)
+    touched = select(Run.model_id, Run.build_id, Run.node_id).where(Run.id.in_(leaving))
     table = table_of(BuildPointSum)
-    touched = select(Run.model_id, Run.build_id).where(Run.id.in_(list(run_ids))).distinct()
     connection.execute(
         delete(table).where(
-            tuple_(table.c.model_id, table.c.build_id).in_(touched), table.c.runs <= 0
+            tuple_(table.c.model_id, table.c.build_id, table.c.node_id).in_(touched)
         )
     )
+    staying = (
+        tuple_(Run.model_id, Run.build_id, Run.node_id).in_(touched),
+        Run.id.not_in(leaving),
+    )
+    _upsert(connection, {kind: sums_of_runs(kind, *staying) for kind in ("offline", "serving")})

@@ -16,6 +16,10 @@ runs can tell from noise, by at least `min_change`; `unknown` where its runs can
 slowdown of `max_detectable` (too few runs, or too noisy: it says how many more runs of
 each build each node needs); else `go`. The fleet holds if any class holds, is unknown if
 any compared class is, and goes otherwise.
+
+The arithmetic over a fleet's points (means, spreads, pooled noise, ratios, the class
+medians) is registry.compare.pairs', over whole columns; the judgement of its figures is
+here.
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ class SideFigures(NamedTuple):
 class ListedCell(NamedTuple):
     """A point of a node, both builds measured there, with the run-to-run noise its runs
     show (relative: the spread between runs pooled over both builds, never below the
-    repeats' own nor the detector's floor; registry.compare.rows weighs it)."""
+    repeats' own nor the detector's floor; registry.compare.pairs weighs it)."""
 
     node: str
     key: PointKey
@@ -138,7 +142,7 @@ class NodeSummary:
 
 @dataclass(frozen=True)
 class ClassFigures:
-    """A hardware class's nodes at one point, as SQL reduces them (registry.compare.rows):
+    """A hardware class's nodes at one point, as registry.compare.pairs reduces them:
     the nodes with enough runs of both builds, the median of their log ratios, the sum of
     the ratios' log variances, and the worst node."""
 
