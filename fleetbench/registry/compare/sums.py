@@ -15,6 +15,7 @@ import functools
 import operator
 import uuid
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from sqlalchemy import (
     Select,
     String,
     and_,
+    bindparam,
     case,
     cast,
     delete,
@@ -196,31 +198,25 @@ def metrics_of(kind: str) -> tuple[str, ...]:
     return {"offline": OFFLINE_METRICS, "serving": SERVING_METRICS}.get(kind, METRICS)
 
 
-def _upsert(connection: Connection, sums: dict[str, Select[Any]]) -> None:
-    """Adds each kind's `sums` (sums_of_runs) to the kept ones, and stamps their nodes."""
+_RUN_IDS: Any = bindparam("run_ids", expanding=True)
+_TOUCHED = select(Run.model_id, Run.build_id, Run.node_id).where(Run.id.in_(_RUN_IDS))
+
+
+@dataclass(frozen=True)
+class _Statements:
+    """Built once per dialect: building these costs more than running them (SQLAlchemy
+    caches a statement's compiled form only when it is the same object's shape)."""
+
+    stamp: Any
+    add: tuple[Any, ...]  # per kind
+    forget: Any
+    recount: tuple[Any, ...]  # per kind
+
+
+@functools.cache
+def _statements(dialect: str) -> _Statements:
+    insert_for: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
     table = table_of(BuildPointSum)
-    insert_for: Any = (
-        postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
-    )
-    columns = [*_KEY_NAMES, *_SUMMED]
-    for found in sums.values():
-        rows = found.subquery()
-        ordered = (
-            select(*(rows.c[c] for c in columns))
-            .where(true())  # (SQLite reads an upsert's SELECT without WHERE ambiguously)
-            .order_by(*(rows.c[c] for c in _KEY_NAMES))  # one lock order for every writer
-        )
-        statement = insert_for(table).from_select(columns, ordered)
-        connection.execute(
-            statement.on_conflict_do_update(
-                index_elements=[table.c[c] for c in _KEY_NAMES],
-                set_={c: table.c[c] + statement.excluded[c] for c in _SUMMED},
-            )
-        )
-
-
-def _stamp(connection: Connection, run_ids: Collection[uuid.UUID], insert_for: Any) -> None:
-    """A new version of each (model, build, node) the runs touch."""
     stamps = table_of(BuildSumsStamp)
     touched = (
         select(
@@ -228,37 +224,60 @@ def _stamp(connection: Connection, run_ids: Collection[uuid.UUID], insert_for: A
             Run.build_id,
             Run.node_id,
             literal(1),
-            literal(datetime.now(UTC), stamps.c.changed_at.type),
+            bindparam("now", type_=stamps.c.changed_at.type),
         )
-        .where(Run.id.in_(list(run_ids)))
+        .where(Run.id.in_(_RUN_IDS))
         .distinct()
         .order_by(Run.model_id, Run.build_id, Run.node_id)  # one lock order
     )
-    statement = insert_for(stamps).from_select(
+    stamp = insert_for(stamps).from_select(
         ["model_id", "build_id", "node_id", "version", "changed_at"], touched
     )
-    connection.execute(
-        statement.on_conflict_do_update(
-            index_elements=[stamps.c.model_id, stamps.c.build_id, stamps.c.node_id],
-            set_={
-                "version": stamps.c.version + 1,
-                "changed_at": statement.excluded.changed_at,
-            },
+    columns = [*_KEY_NAMES, *_SUMMED]
+
+    def upsert(found: Select[Any]) -> Any:
+        rows = found.subquery()
+        ordered = (
+            select(*(rows.c[c] for c in columns))
+            .where(true())  # (SQLite reads an upsert's SELECT without WHERE ambiguously)
+            .order_by(*(rows.c[c] for c in _KEY_NAMES))  # one lock order for every writer
         )
+        statement = insert_for(table).from_select(columns, ordered)
+        return statement.on_conflict_do_update(
+            index_elements=[table.c[c] for c in _KEY_NAMES],
+            set_={c: table.c[c] + statement.excluded[c] for c in _SUMMED},
+        )
+
+    staying = (
+        tuple_(Run.model_id, Run.build_id, Run.node_id).in_(_TOUCHED),
+        Run.id.not_in(_RUN_IDS),
+    )
+    return _Statements(
+        stamp=stamp.on_conflict_do_update(
+            index_elements=[stamps.c.model_id, stamps.c.build_id, stamps.c.node_id],
+            set_={"version": stamps.c.version + 1, "changed_at": stamp.excluded.changed_at},
+        ),
+        add=tuple(upsert(sums_of_runs(k, Run.id.in_(_RUN_IDS))) for k in _KINDS),
+        forget=delete(table).where(
+            tuple_(table.c.model_id, table.c.build_id, table.c.node_id).in_(_TOUCHED)
+        ),
+        recount=tuple(upsert(sums_of_runs(k, *staying)) for k in _KINDS),
     )
 
 
-def _insert_for(connection: Connection) -> Any:
-    return postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+_KINDS = ("offline", "serving")
 
 
 def add_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> None:
-    """Adds the runs just stored to the sums (in their transaction)."""
+    """Adds the runs just stored to the sums (in their transaction), and stamps their
+    nodes' sums of each model and build with a new version."""
     if not run_ids:
         return
-    _stamp(connection, run_ids, _insert_for(connection))
-    stored = Run.id.in_(list(run_ids))
-    _upsert(connection, {kind: sums_of_runs(kind, stored) for kind in ("offline", "serving")})
+    sql = _statements(connection.dialect.name)
+    ids = {"run_ids": list(run_ids)}
+    connection.execute(sql.stamp, {**ids, "now": datetime.now(UTC)})
+    for statement in sql.add:
+        connection.execute(statement, ids)
 
 
 def remove_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> None:
@@ -268,17 +287,9 @@ def remove_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> None:
     is 0 in floating point), and with them a node's spread for good."""
     if not run_ids:
         return
-    _stamp(connection, run_ids, _insert_for(connection))
-    leaving = list(run_ids)
-    touched = select(Run.model_id, Run.build_id, Run.node_id).where(Run.id.in_(leaving))
-    table = table_of(BuildPointSum)
-    connection.execute(
-        delete(table).where(
-            tuple_(table.c.model_id, table.c.build_id, table.c.node_id).in_(touched)
-        )
-    )
-    staying = (
-        tuple_(Run.model_id, Run.build_id, Run.node_id).in_(touched),
-        Run.id.not_in(leaving),
-    )
-    _upsert(connection, {kind: sums_of_runs(kind, *staying) for kind in ("offline", "serving")})
+    sql = _statements(connection.dialect.name)
+    ids = {"run_ids": list(run_ids)}
+    connection.execute(sql.stamp, {**ids, "now": datetime.now(UTC)})
+    connection.execute(sql.forget, ids)
+    for statement in sql.recount:
+        connection.execute(statement, ids)
