@@ -6,10 +6,11 @@ serving the users found by the pure planner (registry.questions.capacity)."""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select, union_all
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from fleetbench.contract.answers import (
@@ -20,13 +21,7 @@ from fleetbench.contract.answers import (
     CapacityRefusal,
     PlacementCandidate,
 )
-from fleetbench.registry.models import (
-    HardwareFingerprint,
-    LatestRun,
-    LatestServingRun,
-    Model,
-    Run,
-)
+from fleetbench.registry.models import HardwareFingerprint, Model, Run
 from fleetbench.registry.placement import PlacementQuestion, place
 from fleetbench.registry.questions.capacity import NodeOffer, Plan, fewest_nodes, plans_per_class
 
@@ -53,34 +48,28 @@ def _refusal(
     return None
 
 
-def _classes(
-    session: Session, models: Sequence[Model], run_ids: Collection[object]
-) -> dict[object, str]:
-    """The hardware class of each run (the candidates'): read for every node's latest runs
-    of the models by one join, not a list of a thousand run ids; a run that stopped being
-    a node's latest meanwhile (an ingest committed since placement read it) by its id."""
-    model_ids = [m.id for m in models]
-    latest = union_all(
-        select(LatestRun.run_id).where(LatestRun.model_id.in_(model_ids)),
-        select(LatestServingRun.run_id).where(LatestServingRun.model_id.in_(model_ids)),
-    ).subquery()
-    found: dict[object, str | None] = dict(
-        session.execute(
-            select(latest.c.run_id, HardwareFingerprint.hardware_class)
-            .join(Run, Run.id == latest.c.run_id)
-            .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
-        ).all()
-    )
-    missing = [run_id for run_id in run_ids if run_id not in found]
+# A run's hardware never changes: each process keeps the classes it has read (per
+# database: a process may serve several, as tests do), so that a capacity question over
+# 1,000 nodes reads only the runs it has not seen, not 1,000 rows each time.
+_CLASSES: weakref.WeakKeyDictionary[Engine, dict[object, str]] = weakref.WeakKeyDictionary()
+MOST_CLASSES_HELD = 100_000
+
+
+def _classes(session: Session, run_ids: Collection[object]) -> dict[object, str]:
+    """The hardware class of each run's fingerprint."""
+    held = _CLASSES.setdefault(session.connection().engine, {})
+    missing = [run_id for run_id in run_ids if run_id not in held]
     if missing:
-        found |= dict(
-            session.execute(
-                select(Run.id, HardwareFingerprint.hardware_class)
-                .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
-                .where(Run.id.in_(missing))
-            ).all()
-        )
-    return {run_id: named or "unknown hardware" for run_id, named in found.items()}
+        if len(held) + len(missing) > MOST_CLASSES_HELD:
+            held.clear()
+        for run_id, named in session.execute(
+            select(Run.id, HardwareFingerprint.hardware_class)
+            .join(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+            .where(Run.id.in_(missing))
+        ):
+            if named is not None:  # (a class not known yet may be later: not kept)
+                held[run_id] = named
+    return {run_id: held.get(run_id, "unknown hardware") for run_id in run_ids}
 
 
 def plan_capacity(
@@ -112,7 +101,7 @@ def plan_capacity(
         for r in placed.rejected
         if r.node not in offered and r.node not in reserve
     ]
-    classes = _classes(session, models, [c.run_id for c in usable])
+    classes = _classes(session, [c.run_id for c in usable])
     offers = [
         NodeOffer(c.node, classes.get(c.run_id, "unknown hardware"), c.concurrency, c.total_tps)
         for c in usable
