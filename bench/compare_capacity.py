@@ -6,7 +6,9 @@ What it measures
        registry's own storage layer: by default 1,000 nodes in 4 hardware classes, each
        having run 20 llama.cpp builds one after the other, `--runs` runs of each (B = 1..32
        at PP=512 TG=128, speeds with 2% noise; one class slower by 12% at B >= 8 on every
-       fifth build), then VACUUM ANALYZE.
+       fifth build); judges the series the fill queued, as registries' judges would have
+       while the runs arrived (otherwise the measured registry's judge spends the first
+       minute on a 1,000-series backlog, beside the questions); then VACUUM ANALYZE.
     2. Starts `fleetbench-registry serve` on a free loopback port.
     3. Asks each pair of successive builds once, in order: the first question about a build
        since the registry started, which reads its sums from the database (`first`).
@@ -54,6 +56,7 @@ from fleetbench.registry.db import (
     write_transaction,
 )
 from fleetbench.registry.ingest import ingest_batch
+from fleetbench.registry.regressions import judge_due
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/fleetbench_bench_compare"
 MODEL = "Llama-3.1-8B-Instruct-Q4_K_M"
@@ -141,6 +144,10 @@ def fill(url: str, args: argparse.Namespace) -> None:
         rate = done / (time.monotonic() - began)
         print(f"\r  filled {done:,} of {total:,} runs ({rate:.0f}/s)", end="", flush=True)
     print()
+    began = time.monotonic()
+    judged = judge_due(sessions)
+    took = time.monotonic() - began
+    print(f"  judged the {judged.checks:,} series checks the fill queued in {took:.0f} s")
     engine.dispose()
     with psycopg.connect(libpq_url(url), autocommit=True) as connection:
         connection.execute("VACUUM ANALYZE")
