@@ -90,8 +90,7 @@ def unique_rows(rows: Ints) -> tuple[Ints, Ints]:
 class Labels:
     """What the codes and ids in the tables stand for."""
 
-    settings: Sequence[str]  # by code
-    runners: Sequence[str]  # by code
+    texts: Sequence[str]  # settings and runners, by code
     metrics: Sequence[str]  # by index
     nodes: Mapping[int, str]  # node id -> name
     hardware: Mapping[int, tuple[str | None, str | None]]  # fingerprint -> description, class
@@ -228,7 +227,7 @@ def compare_sums(
 
 def _label(group: Ints, labels: Labels) -> str:
     """A group's settings and engine, as the answer names them."""
-    return f"{labels.settings[int(group[2])]} on {labels.runners[int(group[3])]}".strip()
+    return f"{labels.texts[int(group[2])]} on {labels.texts[int(group[3])]}".strip()
 
 
 def _chosen_groups(groups: Ints, runs: Floats, labels: Labels) -> dict[int, int]:
@@ -238,8 +237,8 @@ def _chosen_groups(groups: Ints, runs: Floats, labels: Labels) -> dict[int, int]
     if not len(both):
         return {}
     found, rb, ra = groups[both], runs[both, 0], runs[both, 1]
-    text_rank = np.empty(len(labels.settings), np.int64)  # codes in the texts' order
-    text_rank[np.argsort(np.array(labels.settings, dtype=object))] = np.arange(len(text_rank))
+    text_rank = np.empty(len(labels.texts), np.int64)  # codes in the texts' order
+    text_rank[np.argsort(np.array(labels.texts, dtype=object))] = np.arange(len(text_rank))
     order = np.lexsort(
         (text_rank[found[:, 3]], text_rank[found[:, 2]], found[:, 1], -ra, -np.minimum(rb, ra),
          found[:, 0])

@@ -102,19 +102,17 @@ def read_sides(
         held = cache.tables(connection, kind, model_ids, build_ids, _TEXTS)
         tables = {b: SumsTable.joined([h.table for h in found]) for b, found in held.items()}
         everything = [h for found in held.values() for h in found]
-        labels = Labels(
-            _TEXTS.texts(),
-            _TEXTS.texts(),
-            METRICS,
-            {i: name for h in everything for i, name in h.nodes.items()},
-            # a class filled in later (an old fingerprint summarised) wins over none
-            {i: named for h in everything for i, named in h.hardware.items() if not named[1]}
-            | {i: named for h in everything for i, named in h.hardware.items() if named[1]},
-        )
+        nodes = {i: name for h in everything for i, name in h.nodes.items()}
+        # a class filled in later (an old fingerprint summarised) wins over none
+        hardware = {
+            i: named for h in everything for i, named in h.hardware.items() if not named[1]
+        } | {i: named for h in everything for i, named in h.hardware.items() if named[1]}
     else:
         tables = _since(connection, kind, model_ids, build_ids, since)
-        labels = _labels(connection, model_ids, build_ids)
+        nodes, hardware = _names(connection, model_ids, build_ids)
     runner_code = {b: _TEXTS.code(runner) for b, runner in builds.runners.items()}
+    # a copy, once every code this question uses is made: other requests add texts meanwhile
+    labels = Labels(tuple(_TEXTS.texts()), METRICS, nodes, hardware)
     with_runner = {b: t.with_runner(runner_code[b]) for b, t in tables.items()}
     before = SumsTable.joined([with_runner[b] for b in builds.before_ids if b in with_runner])
     after = SumsTable.joined([with_runner[b] for b in builds.after_ids if b in with_runner])
@@ -146,9 +144,9 @@ def _since(
     return {b: SumsTable.joined(t) for b, t in tables.items()}
 
 
-def _labels(
+def _names(
     connection: Connection, model_ids: Collection[int], build_ids: Collection[int]
-) -> Labels:
+) -> tuple[dict[int, str], dict[int, tuple[str | None, str | None]]]:
     """The names of the nodes and hardware the builds' sums mention."""
     mentioned = (
         BuildPointSum.model_id.in_(list(model_ids)),
@@ -160,10 +158,7 @@ def _labels(
     fingerprints = select(
         HardwareFingerprint.id, HardwareFingerprint.description, HardwareFingerprint.hardware_class
     ).where(HardwareFingerprint.id.in_(select(BuildPointSum.fingerprint_id).where(*mentioned)))
-    return Labels(
-        _TEXTS.texts(),
-        _TEXTS.texts(),
-        METRICS,
+    return (
         {row.id: row.name for row in connection.execute(nodes)},
         {row.id: (row.description, row.hardware_class) for row in connection.execute(fingerprints)},
     )
