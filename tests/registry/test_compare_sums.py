@@ -3,6 +3,7 @@ and held by each registry process (registry.compare.cache): on SQLite and Postgr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -49,6 +50,30 @@ def assert_same(kept: dict[Any, Any], recounted: dict[Any, Any]) -> None:
     assert kept.keys() == recounted.keys()
     for key, sums in recounted.items():
         assert kept[key] == pytest.approx(sums, rel=1e-9), key
+
+
+def post_runs(
+    registry: LiveRegistry,
+    node: str,
+    *,
+    runs: int,
+    points: Mapping[int, list[wire.Point]] | None = None,
+    **report: Any,
+) -> None:
+    """`runs` runs of each build on `node`, an hour apart (OLD's first), made by make_report
+    with `report`'s fields and, if given, each build's `points`."""
+    token = registry.token(node)
+    with registry.client(token) as client:
+        for build in (OLD, NEW):
+            for run in range(runs):
+                fields = report | ({"points": points[build]} if points else {})
+                made = make_report(
+                    node=node,
+                    build_number=build,
+                    started_at=DAY0 + timedelta(hours=build - OLD + run),
+                    **fields,
+                )
+                assert post_report(client, made).status_code == 201
 
 
 def test_the_kept_sums_are_the_runs_own_after_ingest_and_after_a_prune(
@@ -104,32 +129,27 @@ def test_the_repeats_spread_counts_when_runs_agree_too_well(live_registry: LiveR
     """Runs of both builds with the same speeds, each point measured 5 times with a 4%
     spread: the comparison's noise is the repeats' (detectable change wider), not the
     runs' agreement (which is none)."""
-    token = live_registry.token("gpu-r")
-    with live_registry.client(token) as client:
-        for model, stdev in (("calm", None), ("noisy", 0.04)):
-            for build in (OLD, NEW):
-                for run in range(3):
-                    points = [
-                        wire.Point(
-                            pp=512,
-                            tg=128,
-                            b=b,
-                            s_pp=1000.0,
-                            s_tg=30.0 * b,
-                            repeats=5,
-                            s_tg_stdev=None if stdev is None else stdev * 30.0 * b,
-                        )
-                        for b in (1, 8)
-                    ]
-                    report = make_report(
-                        node="gpu-r",
-                        model=model,
-                        build_number=build,
-                        points=points,
-                        started_at=DAY0 + timedelta(hours=build - OLD + run),
-                        hardware=gpu(H100, "gpu-r"),
-                    )
-                    assert post_report(client, report).status_code == 201
+    for model, stdev in (("calm", None), ("noisy", 0.04)):
+        points = [
+            wire.Point(
+                pp=512,
+                tg=128,
+                b=b,
+                s_pp=1000.0,
+                s_tg=30.0 * b,
+                repeats=5,
+                s_tg_stdev=None if stdev is None else stdev * 30.0 * b,
+            )
+            for b in (1, 8)
+        ]
+        post_runs(
+            live_registry,
+            "gpu-r",
+            runs=3,
+            model=model,
+            points={OLD: points, NEW: points},
+            hardware=gpu(H100, "gpu-r"),
+        )
     detectable = {}
     for model in ("calm", "noisy"):
         [node] = compare(live_registry, model=model)["nodes"]
@@ -142,30 +162,23 @@ def test_speeds_at_the_bounds_are_stored_and_compared_as_numbers(
 ) -> None:
     """1e12 tokens/s on one build, 1e-300 on the next, repeats' spreads of 5e-324: every
     run is stored (no underflow refused), and the comparison answers with numbers."""
-    token = live_registry.token("gpu-x")
-    with live_registry.client(token) as client:
-        for build, speed in ((OLD, 1e12), (NEW, 1e-300)):
-            for run in range(2):
-                points = [
-                    wire.Point(
-                        pp=512,
-                        tg=128,
-                        b=b,
-                        s_pp=speed,
-                        s_tg=speed,
-                        repeats=3,
-                        s_tg_stdev=5e-324,
-                        s_pp_stdev=speed,
-                    )
-                    for b in (1, 2)
-                ]
-                report = make_report(
-                    node="gpu-x",
-                    build_number=build,
-                    points=points,
-                    started_at=DAY0 + timedelta(hours=build - OLD + run),
-                )
-                assert post_report(client, report).status_code == 201
+    points = {
+        build: [
+            wire.Point(
+                pp=512,
+                tg=128,
+                b=b,
+                s_pp=speed,
+                s_tg=speed,
+                repeats=3,
+                s_tg_stdev=5e-324,
+                s_pp_stdev=speed,
+            )
+            for b in (1, 2)
+        ]
+        for build, speed in ((OLD, 1e12), (NEW, 1e-300))
+    }
+    post_runs(live_registry, "gpu-x", runs=2, points=points)
     answer = compare(live_registry)
     assert answer["nodes_compared"] == 0  # a ratio of 1e-312 is no measurement
     assert [n["node"] for n in answer["not_compared"]] == ["gpu-x"]
@@ -199,18 +212,7 @@ def test_one_name_for_two_model_files_counts_each_node_once_recent_or_not(
     once, whether the sums kept or the recent runs are read (`max_age_days`)."""
     for digest in ("a" * 64, "b" * 64):
         model = wire.ModelInfo(name="llama-8b", sha256=digest)
-        token = live_registry.token("gpu-m")
-        with live_registry.client(token) as client:
-            for build in (OLD, NEW):
-                for run in range(2):
-                    report = make_report(
-                        node="gpu-m",
-                        model=model,
-                        build_number=build,
-                        started_at=DAY0 + timedelta(hours=build - OLD + run),
-                        hardware=gpu(H100, "gpu-m"),
-                    )
-                    assert post_report(client, report).status_code == 201
+        post_runs(live_registry, "gpu-m", runs=2, model=model, hardware=gpu(H100, "gpu-m"))
     kept = compare(live_registry, model="llama-8b")
     recent = compare(live_registry, model="llama-8b", max_age_days=36500)
     for answer in (kept, recent):
