@@ -8,11 +8,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from alembic import command
 from sqlalchemy import Engine, select, true
 
 from fleetbench.contract import wire
 from fleetbench.registry.compare.sums import sums_of_runs
-from fleetbench.registry.db import session_factory
+from fleetbench.registry.db import alembic_config, session_factory, upgrade_schema
+from fleetbench.registry.labels import run_labels
 from fleetbench.registry.models import BuildPointSum
 from fleetbench.registry.retention import prune_runs
 from tests.factories import DAY0, LiveRegistry, make_report, post_report
@@ -218,3 +220,31 @@ def test_one_name_for_two_model_files_counts_each_node_once_recent_or_not(
     for answer in (kept, recent):
         assert answer["nodes_compared"] == 1
         assert {p["runs_from"] for n in answer["nodes"] for p in n["points"]} == {4}
+
+
+def test_flags_read_as_regression_causes_spell_them_and_0020_respells_0019s(
+    live_registry: LiveRegistry,
+) -> None:
+    """A series run with kv_unified on: the comparison names its settings as registry.labels
+    does (`kv_unified=True`); sums 0019 kept as `true` are respelt by 0020, and a registry
+    holding them reads them again."""
+    settings = wire.RunSettings(n_ctx=4096, kv_unified=True, swa_full=False)
+    post_runs(live_registry, "gpu-f", runs=2, settings=settings, hardware=gpu(H100, "gpu-f"))
+    expected = "n_ctx=4096 kv_unified=True swa_full=False"
+    assert expected == run_labels(make_report().engine, None, None, settings).settings
+
+    def stored() -> set[str]:
+        with session_factory(live_registry.engine)() as session:
+            return set(session.scalars(select(BuildPointSum.settings)))
+
+    [node] = compare(live_registry)["nodes"]
+    assert node["settings"].startswith(f"{expected} on ")
+    command.downgrade(alembic_config(live_registry.engine), "0019")
+    assert stored() == {"n_ctx=4096 kv_unified=true swa_full=false"}
+    [node] = compare(live_registry)["nodes"]
+    assert node["settings"].startswith("n_ctx=4096 kv_unified=true swa_full=false on ")
+    upgrade_schema(live_registry.engine)
+    assert stored() == {expected}
+    assert_same(*kept_and_recounted(live_registry.engine))
+    [node] = compare(live_registry)["nodes"]
+    assert node["settings"].startswith(f"{expected} on ")

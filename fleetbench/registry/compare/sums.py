@@ -83,8 +83,8 @@ def _labelled(parts: list[tuple[str, ColumnElement[Any]]]) -> ColumnElement[str]
 
 
 def _as_text(column: ColumnElement[Any]) -> ColumnElement[str]:
-    if isinstance(column.type, Boolean):  # the same words on PostgreSQL and SQLite
-        return case((column.is_(True), "true"), (column.is_(False), "false"))
+    if isinstance(column.type, Boolean):  # as registry.labels spells them, on both databases
+        return case((column.is_(True), "True"), (column.is_(False), "False"))
     return cast(column, String)
 
 
