@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import operator
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -268,16 +268,19 @@ def _statements(dialect: str) -> _Statements:
 _KINDS = ("offline", "serving")
 
 
-def add_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> None:
-    """Adds the runs just stored to the sums (in their transaction), and stamps their
-    nodes' sums of each model and build with a new version."""
-    if not run_ids:
+def add_runs(
+    connection: Connection, *, offline: Sequence[uuid.UUID], serving: Sequence[uuid.UUID]
+) -> None:
+    """Adds the runs just stored that count (RUN_SUCCESSFUL, RUN_SERVED: a failed run has
+    no figures) to the sums, in their transaction, and stamps their nodes' sums of each
+    model and build with a new version."""
+    if not offline and not serving:
         return
     sql = _statements(connection.dialect.name)
-    ids = {"run_ids": list(run_ids)}
-    connection.execute(sql.stamp, {**ids, "now": datetime.now(UTC)})
-    for statement in sql.add:
-        connection.execute(statement, ids)
+    connection.execute(sql.stamp, {"run_ids": [*offline, *serving], "now": datetime.now(UTC)})
+    for statement, run_ids in zip(sql.add, (offline, serving), strict=True):
+        if run_ids:
+            connection.execute(statement, {"run_ids": list(run_ids)})
 
 
 def remove_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> None:

@@ -118,7 +118,11 @@ def ingest_batch(
         cost.rows += _record_latest(connection, runs, fingerprints)
         cost.rows += _record_latest_serving(connection, runs)
     with steps.step("sums") as cost:
-        add_runs(connection, [run.id for run in runs])
+        add_runs(
+            connection,
+            offline=[run.id for run in runs if run.in_series],
+            serving=[run.id for run in runs if run.served],
+        )
         cost.rows += len(runs)
     with steps.step("queue") as cost:
         checks = _checks(runs)
@@ -221,8 +225,7 @@ def _record_latest(
 
 def _serving(run: IncomingRun) -> bool:
     """Whether it joins its node's serving series: a successful serving run."""
-    report = run.report
-    return report.kind == "serving" and report.status != "failed" and report.server is not None
+    return run.served and run.report.server is not None
 
 
 def _record_latest_serving(connection: Connection, runs: Sequence[IncomingRun]) -> int:

@@ -85,6 +85,11 @@ class IncomingRun:
         return self.report.kind == "offline" and self.report.status != "failed"
 
     @property
+    def served(self) -> bool:
+        """Whether it measured a server that answered (models.RUN_SERVED)."""
+        return self.report.kind == "serving" and self.report.status != "failed"
+
+    @property
     def key(self) -> tuple[int, uuid.UUID]:
         """What identifies the run: its node and the id the node gave it."""
         return (self.node_id, self.report.run_id)
