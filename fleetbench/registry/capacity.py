@@ -24,6 +24,7 @@ from fleetbench.contract.answers import (
 from fleetbench.registry.models import HardwareFingerprint, Model, Run
 from fleetbench.registry.placement import PlacementQuestion, place
 from fleetbench.registry.questions.capacity import NodeOffer, Plan, fewest_nodes, plans_per_class
+from fleetbench.registry.questions.hardware import UNKNOWN_CLASS
 
 __all__ = ["plan_capacity"]
 
@@ -69,7 +70,7 @@ def _classes(session: Session, run_ids: Collection[object]) -> dict[object, str]
         ):
             if named is not None:  # (a class not known yet may be later: not kept)
                 held[run_id] = named
-    return {run_id: held.get(run_id, "unknown hardware") for run_id in run_ids}
+    return {run_id: held.get(run_id, UNKNOWN_CLASS) for run_id in run_ids}
 
 
 def plan_capacity(
@@ -102,10 +103,7 @@ def plan_capacity(
         if r.node not in offered and r.node not in reserve
     ]
     classes = _classes(session, [c.run_id for c in usable])
-    offers = [
-        NodeOffer(c.node, classes.get(c.run_id, "unknown hardware"), c.concurrency, c.total_tps)
-        for c in usable
-    ]
+    offers = [NodeOffer(c.node, classes[c.run_id], c.concurrency, c.total_tps) for c in usable]
     by_node = {c.node: c for c in usable}
     plan = fewest_nodes(offers, users)
     per_class = plans_per_class(offers, users)

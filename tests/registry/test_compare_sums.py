@@ -3,7 +3,7 @@ and held by each registry process (registry.compare.cache): on SQLite and Postgr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +12,7 @@ from alembic import command
 from sqlalchemy import Engine, select, true
 
 from fleetbench.contract import wire
-from fleetbench.registry.compare.sums import sums_of_runs
+from fleetbench.registry.compare.sums import SUM_COLUMNS, SUMS_KEY, sums_of_runs
 from fleetbench.registry.db import alembic_config, session_factory, upgrade_schema
 from fleetbench.registry.labels import run_labels
 from fleetbench.registry.models import BuildPointSum
@@ -29,22 +29,20 @@ from tests.registry.test_compare import (
     seed,
 )
 
-_KEY = ("model_id", "build_id", "node_id", "fingerprint_id", "settings", "metric", "pp", "tg", "b")
-_SUMS = ("runs", "total", "squares", "relative_sd", "repeats", "repeated")
+
+def by_key(rows: Iterable[Any]) -> dict[Any, Any]:
+    return {
+        tuple(getattr(r, k) for k in SUMS_KEY): tuple(getattr(r, s) for s in SUM_COLUMNS)
+        for r in rows
+    }
 
 
 def kept_and_recounted(engine: Engine) -> tuple[dict[Any, Any], dict[Any, Any]]:
     """The kept sums, and the same counted again from the runs."""
     with session_factory(engine)() as session:
-        kept = {
-            tuple(getattr(r, k) for k in _KEY): tuple(getattr(r, s) for s in _SUMS)
-            for r in session.scalars(select(BuildPointSum))
-        }
-        recounted = {
-            tuple(getattr(r, k) for k in _KEY): tuple(getattr(r, s) for s in _SUMS)
-            for kind in ("offline", "serving")
-            for r in session.execute(sums_of_runs(kind, true()))
-        }
+        kept = by_key(session.scalars(select(BuildPointSum)))
+        kinds = ("offline", "serving")
+        recounted = by_key(r for k in kinds for r in session.execute(sums_of_runs(k, true())))
     return kept, recounted
 
 

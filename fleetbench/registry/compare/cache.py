@@ -13,6 +13,7 @@ another's change.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
@@ -23,8 +24,8 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, bindparam, func, select
 
-from fleetbench.registry.compare.pairs import SUM_COLUMNS, SumsTable
-from fleetbench.registry.compare.sums import METRICS, metrics_of
+from fleetbench.registry.compare.pairs import SumsTable
+from fleetbench.registry.compare.sums import METRICS, SUM_COLUMNS, metrics_of
 from fleetbench.registry.models import BuildPointSum, BuildSumsStamp, HardwareFingerprint, Node
 
 __all__ = ["HeldBuild", "SumsCache", "Texts", "table_of_rows"]
@@ -194,6 +195,8 @@ def _read(
             for n in held.versions.keys() | versions.keys()
             if held.versions.get(n) != versions.get(n)
         ]
+        if not changed:  # (its versions were read after a write its signature missed)
+            return dataclasses.replace(held, signature=signature)
         if len(changed) > len(versions) // 2:
             changed = None  # most of them: one read of all is cheaper
     if changed is None or held is None:

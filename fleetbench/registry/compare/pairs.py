@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from fleetbench.registry.compare.sums import MOST_RELATIVE, SUM_COLUMNS
 from fleetbench.registry.questions.compare import (
     LOWER_IS_BETTER,
+    MOST_LOG_RATIO,
     ClassFigures,
     ListedCell,
     NodeSummary,
@@ -29,17 +31,13 @@ from fleetbench.registry.questions.compare import (
     SideFigures,
 )
 
-__all__ = ["KEY_COLUMNS", "SUM_COLUMNS", "ComparedRows", "Labels", "SumsTable", "compare_sums"]
+__all__ = ["KEY_COLUMNS", "ComparedRows", "Labels", "SumsTable", "compare_sums"]
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
-# A ratio beyond e^700 is no measurement (and e^710 no float): such points are left out.
-_MOST_LOG_RATIO = 700.0
-_MOST_RELATIVE = 1e6  # a spread relative to a value this small is capped, not divided
 # node, fingerprint (0: none), settings and runner (codes: Labels), metric (an index into
 # Labels.metrics), PP, TG, B
 KEY_COLUMNS = ("node", "fingerprint", "settings", "runner", "metric", "pp", "tg", "b")
-SUM_COLUMNS = ("runs", "total", "squares", "relative_sd", "repeats", "repeated")
 _GROUP = slice(0, 4)  # a node's runs on one hardware and settings, with one engine
 
 
@@ -52,7 +50,7 @@ class SumsTable:
 
     @staticmethod
     def empty() -> SumsTable:
-        return SumsTable(np.zeros((0, len(KEY_COLUMNS)), np.int64), np.zeros((0, 6)))
+        return SumsTable(np.zeros((0, len(KEY_COLUMNS)), np.int64), np.zeros((0, len(SUM_COLUMNS))))
 
     def with_runner(self, code: int) -> SumsTable:
         """The table with its runner's code (one build's: one engine, backend, binding)."""
@@ -111,7 +109,7 @@ def _figures(sums: Floats) -> tuple[Floats, Floats, Floats]:
         mean = total / runs
         variance = np.maximum(squares / runs - mean * mean, 0.0)
         deviation = np.sqrt(variance * runs / (runs - 1.0))
-        relative = np.where(deviation < mean * _MOST_RELATIVE, deviation / mean, _MOST_RELATIVE)
+        relative = np.where(deviation < mean * MOST_RELATIVE, deviation / mean, MOST_RELATIVE)
         spread = np.where(runs >= 2, relative, np.nan)
         noise = np.where(
             (repeated > 0) & (repeats >= 2 * repeated),
@@ -165,7 +163,7 @@ def compare_sums(
     nb, na = before.sums[first, 0], after.sums[second, 0]
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratio = np.log(mean_a) - np.log(mean_b)
-    usable = (mean_a > 0) & (mean_b > 0) & (np.abs(log_ratio) <= _MOST_LOG_RATIO)
+    usable = (mean_a > 0) & (mean_b > 0) & (np.abs(log_ratio) <= MOST_LOG_RATIO)  # beyond: left out
     first, second, group_of = first[usable], second[usable], group_of[usable]
     nb, na, mean_b, mean_a, log_ratio = (
         nb[usable],

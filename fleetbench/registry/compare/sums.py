@@ -53,8 +53,11 @@ from fleetbench.registry.models import (
 
 __all__ = [
     "METRICS",
+    "MOST_RELATIVE",
     "OFFLINE_METRICS",
     "SERVING_METRICS",
+    "SUMS_KEY",
+    "SUM_COLUMNS",
     "add_runs",
     "metrics_of",
     "remove_runs",
@@ -68,11 +71,11 @@ METRICS = OFFLINE_METRICS + SERVING_METRICS
 _SERVER_SHAPE = ("kind", "slots", "ctx_per_slot", "n_ctx", "prompt_tokens", "gen_tokens")
 # A spread relative to a value this small is no measurement: capped, not divided (float
 # division would overflow, which PostgreSQL refuses).
-_MOST_RELATIVE = 1e6
+MOST_RELATIVE = 1e6
 # PostgreSQL refuses a product or quotient that underflows (a speed of 1e-300 squared):
 # figures this small are taken as this, which no mean or spread that matters can tell.
 _LEAST = 1e-100
-_SUMMED = ("runs", "total", "squares", "relative_sd", "repeats", "repeated")
+SUM_COLUMNS = ("runs", "total", "squares", "relative_sd", "repeats", "repeated")
 
 
 def _labelled(parts: list[tuple[str, ColumnElement[Any]]]) -> ColumnElement[str]:
@@ -100,8 +103,8 @@ def _offline(metric: str) -> Select[Any]:
             and_(sd.is_not(None), RunPoint.repeats >= 2),
             case(
                 (sd < _LEAST, 0.0),
-                (sd < value * _MOST_RELATIVE, sd / _at_least(value)),
-                else_=_MOST_RELATIVE,
+                (sd < value * MOST_RELATIVE, sd / _at_least(value)),
+                else_=MOST_RELATIVE,
             ),
         )
     )
@@ -155,7 +158,7 @@ def _summed(
     )
     return (
         select(
-            *(key.label(name) for key, name in zip(keys, _KEY_NAMES, strict=True)),
+            *(key.label(name) for key, name in zip(keys, SUMS_KEY, strict=True)),
             func.count().label("runs"),
             func.sum(value).label("total"),
             func.sum(_at_least(value) * _at_least(value)).label("squares"),
@@ -173,7 +176,7 @@ def _summed(
     )
 
 
-_KEY_NAMES = (
+SUMS_KEY = (  # the columns that key build_point_sums
     "model_id",
     "build_id",
     "node_id",
@@ -219,33 +222,26 @@ def _statements(dialect: str) -> _Statements:
     table = table_of(BuildPointSum)
     stamps = table_of(BuildSumsStamp)
     touched = (
-        select(
-            Run.model_id,
-            Run.build_id,
-            Run.node_id,
-            literal(1),
-            bindparam("now", type_=stamps.c.changed_at.type),
-        )
-        .where(Run.id.in_(_RUN_IDS))
+        _TOUCHED.add_columns(literal(1), bindparam("now", type_=stamps.c.changed_at.type))
         .distinct()
         .order_by(Run.model_id, Run.build_id, Run.node_id)  # one lock order
     )
     stamp = insert_for(stamps).from_select(
         ["model_id", "build_id", "node_id", "version", "changed_at"], touched
     )
-    columns = [*_KEY_NAMES, *_SUMMED]
+    columns = [*SUMS_KEY, *SUM_COLUMNS]
 
     def upsert(found: Select[Any]) -> Any:
         rows = found.subquery()
         ordered = (
             select(*(rows.c[c] for c in columns))
             .where(true())  # (SQLite reads an upsert's SELECT without WHERE ambiguously)
-            .order_by(*(rows.c[c] for c in _KEY_NAMES))  # one lock order for every writer
+            .order_by(*(rows.c[c] for c in SUMS_KEY))  # one lock order for every writer
         )
         statement = insert_for(table).from_select(columns, ordered)
         return statement.on_conflict_do_update(
-            index_elements=[table.c[c] for c in _KEY_NAMES],
-            set_={c: table.c[c] + statement.excluded[c] for c in _SUMMED},
+            index_elements=[table.c[c] for c in SUMS_KEY],
+            set_={c: table.c[c] + statement.excluded[c] for c in SUM_COLUMNS},
         )
 
     staying = (

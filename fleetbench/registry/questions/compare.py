@@ -30,11 +30,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from fleetbench.registry.questions.hardware import UNKNOWN_CLASS
 from fleetbench.registry.questions.regressions import DETECTION_POWER_Z, DetectionSettings
 
 __all__ = [
     "LOWER_IS_BETTER",
-    "UNKNOWN_CLASS",
+    "MOST_LOG_RATIO",
     "CellComparison",
     "ClassCell",
     "ClassFigures",
@@ -63,8 +64,7 @@ _CI_Z = 1.96  # a two-sided 95% interval
 # The run-to-run spread assumed where a node's is not known yet (one run of a build): what
 # this project's machines showed (README, "Regressions"), to say how many runs to ask for.
 ASSUMED_NOISE = 0.03
-UNKNOWN_CLASS = "unknown hardware"  # nodes without a fingerprint, or one not described
-_MOST_LOG = 700.0  # exp() of more overflows
+MOST_LOG_RATIO = 700.0  # exp() of more overflows: a ratio beyond e^700 is no measurement
 MOST_RUNS_ASKED = 50
 
 
@@ -202,14 +202,14 @@ def compare_cell(cell: ListedCell, s: CompareSettings) -> CellComparison:
     se = cell.noise * math.sqrt(1 / before.runs + 1 / after.runs)
     # a spread so wide its interval is no number: as wide as a float allows
     half = min(_CI_Z * se, 300.0)
-    ratio = math.exp(min(log_ratio, _MOST_LOG))
+    ratio = math.exp(min(log_ratio, MOST_LOG_RATIO))
     return CellComparison(
         key=cell.key,
         before=before,
         after=after,
         ratio=ratio,
-        low=math.exp(min(log_ratio - half, _MOST_LOG)),  # (a tiny one is 0.0, no error)
-        high=math.exp(min(log_ratio + half, _MOST_LOG)),
+        low=math.exp(min(log_ratio - half, MOST_LOG_RATIO)),  # (a tiny one is 0.0, no error)
+        high=math.exp(min(log_ratio + half, MOST_LOG_RATIO)),
         noise=cell.noise,
         detectable=max(s.min_change, s.z * se),
         worse=_worse(cell.key.metric, ratio),

@@ -22,6 +22,7 @@ from fleetbench.contract.wire import AmdGpu, HardwareData, NvidiaGpu, Probes
 __all__ = [
     "APPLE_GPU_SHARE",
     "DESCRIPTION_LENGTH",
+    "UNKNOWN_CLASS",
     "HardwareSummary",
     "hardware_class",
     "summarize_hardware",
@@ -88,6 +89,9 @@ def _with_driver(described: str, driver: str | None) -> str:
 
 def _gib(size: int | None) -> str:
     return f"{size / 2**30:.0f} GiB" if size is not None else "memory unknown"
+
+
+UNKNOWN_CLASS = "unknown hardware"  # of nodes without a fingerprint, or one not described
 
 
 def hardware_class(description: str | None) -> str | None:
