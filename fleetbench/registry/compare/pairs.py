@@ -155,29 +155,18 @@ def compare_sums(
     chosen = _chosen_groups(groups, runs, labels)
 
     first, second = _pairs(before, after)
-    group_of = inverse[first]
-    in_chosen = np.isin(group_of, np.fromiter(chosen.values(), np.int64, len(chosen)))
-    first, second, group_of = first[in_chosen], second[in_chosen], group_of[in_chosen]
+    in_chosen = np.isin(inverse[first], np.fromiter(chosen.values(), np.int64, len(chosen)))
+    first, second = first[in_chosen], second[in_chosen]
     mean_b, spread_b, noise_b = (x[first] for x in _figures(before.sums))
     mean_a, spread_a, noise_a = (x[second] for x in _figures(after.sums))
-    nb, na = before.sums[first, 0], after.sums[second, 0]
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratio = np.log(mean_a) - np.log(mean_b)
     usable = (mean_a > 0) & (mean_b > 0) & (np.abs(log_ratio) <= MOST_LOG_RATIO)  # beyond: left out
-    first, second, group_of = first[usable], second[usable], group_of[usable]
-    nb, na, mean_b, mean_a, log_ratio = (
-        nb[usable],
-        na[usable],
-        mean_b[usable],
-        mean_a[usable],
-        log_ratio[usable],
+    first, second = first[usable], second[usable]
+    mean_b, mean_a, spread_b, spread_a, noise_b, noise_a, log_ratio = (
+        x[usable] for x in (mean_b, mean_a, spread_b, spread_a, noise_b, noise_a, log_ratio)
     )
-    spread_b, spread_a, noise_b, noise_a = (
-        spread_b[usable],
-        spread_a[usable],
-        noise_b[usable],
-        noise_a[usable],
-    )
+    nb, na = before.sums[first, 0], after.sums[second, 0]
     degrees = np.where(np.isnan(spread_b), 0, nb - 1) + np.where(np.isnan(spread_a), 0, na - 1)
     pooled_sum = np.nan_to_num((nb - 1) * spread_b**2) + np.nan_to_num((na - 1) * spread_a**2)
     with np.errstate(divide="ignore", invalid="ignore"):
