@@ -22,13 +22,13 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, bindparam, func, select
+from sqlalchemy import ColumnElement, Connection, Select, bindparam, func, select
 
 from fleetbench.registry.compare.pairs import SumsTable
 from fleetbench.registry.compare.sums import METRICS, SUM_COLUMNS, metrics_of
 from fleetbench.registry.models import BuildPointSum, BuildSumsStamp, HardwareFingerprint, Node
 
-__all__ = ["HeldBuild", "SumsCache", "Texts", "table_of_rows"]
+__all__ = ["HeldBuild", "Names", "SumsCache", "Texts", "mentioned", "read_names", "table_of_rows"]
 
 MOST_BUILDS_HELD = 64  # (model, build, kind) tables: 1,000 nodes' build is about 1 MB
 
@@ -113,14 +113,31 @@ _VERSIONS = select(BuildSumsStamp.node_id, BuildSumsStamp.version).where(
     BuildSumsStamp.build_id == bindparam("build_id"),
 )
 _OF_NODES = BuildPointSum.node_id.in_(bindparam("node_ids", expanding=True))
-_NODE_IN = Node.id.in_(bindparam("node_ids", expanding=True))
-_FINGERPRINT_OF_NODES = HardwareFingerprint.node_id.in_(bindparam("node_ids", expanding=True))
-_NODES = select(Node.id, Node.name).where(
-    Node.id.in_(select(BuildPointSum.node_id).where(*_ONE_BUILD))
-)
-_HARDWARE = select(
-    HardwareFingerprint.id, HardwareFingerprint.description, HardwareFingerprint.hardware_class
-).where(HardwareFingerprint.id.in_(select(BuildPointSum.fingerprint_id).where(*_ONE_BUILD)))
+Names = tuple[dict[int, str], dict[int, tuple[str | None, str | None]]]
+NameStatements = tuple[Select[int, str], Select[int, str | None, str | None]]
+
+
+def mentioned(*where: ColumnElement[bool]) -> NameStatements:
+    """The nodes and the fingerprints that the sums `where` selects mention."""
+    nodes = select(Node.id, Node.name).where(
+        Node.id.in_(select(BuildPointSum.node_id).where(*where))
+    )
+    hardware = select(
+        HardwareFingerprint.id, HardwareFingerprint.description, HardwareFingerprint.hardware_class
+    ).where(HardwareFingerprint.id.in_(select(BuildPointSum.fingerprint_id).where(*where)))
+    return nodes, hardware
+
+
+def read_names(connection: Connection, statements: NameStatements, asked: dict[str, Any]) -> Names:
+    """Node id -> name, and fingerprint id -> (description, hardware class)."""
+    nodes, hardware = statements
+    named = {row.id: row.name for row in connection.execute(nodes, asked)}
+    found = connection.execute(hardware, asked)
+    return named, {row.id: (row.description, row.hardware_class) for row in found}
+
+
+_NAMES = mentioned(*_ONE_BUILD)
+_NAMES_OF_NODES = mentioned(*_ONE_BUILD, _OF_NODES)
 
 
 @dataclass(frozen=True)
@@ -201,16 +218,8 @@ def _read(
             changed = None  # most of them: one read of all is cheaper
     if changed is None or held is None:
         rows = connection.execute(_ROWS, asked).all()
-        return HeldBuild(
-            signature,
-            versions,
-            table_of_rows(rows, metrics, texts),
-            {row.id: row.name for row in connection.execute(_NODES, asked)},
-            {
-                row.id: (row.description, row.hardware_class)
-                for row in connection.execute(_HARDWARE, asked)
-            },
-        )
+        nodes, hardware = read_names(connection, _NAMES, asked)
+        return HeldBuild(signature, versions, table_of_rows(rows, metrics, texts), nodes, hardware)
     asked["node_ids"] = changed
     rows = connection.execute(_ROWS.where(_OF_NODES), asked).all()
     kept = ~np.isin(held.table.keys[:, 0], changed)
@@ -219,15 +228,5 @@ def _read(
         np.concatenate([held.table.keys[kept], fresh.keys]),
         np.concatenate([held.table.sums[kept], fresh.sums]),
     )
-    nodes = {
-        **held.nodes,
-        **{row.id: row.name for row in connection.execute(_NODES.where(_NODE_IN), asked)},
-    }
-    hardware = {
-        **held.hardware,
-        **{
-            row.id: (row.description, row.hardware_class)
-            for row in connection.execute(_HARDWARE.where(_FINGERPRINT_OF_NODES), asked)
-        },
-    }
-    return HeldBuild(signature, versions, table, nodes, hardware)
+    nodes, hardware = read_names(connection, _NAMES_OF_NODES, asked)
+    return HeldBuild(signature, versions, table, held.nodes | nodes, held.hardware | hardware)

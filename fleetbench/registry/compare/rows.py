@@ -14,11 +14,17 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session
 
-from fleetbench.registry.compare.cache import SumsCache, Texts, table_of_rows
+from fleetbench.registry.compare.cache import (
+    SumsCache,
+    Texts,
+    mentioned,
+    read_names,
+    table_of_rows,
+)
 from fleetbench.registry.compare.pairs import Labels, SumsTable
 from fleetbench.registry.compare.sums import METRICS, metrics_of, sums_of_runs
 from fleetbench.registry.labels import binding_label, build_label
-from fleetbench.registry.models import BuildPointSum, EngineBuild, HardwareFingerprint, Node, Run
+from fleetbench.registry.models import BuildPointSum, EngineBuild, Run
 
 __all__ = ["BuildSelection", "Sides", "build_matches", "read_sides", "select_builds"]
 
@@ -109,7 +115,11 @@ def read_sides(
         } | {i: named for h in everything for i, named in h.hardware.items() if named[1]}
     else:
         tables = _since(connection, kind, model_ids, build_ids, since)
-        nodes, hardware = _names(connection, model_ids, build_ids)
+        names = mentioned(
+            BuildPointSum.model_id.in_(list(model_ids)),
+            BuildPointSum.build_id.in_(list(build_ids)),
+        )
+        nodes, hardware = read_names(connection, names, {})
     runner_code = {b: _TEXTS.code(runner) for b, runner in builds.runners.items()}
     # a copy, once every code this question uses is made: other requests add texts meanwhile
     labels = Labels(tuple(_TEXTS.texts()), METRICS, nodes, hardware)
@@ -142,23 +152,3 @@ def _since(
     for (build_id, _), rows in found.items():
         tables.setdefault(build_id, []).append(table_of_rows(rows, metrics_of(kind), _TEXTS))
     return {b: SumsTable.joined(t) for b, t in tables.items()}
-
-
-def _names(
-    connection: Connection, model_ids: Collection[int], build_ids: Collection[int]
-) -> tuple[dict[int, str], dict[int, tuple[str | None, str | None]]]:
-    """The names of the nodes and hardware the builds' sums mention."""
-    mentioned = (
-        BuildPointSum.model_id.in_(list(model_ids)),
-        BuildPointSum.build_id.in_(list(build_ids)),
-    )
-    nodes = select(Node.id, Node.name).where(
-        Node.id.in_(select(BuildPointSum.node_id).where(*mentioned))
-    )
-    fingerprints = select(
-        HardwareFingerprint.id, HardwareFingerprint.description, HardwareFingerprint.hardware_class
-    ).where(HardwareFingerprint.id.in_(select(BuildPointSum.fingerprint_id).where(*mentioned)))
-    return (
-        {row.id: row.name for row in connection.execute(nodes)},
-        {row.id: (row.description, row.hardware_class) for row in connection.execute(fingerprints)},
-    )
