@@ -556,7 +556,21 @@ class LatestServingRun(Base):
     ctx_per_slot: Mapped[int | None]
 
 
-class BuildPointSum(Base):
+class ModelBuildNodeKey:
+    """The key columns first in a table kept per node's runs of a model with one build."""
+
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True, sort_order=-1
+    )
+    build_id: Mapped[int] = mapped_column(
+        ForeignKey("engine_builds.id"), primary_key=True, sort_order=-1
+    )
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True, sort_order=-1
+    )
+
+
+class BuildPointSum(ModelBuildNodeKey, Base):
     """A node's successful runs of a model with one build, on one hardware and settings,
     summed per point and metric: kept by ingest in the runs' transaction, and by the prune
     as it deletes runs (registry.compare.sums), so that a build comparison reads one row
@@ -564,13 +578,6 @@ class BuildPointSum(Base):
 
     __tablename__ = "build_point_sums"
 
-    model_id: Mapped[int] = mapped_column(
-        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
-    )
-    build_id: Mapped[int] = mapped_column(ForeignKey("engine_builds.id"), primary_key=True)
-    node_id: Mapped[int] = mapped_column(
-        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
-    )
     # 0: runs without a fingerprint (a key column is never NULL); fingerprints go with
     # their node, whose rows here go too
     fingerprint_id: Mapped[int] = mapped_column(primary_key=True)
@@ -588,20 +595,13 @@ class BuildPointSum(Base):
     repeated: Mapped[int]
 
 
-class BuildSumsStamp(Base):
+class BuildSumsStamp(ModelBuildNodeKey, Base):
     """When a node's sums of a model's build last changed, and how many times they have:
     written with them (registry.compare.sums), so that a process holding a build's sums
     (registry.compare.cache) knows them unchanged by reading a row per node, not per point."""
 
     __tablename__ = "build_sums_stamps"
 
-    model_id: Mapped[int] = mapped_column(
-        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
-    )
-    build_id: Mapped[int] = mapped_column(ForeignKey("engine_builds.id"), primary_key=True)
-    node_id: Mapped[int] = mapped_column(
-        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
-    )
     version: Mapped[int]
     changed_at: Mapped[datetime]
 
