@@ -14,7 +14,13 @@ from rich.progress import Progress
 
 from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError, PassedOver
 from fleetbench.agent.cli_options import RegistryOption, command_settings, int_list
-from fleetbench.agent.cli_questions import capacity, placement
+from fleetbench.agent.cli_questions import (
+    COMPARE_HELP,
+    QUESTION_HELP,
+    capacity,
+    compare,
+    placement,
+)
 from fleetbench.agent.cli_serving import serve_sweep_command
 from fleetbench.agent.config import open_spool
 from fleetbench.agent.display import (
@@ -46,6 +52,7 @@ from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
 from fleetbench.agent.runners.repeats import MIN_AUTO_REPEATS
 from fleetbench.agent.sweep import measure_run, memory_line, sweep_lock
+from fleetbench.cli_answers import print_table
 from fleetbench.cli_usage import help_of, options_of, validated
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
@@ -136,13 +143,10 @@ def import_output(
                 highlight=False,
             )
             continue
-        err.print(
-            curve_table(
-                report.points,
-                title=f"run {number}/{len(reports)} (line {line}): {model} on {node}"
-                + (f", llama.cpp build {build}" if build is not None else ""),
-            )
-        )
+        title = f"run {number}/{len(reports)} (line {line}): {model} on {node}"
+        if build is not None:
+            title += f", llama.cpp build {build}"
+        print_table(err, curve_table(report.points, title=title))
     import_through_the_spool([r for _, r in reports], settings, url, secret)
     if skipped:
         raise typer.Exit(1)
@@ -297,7 +301,7 @@ def sweep(
         out.print_json(run.model_dump_json())
     if not as_json:
         table = curve_table(run.points, title=f"{name} on {run.node} ({run.status})")
-        (err if unspooled else out).print(table)
+        print_table(err if unspooled else out, table)
     if run.error is not None:
         err.print(error_line(run.error), highlight=False, soft_wrap=True)
     if spooled is not None:
@@ -369,7 +373,7 @@ def status(
         out.print(f"warning: {problem}", highlight=False, soft_wrap=True)
     waiting = [r for r in runs if r.state != "delivered"]
     if waiting:
-        out.print(spool_table(waiting))
+        print_table(out, spool_table(waiting))
 
 
 @app.command()
@@ -404,8 +408,9 @@ def flush(registry: RegistryOption = None) -> None:
 
 
 app.command("serve-sweep")(serve_sweep_command)
-app.command()(placement)
-app.command()(capacity)
+app.command(epilog=QUESTION_HELP)(placement)
+app.command(epilog=QUESTION_HELP)(capacity)
+app.command(epilog=COMPARE_HELP)(compare)
 
 if __name__ == "__main__":
     app()

@@ -1,5 +1,6 @@
-"""`fleetbench-agent placement` and `capacity`: the registry's questions, asked from a node
-or a laptop (a reader token where reads are closed)."""
+"""`fleetbench-agent placement`, `capacity` and `compare`: the registry's questions, asked
+from a node, a laptop or a CI job (a reader token where reads are closed: a rollout gate
+needs no database credentials)."""
 
 from __future__ import annotations
 
@@ -7,30 +8,58 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from rich.table import Table
 
 from fleetbench.agent.cli_options import RegistryOption, command_settings
 from fleetbench.agent.display import capacity_table, fail, out, placement_table
-from fleetbench.agent.errors import ClientError
+from fleetbench.agent.errors import ClientError, validation_problems
 from fleetbench.agent.handover import registry_client
+from fleetbench.cli_answers import (
+    ANSWERED_EXIT,
+    NO_ANSWER_EXIT,
+    USAGE_EXIT,
+    JsonOption,
+    ModelOption,
+    exit_status_help,
+    print_table,
+)
+from fleetbench.cli_compare import (
+    CompareKindOption,
+    FromBuildOption,
+    MarkdownOption,
+    ToBuildOption,
+    check_one_format,
+    compare_help,
+    print_compare,
+    verdict_exit,
+)
 from fleetbench.contract.answers import PlacementKind
 
 if TYPE_CHECKING:  # httpx loads when a question is asked (handover.registry_client)
     from fleetbench.agent.client import RegistryClient
 
-__all__ = ["capacity", "placement"]
+__all__ = ["COMPARE_HELP", "QUESTION_HELP", "capacity", "compare", "placement"]
 
 Answer = TypeVar("Answer", bound=BaseModel)
 
-# The options both questions take.
-ModelOption = Annotated[str, typer.Option(help="display name or GGUF sha256")]
+# The exit statuses, for the helps; a script tells an outage from an answer by them.
+_NO_ANSWER = "the registry unreachable, the token refused, a server error"
+QUESTION_HELP = exit_status_help(f"{ANSWERED_EXIT} an answer, whatever it finds", _NO_ANSWER)
+COMPARE_HELP = compare_help(_NO_ANSWER)
+# The registry's answers to a question it will not take as asked: a usage error.
+_REFUSED_AS_ASKED = (400, 404, 422)
+
+# The options the questions take (and ModelOption, JsonOption: fleetbench.cli_answers).
 MinTpsOption = Annotated[float, typer.Option(help="decode tokens/s each user needs")]
 ContextTokensOption = Annotated[
     int | None,
     typer.Option(help="tokens each user's conversation holds: refuse what would not fit"),
 ]
 MaxAgeOption = Annotated[float | None, typer.Option(help="ignore older runs")]
+LimitOption = Annotated[
+    int | None, typer.Option(help="list at most this many nodes [registry default: 100]")
+]
 KindOption = Annotated[
     PlacementKind | None,
     typer.Option(
@@ -45,32 +74,37 @@ MaxTtftOption = Annotated[
 TokenOption = Annotated[
     str | None, typer.Option(help="a reader token, where the registry's reads are closed")
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="print the answer as JSON")]
 
 
-def _ask(
-    registry: str | None,
-    token: str | None,
-    question: Callable[[RegistryClient], Answer],
-    *,
-    table: Callable[[Answer], Table],
-    as_json: bool,
-) -> None:
-    """Print the registry's answer (as JSON, or as its table), or fail naming why (and the
-    token a closed registry wants)."""
+def _asked(
+    registry: str | None, token: str | None, question: Callable[[RegistryClient], Answer]
+) -> Answer:
+    """The registry's answer; else one line saying why there is none (and the token a closed
+    registry wants), exiting 2 where the registry refused the question as asked (a model it
+    does not know: 404), 4 where it gave no answer."""
     settings = command_settings()
     url = registry or settings.registry_url
     with registry_client(url, token or settings.current_token()) as client:
         try:
-            answer = question(client)
+            return question(client)
         except ClientError as exc:
-            closed = getattr(exc, "status_code", None) in (401, 403)
+            status = getattr(exc, "status_code", None)
+            closed = status in (401, 403)
             hint = "; this registry's reads are closed: pass --token with a reader token"
-            raise fail(str(exc) + (hint if closed else "")) from exc
+            code = USAGE_EXIT if status in _REFUSED_AS_ASKED else NO_ANSWER_EXIT
+            raise fail(str(exc) + (hint if closed else ""), code=code) from exc
+        except ValidationError as exc:  # a registry of another version: no answer read
+            problems = validation_problems(exc)
+            raise fail(
+                f"{url} answered in a shape unknown here: {problems}", NO_ANSWER_EXIT
+            ) from exc
+
+
+def _print_answer(answer: Answer, table: Callable[[Answer], Table], *, as_json: bool) -> None:
     if as_json:
         out.print_json(answer.model_dump_json())
     else:
-        out.print(table(answer))
+        print_table(out, table(answer))
 
 
 def placement(
@@ -81,9 +115,7 @@ def placement(
     ] = None,
     context_tokens: ContextTokensOption = None,
     max_age_days: MaxAgeOption = None,
-    limit: Annotated[
-        int | None, typer.Option(help="list at most this many nodes [registry default: 100]")
-    ] = None,
+    limit: LimitOption = None,
     kind: KindOption = None,
     max_ttft_ms: MaxTtftOption = None,
     registry: RegistryOption = None,
@@ -92,7 +124,7 @@ def placement(
 ) -> None:
     """Ask the registry which node and concurrency meets a per-user speed for a model (and
     a time to first token, from serving runs)."""
-    _ask(
+    answer = _asked(
         registry,
         token,
         lambda client: client.placement(
@@ -105,9 +137,8 @@ def placement(
             kind=kind,
             max_ttft_ms=max_ttft_ms,
         ),
-        table=placement_table,
-        as_json=as_json,
     )
+    _print_answer(answer, placement_table, as_json=as_json)
 
 
 def capacity(
@@ -128,7 +159,7 @@ def capacity(
 ) -> None:
     """Ask the registry how many of which nodes serve USERS concurrent users of a model at
     a per-user speed, from each node's measured curve (and which nodes it left out, why)."""
-    _ask(
+    answer = _asked(
         registry,
         token,
         lambda client: client.capacity(
@@ -141,6 +172,37 @@ def capacity(
             max_age_days=max_age_days,
             reserve=reserve,
         ),
-        table=capacity_table,
-        as_json=as_json,
     )
+    _print_answer(answer, capacity_table, as_json=as_json)
+
+
+def compare(
+    model: ModelOption,
+    from_build: FromBuildOption,
+    to_build: ToBuildOption,
+    kind: CompareKindOption = "offline",
+    max_age_days: MaxAgeOption = None,
+    limit: LimitOption = None,
+    registry: RegistryOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+    as_markdown: MarkdownOption = False,
+) -> None:
+    """Is TO_BUILD safe to roll out after FROM_BUILD? Asks the registry (a CI gate's way:
+    a reader token, no database credentials): every node that ran both builds, compared
+    point by point, worst first, and a verdict per hardware class (go, hold, unknown)."""
+    check_one_format(as_json=as_json, as_markdown=as_markdown)
+    answer = _asked(
+        registry,
+        token,
+        lambda client: client.compare(
+            model=model,
+            from_build=from_build,
+            to_build=to_build,
+            kind=kind,
+            max_age_days=max_age_days,
+            limit=limit,
+        ),
+    )
+    print_compare(out, answer, as_json=as_json, as_markdown=as_markdown)
+    raise typer.Exit(verdict_exit(answer.verdict))

@@ -16,6 +16,7 @@ from fleetbench.agent.cli_options import RegistryOption, command_settings, int_l
 from fleetbench.agent.display import err, error_line, out, serving_table
 from fleetbench.agent.errors import SpoolUnwritable
 from fleetbench.agent.handover import hand_over, spool_run
+from fleetbench.cli_answers import print_table
 from fleetbench.cli_usage import help_of, options_of, validated
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.serve_spec import ServerUrl, ServeSpec
@@ -148,7 +149,8 @@ def serve_sweep_command(
         server = outcome.server
         said = f"{server.kind} {server.build or ''}".strip()
         title = f"{model} on {said} at {base_url}: prompt {spec.prompt_tokens}, "
-        out.print(serving_table(outcome.points, title=title + f"output {spec.gen_tokens} tokens"))
+        table = serving_table(outcome.points, title=title + f"output {spec.gen_tokens} tokens")
+        print_table(out, table)
         if outcome.search is not None:
             found = outcome.search
             best = "none" if found.concurrency is None else str(found.concurrency)

@@ -16,6 +16,8 @@ import httpx
 from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
 from fleetbench.contract.answers import (
     CapacityAnswer,
+    CompareAnswer,
+    CompareKind,
     PlacementAnswer,
     PlacementKind,
     RunReceipt,
@@ -130,6 +132,26 @@ class RegistryClient:
         }
         response = self._request("GET", "/v1/capacity", params=params)
         return CapacityAnswer.model_validate_json(response.content)
+
+    def compare(
+        self,
+        *,
+        model: str,
+        from_build: str,
+        to_build: str,
+        kind: CompareKind | None = None,
+        max_age_days: float | None = None,
+        limit: int | None = None,
+    ) -> CompareAnswer:
+        optional = {"kind": kind, "max_age_days": max_age_days, "limit": limit}
+        params: dict[str, Any] = {
+            "model": model,
+            "from_build": from_build,
+            "to_build": to_build,
+            **{k: v for k, v in optional.items() if v is not None},
+        }
+        response = self._request("GET", "/v1/compare", params=params)
+        return CompareAnswer.model_validate_json(response.content)
 
     def plans(self, etag: str | None = None) -> tuple[str | None, NodePlans | None]:
         """This node's plans and their ETag; (etag, None) when they are unchanged since

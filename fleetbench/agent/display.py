@@ -1,5 +1,8 @@
 """What the CLI prints for people: a run's curve as the batching article shows it, placement
-answers, the spool, one-line errors; and the consoles it prints them on."""
+and capacity answers, the spool, one-line errors; and the consoles it prints them on.
+
+Every table's columns are no_wrap but its free text's, and it is printed with
+fleetbench.cli_answers.print_table: no number is cut at any terminal width."""
 
 from __future__ import annotations
 
@@ -7,11 +10,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from fleetbench.agent.spool import SpooledRun
+from fleetbench.cli_answers import console
 from fleetbench.contract.answers import BLIND_ABOVE_PCT, CapacityAnswer, PlacementAnswer
 from fleetbench.contract.build_label import build_label
 from fleetbench.contract.wire import Point, RunReport, ServingPoint
@@ -19,7 +22,6 @@ from fleetbench.contract.wire import Point, RunReport, ServingPoint
 __all__ = [
     "SPOOL_UNWRITABLE_EXIT",
     "capacity_table",
-    "console",
     "curve_table",
     "err",
     "error_line",
@@ -29,21 +31,6 @@ __all__ = [
     "serving_table",
     "spool_table",
 ]
-
-# Rich lays out for 80 columns when it is not on a terminal and cuts cells to fit ("133.…");
-# in a pipe or a log a table is as wide as its contents instead (tables never stretch).
-_PIPE_WIDTH = 1000
-
-
-def console(*, stderr: bool = False) -> Console:
-    """A console as wide as the terminal, or, in a pipe or a log, as what it prints. No
-    markup: what it prints (a model name, an engine's error, `fleetbench[llama]`) is shown as
-    written, never read as style tags."""
-    terminal = Console(stderr=stderr, markup=False)
-    if terminal.is_terminal:
-        return terminal
-    return Console(stderr=stderr, width=_PIPE_WIDTH, markup=False)
-
 
 out = console()
 err = console(stderr=True)
@@ -69,9 +56,9 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def curve_table(points: Sequence[Point], *, title: str) -> Table:
     """B, total decode t/s, per-user t/s, ms per token for each user, prefill t/s."""
     table = Table(title=title, title_justify="left")
-    for header in ("PP", "TG", "B", "total decode t/s", "per user t/s", "ms/token/user"):
-        table.add_column(header, justify="right")
-    table.add_column("prefill t/s", justify="right")
+    headers = ("PP", "TG", "B", "total decode t/s", "per user t/s", "ms/token/user")
+    for header in (*headers, "prefill t/s"):
+        table.add_column(header, justify="right", no_wrap=True)
     for p in points:
         per_user = p.s_tg / p.b if p.s_tg is not None else None
         ms_per_token = 1000 / per_user if per_user else None
@@ -91,8 +78,9 @@ def serving_table(points: Sequence[ServingPoint], *, title: str) -> Table:
     """Per concurrency: requests, total and per-user output t/s, TTFT, ITL, errors."""
     table = Table(title=title, title_justify="left")
     headers = ("C", "completed", "total t/s", "per user p10/p50/p90", "TTFT ms p50/p90/p99")
-    for header in (*headers, "ITL ms p50/p99", "errors"):
-        table.add_column(header, justify="right")
+    for header in (*headers, "ITL ms p50/p99"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("errors", justify="right", overflow="fold")
 
     def spread(digits: int, *values: float | None) -> str:
         return " / ".join(_fmt(v, digits) for v in values)
@@ -119,13 +107,13 @@ def placement_table(answer: PlacementAnswer) -> Table:
         caption=answer.reason,
         caption_justify="left",
     )
-    table.add_column("node")
+    table.add_column("node", no_wrap=True)
     headers = ("B", "per user", "total", "TTFT p90 ms", "prefill", "PP/TG", "KV GiB", "build")
     for header in headers:
-        table.add_column(header, justify="right")
-    table.add_column("from")
-    table.add_column("measured")
-    table.add_column("notes")
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("from", no_wrap=True)
+    table.add_column("measured", no_wrap=True)
+    table.add_column("notes", overflow="fold")
     for c in answer.candidates:
         notes = [
             *(["past the knee"] if c.past_knee else []),
@@ -169,10 +157,10 @@ def capacity_table(answer: CapacityAnswer) -> Table:
         caption_justify="left",
     )
     for header in ("node", "hardware"):
-        table.add_column(header)
+        table.add_column(header, no_wrap=True)
     for header in ("users", "per user", "total", "build", "age (days)"):
-        table.add_column(header, justify="right")
-    table.add_column("from")
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("from", overflow="fold")  # and why a node was left out
     for n in answer.plan:
         table.add_row(
             n.node,
@@ -200,8 +188,8 @@ def spool_table(runs: Sequence[SpooledRun]) -> Table:
     set aside after repeated failures) with the reason."""
     table = Table(title="runs not delivered", title_justify="left")
     for header in ("run", "state", "attempts", "5xx", "failing since", "next attempt"):
-        table.add_column(header)
-    table.add_column("last error")
+        table.add_column(header, no_wrap=True)
+    table.add_column("last error", overflow="fold")
     for r in runs:
         next_attempt = _when(r.next_attempt_at) if r.state == "queued" else "-"
         failing_since = "-" if r.first_failed_at is None else _when(r.first_failed_at)

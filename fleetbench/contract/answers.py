@@ -1,6 +1,7 @@
-"""The registry's answers that agents read: the receipt for a stored run and the placement
-answer. Part of the contract both sides share (fleetbench.contract), so the agent parses
-exactly what the registry declares in its OpenAPI schema."""
+"""The registry's answers that agents read: the receipt for a stored run, the placement and
+capacity answers, the build comparison. Part of the contract both sides share
+(fleetbench.contract), so the agent parses exactly what the registry declares in its OpenAPI
+schema."""
 
 from __future__ import annotations
 
@@ -13,15 +14,24 @@ from fleetbench.contract.bounds import Moment
 
 __all__ = [
     "BLIND_ABOVE_PCT",
+    "COMPARE_METRIC_NAMES",
     "CapacityAnswer",
     "CapacityClass",
     "CapacityNode",
     "CapacityRefusal",
+    "ClassPoint",
+    "ClassSummary",
+    "CompareAnswer",
+    "CompareKind",
+    "CompareVerdict",
     "FactsSource",
     "FitBasis",
+    "NodeCompared",
+    "NotCompared",
     "PlacementAnswer",
     "PlacementCandidate",
     "PlacementKind",
+    "PointRatio",
     "RejectedConcurrency",
     "RunReceipt",
 ]
@@ -32,6 +42,15 @@ FitBasis = Literal["measured buffers", "predicted only", "server slots"]
 # A candidate whose series cannot show a slowdown this large (with 95% probability) is
 # called out: a regression of this size on its node would go unseen.
 BLIND_ABOVE_PCT = 10.0
+CompareKind = Literal["offline", "serving"]
+CompareVerdict = Literal["go", "hold", "unknown"]
+# The metrics a build comparison weighs, as its tables and reasons name them.
+COMPARE_METRIC_NAMES = {
+    "s_tg": "S_TG",
+    "s_pp": "S_PP",
+    "per_user_tps_p10": "per-user p10",
+    "ttft_ms_p90": "TTFT p90",
+}
 
 
 class RunReceipt(BaseModel):
@@ -212,3 +231,93 @@ class CapacityAnswer(BaseModel):
         "past the knee, off accelerator, a blind series, not even one user fits"
     )
     reason: str
+
+
+# The build comparison (GET /v1/compare). The models keep the docstrings they had in the
+# registry: a docstring is its schema's description, and the schema must not move.
+
+
+class PointRatio(BaseModel):
+    """One point of one node: the new build's figure over the old one's."""
+
+    metric: str = Field(description="s_tg, s_pp (offline); per_user_tps_p10, ttft_ms_p90")
+    pp: int
+    tg: int
+    b: int = Field(description="B (offline) or the concurrency (serving)")
+    from_value: float = Field(description="the old build's mean over its runs")
+    to_value: float
+    ratio: float = Field(description="to_value / from_value")
+    ratio_low: float = Field(description="95% confidence interval of the ratio")
+    ratio_high: float
+    runs_from: int
+    runs_to: int
+    detectable_pct: float = Field(
+        description="the smallest change these runs tell from noise with 95% probability, %"
+    )
+    beyond_detection: bool = Field(description="the change is at least detectable_pct")
+    worse_pct: float = Field(description="how much worse the new build is, % (< 0: better)")
+
+
+class NodeCompared(BaseModel):
+    node: str
+    hardware: str | None
+    hardware_class: str | None
+    settings: str = Field(description="the settings both builds ran with")
+    runs_from: int
+    runs_to: int
+    points: list[PointRatio]
+
+
+class NotCompared(BaseModel):
+    node: str
+    hardware_class: str | None
+    reason: str
+
+
+class ClassPoint(BaseModel):
+    metric: str
+    pp: int
+    tg: int
+    b: int
+    nodes: int
+    median_ratio: float
+    worst_node: str
+    worst_ratio: float
+    detectable_pct: float
+    worse_pct: float
+    held: bool = Field(description="worse by at least detectable_pct and the minimum change")
+
+
+class ClassSummary(BaseModel):
+    hardware_class: str
+    verdict: CompareVerdict
+    reason: str
+    nodes_compared: int
+    nodes_not_compared: int = Field(description="nodes of the class that ran the new build only")
+    runs_needed: int | None = Field(
+        description="unknown: more runs of each build each node needs (null otherwise)"
+    )
+    points: list[ClassPoint]
+
+
+class CompareAnswer(BaseModel):
+    model: str
+    kind: CompareKind
+    from_build: str = Field(description="as asked")
+    to_build: str
+    from_builds: list[str] = Field(description="the builds from_build named")
+    to_builds: list[str]
+    verdict: CompareVerdict = Field(
+        description="go: no hardware class slower beyond what its runs tell from noise; "
+        "hold: one is (the reason names it, the point and how much); unknown: too few runs "
+        "(the reason says how many more)"
+    )
+    reason: str
+    min_change_pct: float
+    max_detectable_pct: float
+    classes: list[ClassSummary] = Field(description="each hardware class that ran the new build")
+    nodes_compared: int = Field(description="how many nodes ran both builds comparably")
+    nodes: list[NodeCompared] = Field(
+        description="the first `limit` of them, the one most worse at any point first"
+    )
+    not_compared: list[NotCompared] = Field(description="the nodes with one build only, and why")

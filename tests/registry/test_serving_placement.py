@@ -180,7 +180,7 @@ def test_the_agent_asks_with_a_latency_objective(live_registry: LiveRegistry) ->
         "placement", "--model", ARTICLE_MODEL, "--min-tps-per-user", "15", "--kind", "offline",
         "--max-ttft-ms", "500", "--registry", live_registry.url,
     )  # fmt: skip
-    assert offline.returncode == 1 and "Traceback" not in offline.stderr
+    assert offline.returncode == 2 and "Traceback" not in offline.stderr
     assert "offline curves have no time to first token" in offline.stderr
 
 
