@@ -425,13 +425,13 @@ def migrate(url: str, revision: str = "head") -> None:
     (the knees of the curves migration 0004 copied from the runs)."""
     from alembic import command
 
-    from fleetbench.registry import latest
     from fleetbench.registry.db import (
         alembic_config,
         create_db_engine,
         session_factory,
         write_transaction,
     )
+    from fleetbench.registry.projections import latest
 
     engine = create_db_engine(url)
     try:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from fleetbench.agent.runners.repeats import needs_more
 from fleetbench.contract.sweep_spec import SweepSpec
-from fleetbench.registry.questions.regressions import DetectionSettings, SeriesRun, find_steps
+from fleetbench.registry.regressions.rules import DetectionSettings, SeriesRun, find_steps
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 

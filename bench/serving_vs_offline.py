@@ -33,7 +33,7 @@ from fleetbench.agent.runners import SweepSpec
 from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner
 from fleetbench.agent.serving.sweep import serve_sweep
 from fleetbench.contract.serve_spec import ServeSpec
-from fleetbench.registry.questions.knee import find_knee
+from fleetbench.registry.curves.knee import find_knee
 
 
 def _gemma() -> Path:

@@ -19,12 +19,24 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
+from fleetbench.cli_answers import NO_ANSWER_EXIT, USAGE_EXIT, JsonOption, ModelOption, console
+from fleetbench.cli_compare import (
+    CompareKindOption,
+    FromBuildOption,
+    MarkdownOption,
+    ToBuildOption,
+    check_one_format,
+    compare_help,
+    print_compare,
+    verdict_exit,
+)
 from fleetbench.cli_usage import bad_parameter, options_of
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.plans import PlanBody
-from fleetbench.registry import crud, latest, plans, retention, tokens
-from fleetbench.registry.compare import CompareKind, compare_builds, render
+from fleetbench.registry import crud, plans, retention, tokens
+from fleetbench.registry.compare import CompareAnswer, compare_builds
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import (
     SchemaOutOfDate,
@@ -35,9 +47,10 @@ from fleetbench.registry.db import (
     upgrade_schema,
     write_transaction,
 )
+from fleetbench.registry.projections import PROJECTIONS, latest, projection_named
+from fleetbench.registry.projections.rebuild import Rebuilt
+from fleetbench.registry.projections.rebuild import rebuild as rebuild_projections
 from fleetbench.registry.schemas import TokenPublic, TokenRequest, token_public
-
-UNKNOWN_EXIT = 3  # `compare`: not yet known (2 is a usage error's)
 
 # rich_markup_mode=None: the helps' "[default: ...]" shown as written, not read as markup
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
@@ -328,6 +341,34 @@ def prune(
     )
 
 
+@app.command()
+def rebuild(
+    projection: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="only this projection (again for each one): "
+            + ", ".join(p.name for p in PROJECTIONS)
+        ),
+    ] = None,
+) -> None:
+    """Make the tables derived from the runs (the projections: latest curves, activity,
+    comparison sums, the regression queue) again from the runs alone. Safe while the
+    registry serves (a few nodes per transaction); after the queue is rebuilt, the
+    regression judges judge every series again."""
+    try:
+        chosen = [projection_named(name) for name in projection] if projection else PROJECTIONS
+    except KeyError as exc:
+        raise typer.BadParameter(exc.args[0], param_hint="--projection") from None
+    sessions = session_factory(_open(RegistrySettings()))
+
+    def show(rebuilt: Rebuilt) -> None:
+        err.print(f"  {rebuilt.nodes} of {rebuilt.of} nodes rebuilt")
+
+    rebuilt = rebuild_projections(sessions, chosen, progress=show)
+    names = ", ".join(p.name for p in chosen)
+    typer.echo(f"rebuilt {names} for {rebuilt.nodes} nodes")
+
+
 @plan_app.command("apply")
 def plan_apply(
     name: Annotated[str, typer.Argument(help="the plan's name")],
@@ -431,63 +472,52 @@ def plan_sweep_now(node: Annotated[str, typer.Argument(help="the node's name")])
     typer.echo(f"node {node!r} sweeps at its next poll")
 
 
-@app.command()
+@app.command(epilog=compare_help("the database unreachable, or its schema behind"))
 def compare(
-    model: Annotated[str, typer.Option(help="the model's display name or GGUF sha256")],
-    from_build: Annotated[
-        str, typer.Option(help="the build rolled out now: b4567, a commit, 0.3.16, a label")
-    ],
-    to_build: Annotated[str, typer.Option(help="the build to roll out")],
-    kind: Annotated[CompareKind, typer.Option(help="offline curves or serving runs")] = "offline",
+    model: ModelOption,
+    from_build: FromBuildOption,
+    to_build: ToBuildOption,
+    kind: CompareKindOption = "offline",
     max_age_days: Annotated[
         float | None, typer.Option(min=0.001, max=36_500, help="only runs this recent")
     ] = None,
     limit: Annotated[
         int, typer.Option(min=1, max=100_000, help="list at most this many nodes, worst first")
     ] = 100,
-    as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
-    as_markdown: Annotated[
-        bool, typer.Option("--markdown", help="print Markdown, for a pull request or ticket")
-    ] = False,
+    as_json: JsonOption = False,
+    as_markdown: MarkdownOption = False,
 ) -> None:
     """Is TO_BUILD safe to roll out? Every node that ran both builds, compared point by
-    point, and a verdict per hardware class (go, hold, unknown); exits 1 on hold, 3 on
-    unknown (a build no node ran, too few runs)."""
+    point, and a verdict per hardware class (go, hold, unknown), read from the database: the
+    operators' command. A CI gate asks the registry instead, with a reader token:
+    `fleetbench-agent compare --token T` (the same answer and exit statuses)."""
+    check_one_format(as_json=as_json, as_markdown=as_markdown)
     settings = RegistrySettings()
-    with session_factory(_open(settings))() as session:
-        models = crud.find_models(session, model)
-        if not models:
-            _error(f"model {model!r} not found")
-            raise typer.Exit(1)
-        answer = compare_builds(
-            session,
-            models,
-            from_build=from_build,
-            to_build=to_build,
-            kind=kind,
-            max_age_days=max_age_days,
-            settings=settings.compare_settings(),
-            limit=limit,
-        )
-    if as_json:
-        typer.echo(answer.model_dump_json(indent=2))
-    elif as_markdown:
-        typer.echo(render.markdown(answer), nl=False)
-    else:
-        console = Console(markup=False)
-        for columns, rows in (
-            (render.POINT_COLUMNS, render.point_rows(answer)),
-            (render.CLASS_COLUMNS, render.class_rows(answer)),
-        ):
-            table = Table(*columns)
-            for row in rows:
-                table.add_row(*row)
-            console.print(table)
-        for node in answer.not_compared:
-            console.print(f"not compared: {node.node}: {node.reason}")
-        console.print(f"verdict: {answer.verdict}: {answer.reason}")
-    if answer.verdict != "go":  # a pipeline stops on hold (1) and on unknown (3)
-        raise typer.Exit(1 if answer.verdict == "hold" else UNKNOWN_EXIT)
+    try:
+        with session_factory(_open(settings))() as session:
+            models = crud.find_models(session, model)
+            answer: CompareAnswer | None = None
+            if models:
+                answer = compare_builds(
+                    session,
+                    models,
+                    from_build=from_build,
+                    to_build=to_build,
+                    kind=kind,
+                    max_age_days=max_age_days,
+                    settings=settings.compare_settings(),
+                    limit=limit,
+                )
+    except typer.Exit as exc:  # `_open`'s, for a schema behind (it said so): no answer
+        raise typer.Exit(NO_ANSWER_EXIT) from exc
+    except SQLAlchemyError as exc:
+        _error(f"the database cannot be read: {exc}")
+        raise typer.Exit(NO_ANSWER_EXIT) from exc
+    if answer is None:
+        _error(f"model {model!r} not found")
+        raise typer.Exit(USAGE_EXIT)
+    print_compare(console(), answer, as_json=as_json, as_markdown=as_markdown)
+    raise typer.Exit(verdict_exit(answer.verdict))
 
 
 if __name__ == "__main__":

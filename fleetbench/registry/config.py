@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fleetbench.registry.questions.compare import CompareSettings
+from fleetbench.registry.compare.rules import CompareSettings
 
 __all__ = ["RegistrySettings"]
 
@@ -68,7 +68,7 @@ class RegistrySettings(BaseSettings):
         description="seconds a series waits after its first new run before the regression "
         "check judges it: a node's runs arriving meanwhile are judged with it, once",
     )
-    # A rollout's verdict (GET /v1/compare; registry.questions.compare).
+    # A rollout's verdict (GET /v1/compare; registry.compare.rules).
     compare_min_change: float = Field(
         default=0.05,
         gt=0,

@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session, aliased, selectinload
 
 from fleetbench.contract.allocation import kv_prediction_error_pct
 from fleetbench.contract.wire import model_name_key
-from fleetbench.registry.labels import build_label
 from fleetbench.registry.models import (
     EngineBuild,
     HardwareFingerprint,
@@ -26,6 +25,7 @@ from fleetbench.registry.models import (
     Regression,
     Run,
 )
+from fleetbench.registry.regressions.labels import build_label
 
 __all__ = [
     "NodeSummary",

@@ -14,7 +14,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, Response, status
@@ -27,6 +26,7 @@ from sqlalchemy.orm import Session
 from fleetbench.registry import crud, tokens
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.models import Model, Node
+from fleetbench.registry.state import ProcessState
 from fleetbench.registry.tokens import AuthenticatedNode, Principal
 
 __all__ = [
@@ -35,7 +35,7 @@ __all__ = [
     "AuthenticateFirst",
     "AuthenticatedFirst",
     "FailedLogins",
-    "KnownTokens",
+    "ProcessDep",
     "ReadAccess",
     "SessionDep",
     "SettingsDep",
@@ -69,8 +69,18 @@ async def _settings(request: Request) -> RegistrySettings:
     return settings
 
 
+def _process_of(request: Request) -> ProcessState:
+    process: ProcessState = request.app.state.process
+    return process
+
+
+async def _process(request: Request) -> ProcessState:
+    return _process_of(request)
+
+
 SessionDep = Annotated[Session, Depends(_session)]
 SettingsDep = Annotated[RegistrySettings, Depends(_settings)]
+ProcessDep = Annotated[ProcessState, Depends(_process)]
 _Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 # The same bearer token under its own name in the schema, so that the schema can say reads
 # take it only while they are closed (registry.main).
@@ -82,39 +92,6 @@ _read_bearer = HTTPBearer(
     "(FLEETBENCH_READ_TOKEN_REQUIRED)",
 )
 _ReadCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_read_bearer)]
-
-
-class KnownTokens:
-    """Tokens found valid in the last `ttl` seconds (at most `size` of them), by digest.
-    Nearly every request of a fleet's agents carries a token; looking each up costs a
-    connection checkout and two round trips, a third of a report's database work. So a
-    token revoked in another process stops working here within `ttl`; in this one, at once
-    (`forget`)."""
-
-    def __init__(self, *, ttl: float = 30.0, size: int = 10_000) -> None:
-        self.ttl = ttl
-        self.size = size
-        self._found: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, digest: str) -> Principal | None:
-        with self._lock:
-            found = self._found.get(digest)
-            if found is None or time.monotonic() - found[0] > self.ttl:
-                return None
-        return found[1] if found[1].valid_at(datetime.now(UTC)) else None
-
-    def put(self, digest: str, principal: Principal) -> None:
-        with self._lock:
-            self._found[digest] = (time.monotonic(), principal)
-            self._found.move_to_end(digest)
-            while len(self._found) > self.size:
-                self._found.popitem(last=False)
-
-    def forget(self, token_id: int) -> None:
-        with self._lock:
-            for digest in [d for d, (_, p) in self._found.items() if p.token_id == token_id]:
-                del self._found[digest]
 
 
 class FailedLogins:
@@ -168,7 +145,7 @@ async def _principal(request: Request, token: str | None) -> Principal:
     if token is None:
         raise _refused("a token is required: Authorization: Bearer <token>")
     digest = tokens.token_digest(token)
-    known: KnownTokens = request.app.state.known_tokens
+    known = _process_of(request).known_tokens
     principal = known.get(digest)
     if principal is None:
         principal = await run_in_threadpool(_look_up, request, digest)

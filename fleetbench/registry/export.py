@@ -31,8 +31,8 @@ from uuid import UUID
 
 from fastapi import Response
 
-from fleetbench.registry.labels import build_label
 from fleetbench.registry.models import Run
+from fleetbench.registry.regressions.labels import build_label
 
 __all__ = [
     "MEDIA_TYPES",

@@ -20,7 +20,7 @@ from fleetbench.registry.body_limit import BodySizeLimit
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.costs import count_statements
 from fleetbench.registry.db import create_db_engine, session_factory
-from fleetbench.registry.deps import READ_SCHEME, FailedLogins, KnownTokens, SessionDep
+from fleetbench.registry.deps import READ_SCHEME, FailedLogins, SessionDep
 from fleetbench.registry.errors import install_error_answers
 from fleetbench.registry.ingest import Ingest, IngestLimits
 from fleetbench.registry.metrics import HttpMetricsMiddleware, install_metrics
@@ -38,6 +38,7 @@ from fleetbench.registry.routes import (
     runs,
     tokens,
 )
+from fleetbench.registry.state import ProcessState
 from fleetbench.registry.web import pages as web_pages
 
 __all__ = ["create_app"]
@@ -65,6 +66,7 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
     engine = create_db_engine(settings.sqlalchemy_url, pool_size=settings.pool_size)
     count_statements(engine)
     sessions = session_factory(engine)
+    process = ProcessState()
     notifier = (
         WebhookNotifier(
             sessions,
@@ -102,7 +104,7 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
     app.state.settings = settings
     app.state.sessions = sessions
     app.state.notifier = notifier
-    app.state.known_tokens = KnownTokens()
+    app.state.process = process
     app.state.failed_logins = FailedLogins(limit=settings.auth_failures_per_minute)
     reads = Lane(
         "read",
@@ -129,6 +131,7 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
         linger=settings.writer_linger_ms / 1000,
         stored=judge.queued,
         measured=metrics.ingest_steps,
+        known=process.known_rows,
     )
     app.state.ingest = ingest
     install_error_answers(app)

@@ -51,7 +51,7 @@ from fleetbench.contract import wire
 from fleetbench.contract.allocation import kv_prediction_error_pct
 from fleetbench.registry.costs import Steps
 from fleetbench.registry.deps import ReadAccess
-from fleetbench.registry.latest import latest_points_statement
+from fleetbench.registry.projections.latest import latest_points_statement
 from fleetbench.registry.responses import API_RESPONSES
 
 __all__ = [

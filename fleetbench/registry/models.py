@@ -154,12 +154,12 @@ class HardwareFingerprint(Base):
     data: Mapped[dict[str, Any]]
     first_seen: Mapped[datetime]
     last_seen: Mapped[datetime]
-    # Read from `data` at ingest (registry.questions.hardware) so that placement's fit check
+    # Read from `data` at ingest (registry.hardware) so that placement's fit check
     # and the fleet overview never parse fingerprints.
     description: Mapped[str | None] = mapped_column(String(300))
     memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     memory_kind: Mapped[str | None] = mapped_column(String(16))
-    # The description without its driver (questions.hardware.hardware_class): what a build
+    # The description without its driver (hardware.hardware_class): what a build
     # comparison groups nodes by, in SQL.
     hardware_class: Mapped[str | None] = mapped_column(String(300))
 
@@ -432,7 +432,7 @@ class Regression(WebhookOutbox, Base):
 
 
 class RolloutWatch(WebhookOutbox, Base):
-    """A rollout an admin watches (registry.rollouts): two builds of a model compared as
+    """A rollout an admin watches (registry.compare.rollouts): two builds of a model compared as
     GET /v1/compare compares them, the verdict checked again whenever the model has new
     runs. A change of verdict (`changed_at`) is a webhook event until delivered."""
 
@@ -512,7 +512,7 @@ class LatestPoint(Base):
 
 class DetectableChange(Base):
     """The smallest S_TG step each of a node's series shows with 95% probability at a new
-    build (questions.regressions.min_detectable_change), as of the series' latest check:
+    build (regressions.rules.min_detectable_change), as of the series' latest check:
     written by the regression judge alone (registry.regressions), read beside the latest
     points by placement; a point without a row is unknown."""
 
@@ -573,7 +573,7 @@ class ModelBuildNodeKey:
 class BuildPointSum(ModelBuildNodeKey, Base):
     """A node's successful runs of a model with one build, on one hardware and settings,
     summed per point and metric: kept by ingest in the runs' transaction, and by the prune
-    as it deletes runs (registry.compare.sums), so that a build comparison reads one row
+    as it deletes runs (registry.projections.build_sums), so that a build comparison reads one row
     per node, build and point, whatever the history."""
 
     __tablename__ = "build_point_sums"
@@ -597,8 +597,9 @@ class BuildPointSum(ModelBuildNodeKey, Base):
 
 class BuildSumsStamp(ModelBuildNodeKey, Base):
     """When a node's sums of a model's build last changed, and how many times they have:
-    written with them (registry.compare.sums), so that a process holding a build's sums
-    (registry.compare.cache) knows them unchanged by reading a row per node, not per point."""
+    written with them (registry.projections.build_sums), so that a process keeping an
+    answer read from a build's sums (registry.compare.answer) knows them unchanged by
+    reading a row per node, not per point."""
 
     __tablename__ = "build_sums_stamps"
 

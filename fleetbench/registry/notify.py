@@ -1,5 +1,5 @@
 """Webhook notifications, delivered at least once: new regressions, and changes of a
-watched rollout's verdict (registry.rollouts).
+watched rollout's verdict (registry.compare.rollouts).
 
 Each event's table is its outbox: a due row whose `notified_at` is NULL has not been
 delivered (models.WebhookOutbox). A thread beside the server claims due rows one at a time
@@ -27,11 +27,11 @@ import httpx
 from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
+from fleetbench.registry.compare.rollouts import check_rollouts, rollout_link, rollout_public
+from fleetbench.registry.compare.rules import CompareSettings
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import Regression, RolloutWatch
-from fleetbench.registry.questions.compare import CompareSettings
-from fleetbench.registry.questions.knee_shifts import KNEE_METRIC
-from fleetbench.registry.rollouts import check_rollouts, rollout_link, rollout_public
+from fleetbench.registry.regressions.knee_shifts import KNEE_METRIC
 from fleetbench.registry.schemas import RegressionPublic, SeriesKey, regression_public
 
 __all__ = ["WebhookNotifier", "series_link"]

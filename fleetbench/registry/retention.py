@@ -1,7 +1,8 @@
 """Old runs: every run is kept for a retention period, then only the newest successful run
 of each node, model, kind (offline or serving) and engine build (the history a regression
-or an upgrade is judged against), the runs regressions name, each node's latest curves,
-latest serving runs and its newest run. Applied by
+or an upgrade is judged against), the runs regressions name and the runs the projections
+point at (registry.projections: each node's latest curves, latest serving runs and its
+newest run); each projection takes the runs deleted out of it in the same transaction. Applied by
 `fleetbench-registry prune` in small batches, each its own short write transaction, so that
 it can run while the registry serves: ingest waits at most one batch.
 """
@@ -13,22 +14,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Select, delete, exists, func, or_, select, update
+from sqlalchemy import Select, delete, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
-from fleetbench.registry.compare.sums import remove_runs
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import (
     FailedPoint,
-    LatestRun,
-    LatestServingRun,
-    NodeActivity,
     Regression,
     Run,
     RunPoint,
     ServingPointRow,
     newer_run,
 )
+from fleetbench.registry.projections import PROJECTIONS
+from fleetbench.registry.projections.activity import lock_nodes
 
 __all__ = ["Pruned", "prunable_runs", "prune_runs"]
 
@@ -55,9 +54,7 @@ def prunable_runs(cutoff: datetime, limit: int | None = None) -> Select[uuid.UUI
     )
     statement = select(Run.id).where(
         Run.started_at < cutoff,
-        ~exists().where(LatestRun.run_id == Run.id),
-        ~exists().where(LatestServingRun.run_id == Run.id),
-        ~exists().where(NodeActivity.last_run_id == Run.id),
+        *(~projection.keeps() for projection in PROJECTIONS if projection.keeps is not None),
         ~exists().where(or_(Regression.before_run_id == Run.id, Regression.first_run_id == Run.id)),
         or_(Run.status == "failed", newer_success_same_build),
     )
@@ -95,35 +92,22 @@ def prune_runs(
             # them waits for this batch before it reads its history, and this batch for
             # one already under way. Then asked again, under those locks: an ingest that
             # committed meanwhile may have named a candidate in a regression.
-            nodes = select(Run.node_id).where(Run.id.in_(ids)).distinct()
-            session.execute(
-                select(NodeActivity.node_id)
-                .where(NodeActivity.node_id.in_(nodes))
-                .order_by(NodeActivity.node_id)
-                .with_for_update()
-            ).all()
+            connection = session.connection()
+            lock_nodes(connection, select(Run.node_id).where(Run.id.in_(ids)).distinct())
             ids = list(session.scalars(prunable_runs(cutoff).where(Run.id.in_(ids))))
             if not ids:
                 continue
-            per_node = session.execute(
-                select(Run.node_id, func.count()).where(Run.id.in_(ids)).group_by(Run.node_id)
-            ).all()
             points = session.scalar(
                 select(func.count()).select_from(RunPoint).where(RunPoint.run_id.in_(ids))
             )
-            remove_runs(session.connection(), ids)  # the comparisons' sums, while rows remain
+            for projection in PROJECTIONS:  # while the runs' rows remain
+                projection.remove(connection, ids)
             # Points first: the foreign keys would cascade, but deleting them directly is
             # one statement instead of a trigger per run.
             session.execute(delete(RunPoint).where(RunPoint.run_id.in_(ids)))
             session.execute(delete(FailedPoint).where(FailedPoint.run_id.in_(ids)))
             session.execute(delete(ServingPointRow).where(ServingPointRow.run_id.in_(ids)))
             session.execute(delete(Run).where(Run.id.in_(ids)))
-            for node_id, deleted in per_node:
-                session.execute(
-                    update(NodeActivity)
-                    .where(NodeActivity.node_id == node_id)
-                    .values(run_count=NodeActivity.run_count - deleted)
-                )
             session.commit()
         pruned.runs += len(ids)
         pruned.points += points or 0

@@ -15,10 +15,10 @@ from fleetbench.contract.allocation import kv_prediction_error_pct
 from fleetbench.contract.bounds import Text
 from fleetbench.contract.kv_cache import rules_for
 from fleetbench.contract.plans import PlanState
+from fleetbench.registry.health import Health
 from fleetbench.registry.models import Regression, Run, Token
-from fleetbench.registry.questions.health import Health
-from fleetbench.registry.questions.knee_shifts import KNEE_METRIC
-from fleetbench.registry.questions.regressions import detectable_change
+from fleetbench.registry.regressions.knee_shifts import KNEE_METRIC
+from fleetbench.registry.regressions.rules import detectable_change
 from fleetbench.registry.regressions.series import Metric, StepMetric
 from fleetbench.registry.tokens import Scope, TokenState, node_rule, token_state
 

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetbench.registry.questions.capacity import NodeOffer, fewest_nodes, plans_per_class
+from fleetbench.registry.capacity.rules import NodeOffer, fewest_nodes, plans_per_class
 from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_TABLE,

@@ -18,11 +18,8 @@ from sqlalchemy import Engine, update
 
 from fleetbench.contract import wire
 from fleetbench.registry import crud, tokens
-from fleetbench.registry.db import session_factory, write_transaction
-from fleetbench.registry.ingest import ingest_batch
-from fleetbench.registry.models import RolloutWatch
-from fleetbench.registry.notify import WebhookNotifier
-from fleetbench.registry.questions.compare import (
+from fleetbench.registry.compare.rollouts import RolloutRequest, watch_rollout
+from fleetbench.registry.compare.rules import (
     ClassFigures,
     CompareSettings,
     ListedCell,
@@ -33,8 +30,11 @@ from fleetbench.registry.questions.compare import (
     fleet_verdict,
     runs_needed,
 )
-from fleetbench.registry.questions.hardware import hardware_class
-from fleetbench.registry.rollouts import RolloutRequest, watch_rollout
+from fleetbench.registry.db import session_factory, write_transaction
+from fleetbench.registry.hardware import hardware_class
+from fleetbench.registry.ingest import ingest_batch
+from fleetbench.registry.models import RolloutWatch
+from fleetbench.registry.notify import WebhookNotifier
 from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_TABLE,
@@ -409,7 +409,8 @@ def test_the_cli_prints_the_verdict_as_a_table_or_markdown_and_fails_on_hold(
          "--from-build", "1", "--to-build", "2"],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert missing.returncode == 1 and "model 'nope' not found" in missing.stderr
+    # no such model: a usage error (2), neither hold (1) nor unknown (3)
+    assert missing.returncode == 2 and "model 'nope' not found" in missing.stderr
     unknown = cli("--to-build", "b99999")  # a typo, or no canary has run it: not a go
     assert unknown.returncode == 3 and "verdict: unknown" in unknown.stdout
 

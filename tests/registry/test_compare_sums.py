@@ -1,5 +1,6 @@
-"""The sums a build comparison reads (registry.compare.sums), kept by ingest and the prune,
-and held by each registry process (registry.compare.cache): on SQLite and PostgreSQL."""
+"""The sums a build comparison reads (registry.projections.build_sums), kept by ingest and
+the prune, and the answers each registry process keeps while they are unchanged
+(registry.compare.answer): on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from alembic import command
 from sqlalchemy import Engine, select, true
 
 from fleetbench.contract import wire
-from fleetbench.registry.compare.sums import SUM_COLUMNS, SUMS_KEY, sums_of_runs
 from fleetbench.registry.db import alembic_config, session_factory, upgrade_schema
-from fleetbench.registry.labels import run_labels
 from fleetbench.registry.models import BuildPointSum
+from fleetbench.registry.projections.build_sums import SUM_COLUMNS, SUMS_KEY, sums_of_runs
+from fleetbench.registry.regressions.labels import run_labels
 from fleetbench.registry.retention import prune_runs
 from tests.factories import DAY0, LiveRegistry, make_report, post_report
 from tests.registry.test_compare import (
@@ -114,7 +115,7 @@ def test_the_kept_sums_are_the_runs_own_after_ingest_and_after_a_prune(
 
 
 def test_a_comparison_asked_again_sees_the_runs_stored_since(live_registry: LiveRegistry) -> None:
-    """The registry holds each build's sums between questions; runs stored meanwhile (by
+    """The registry keeps each answer between questions; runs stored meanwhile (by
     another process: here the test's own engine) are in the next answer."""
     seed(live_registry.engine, FLEET, {OLD: 3, NEW: 1}, h100_slower_at_8_and_up)
     assert compare(live_registry)["verdict"] == "unknown"
@@ -123,6 +124,23 @@ def test_a_comparison_asked_again_sees_the_runs_stored_since(live_registry: Live
     assert answer["verdict"] == "hold", answer["reason"]
     assert answer["reason"].startswith(f"{H100}: S_") and "(median of 3 nodes" in answer["reason"]
     assert {p["runs_to"] for n in answer["nodes"] for p in n["points"]} == {3}
+
+
+def test_a_comparison_asked_again_after_a_prune_counts_only_the_runs_left(
+    live_registry: LiveRegistry,
+) -> None:
+    seed(live_registry.engine, FLEET, {OLD: 3, NEW: 3}, h100_slower_at_8_and_up)
+    before = compare(live_registry)
+    assert before == compare(live_registry)  # (kept: the same answer)
+    assert {p["runs_from"] for n in before["nodes"] for p in n["points"]} == {3}
+    # runs start an hour apart from DAY0 + 1 h: the first two of the old build go
+    pruned = prune_runs(
+        session_factory(live_registry.engine), cutoff=DAY0 + timedelta(hours=2, minutes=30)
+    )
+    assert pruned.runs == 2 * len(FLEET)
+    after = compare(live_registry)
+    assert {p["runs_from"] for n in after["nodes"] for p in n["points"]} == {1}
+    assert after["verdict"] == "unknown", after["reason"]
 
 
 def test_the_repeats_spread_counts_when_runs_agree_too_well(live_registry: LiveRegistry) -> None:
@@ -223,9 +241,9 @@ def test_one_name_for_two_model_files_counts_each_node_once_recent_or_not(
 def test_flags_read_as_regression_causes_spell_them_and_0020_respells_0019s(
     live_registry: LiveRegistry,
 ) -> None:
-    """A series run with kv_unified on: the comparison names its settings as registry.labels
-    does (`kv_unified=True`); sums 0019 kept as `true` are respelt by 0020, and a registry
-    holding them reads them again."""
+    """A series run with kv_unified on: the comparison names its settings as
+    registry.regressions.labels does (`kv_unified=True`); sums 0019 kept as `true` are
+    respelt by 0020, and a registry keeping an answer read from them answers afresh."""
     settings = wire.RunSettings(n_ctx=4096, kv_unified=True, swa_full=False)
     post_runs(live_registry, "gpu-f", runs=2, settings=settings, hardware=gpu(H100, "gpu-f"))
     expected = "n_ctx=4096 kv_unified=True swa_full=False"

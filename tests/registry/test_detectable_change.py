@@ -1,6 +1,6 @@
 """What each series can see, and the curve's shape as a regression of its own: the minimum
-detectable change of a series (questions.regressions) on literal series and through the API
-and placement, and the knee moving at a new build (questions.knee_shifts), on SQLite and
+detectable change of a series (regressions.rules) on literal series and through the API
+and placement, and the knee moving at a new build (regressions.knee_shifts), on SQLite and
 PostgreSQL."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from fleetbench.registry.questions.knee_shifts import find_knee_shifts, knee_series
-from fleetbench.registry.questions.regressions import (
+from fleetbench.registry.regressions.knee_shifts import find_knee_shifts, knee_series
+from fleetbench.registry.regressions.rules import (
     DetectionSettings,
     SeriesRun,
     detectable_change,

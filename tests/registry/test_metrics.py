@@ -198,6 +198,7 @@ def test_each_step_of_ingest_and_of_the_judge_says_what_it_cost(
         "runs",
         "activity",
         "latest",
+        "latest_serving",
         "sums",
         "queue",
         "commit",

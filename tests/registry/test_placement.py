@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from fleetbench.registry import crud, tokens
 from fleetbench.registry.models import Node
 from fleetbench.registry.placement import offline_rows
-from fleetbench.registry.questions.placement import (
+from fleetbench.registry.placement.rules import (
     NodeChoice,
     PlacementFindings,
     PlacementQuestion,

@@ -9,15 +9,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleetbench.contract.wire import ModelInfo
-from fleetbench.registry.questions.curves import curve_figures
-from fleetbench.registry.questions.hardware import summarize_hardware
-from fleetbench.registry.questions.knee import find_knee
-from fleetbench.registry.questions.placement import (
+from fleetbench.registry.curves.knee import find_knee
+from fleetbench.registry.curves.rules import curve_figures
+from fleetbench.registry.hardware import summarize_hardware
+from fleetbench.registry.placement.rules import (
     NodeMemory,
     largest_fitting_concurrency,
     why_fit_unchecked,
 )
-from fleetbench.registry.questions.regressions import SeriesRun, describe_cause, find_steps
+from fleetbench.registry.regressions.rules import SeriesRun, describe_cause, find_steps
 from tests.factories import ARTICLE_MODEL_INFO, ARTICLE_TABLE
 
 GIB = 2**30

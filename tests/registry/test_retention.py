@@ -15,7 +15,7 @@ from alembic import command
 from sqlalchemy import Engine, Uuid, bindparam, func, select, text
 from sqlalchemy.orm import Session
 
-from fleetbench.registry import crud, latest, retention, tokens
+from fleetbench.registry import crud, retention, tokens
 from fleetbench.registry.db import (
     alembic_config,
     session_factory,
@@ -34,6 +34,7 @@ from fleetbench.registry.models import (
     RunPoint,
     UTCDateTime,
 )
+from fleetbench.registry.projections import latest
 from tests.factories import ARTICLE_TABLE, WOBBLE, make_report, scaled, store_report
 
 NOW = datetime.now(UTC)

@@ -1,5 +1,5 @@
 """Rollouts an admin watches: two builds of a model, their verdict as last checked, and a
-change of verdict waiting for the webhook (registry.rollouts)
+change of verdict waiting for the webhook (registry.compare.rollouts)
 
 Revision ID: 0018
 Revises: 0017

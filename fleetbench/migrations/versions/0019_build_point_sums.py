@@ -1,5 +1,5 @@
 """Each node's runs of a model with one build, summed per point (build_point_sums: what a
-build comparison reads, registry.compare.sums), filled from the runs stored; and each
+build comparison reads, registry.projections.build_sums), filled from the runs stored; and each
 fingerprint's hardware class (its description without the driver)
 
 Revision ID: 0019
@@ -24,7 +24,7 @@ down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# As the registry made them when this migration was written (registry.compare.sums): a
+# As the registry made them when this migration was written (registry.projections.build_sums): a
 # migration is a frozen copy.
 _SETTINGS = (
     ("n_ctx", False),

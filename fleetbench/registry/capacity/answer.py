@@ -1,16 +1,15 @@
 """The capacity answer: each node's placement candidate (registry.placement: its largest
 concurrency meeting the speed, memory fit included) as the users it offers, the nodes
 whose curves should not be planned on left out with the reason, and the fewest nodes
-serving the users found by the pure planner (registry.questions.capacity)."""
+serving the users found by the pure planner (registry.capacity.rules)."""
 
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Engine, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fleetbench.contract.answers import (
@@ -21,10 +20,11 @@ from fleetbench.contract.answers import (
     CapacityRefusal,
     PlacementCandidate,
 )
+from fleetbench.registry.capacity.rules import NodeOffer, Plan, fewest_nodes, plans_per_class
+from fleetbench.registry.hardware import UNKNOWN_CLASS
 from fleetbench.registry.models import HardwareFingerprint, Model, Run
 from fleetbench.registry.placement import PlacementQuestion, place
-from fleetbench.registry.questions.capacity import NodeOffer, Plan, fewest_nodes, plans_per_class
-from fleetbench.registry.questions.hardware import UNKNOWN_CLASS
+from fleetbench.registry.state import Bounded
 
 __all__ = ["plan_capacity"]
 
@@ -49,28 +49,24 @@ def _refusal(
     return None
 
 
-# A run's hardware never changes: each process keeps the classes it has read (per
-# database: a process may serve several, as tests do), so that a capacity question over
-# 1,000 nodes reads only the runs it has not seen, not 1,000 rows each time.
-_CLASSES: weakref.WeakKeyDictionary[Engine, dict[object, str]] = weakref.WeakKeyDictionary()
-MOST_CLASSES_HELD = 100_000
-
-
-def _classes(session: Session, run_ids: Collection[object]) -> dict[object, str]:
-    """The hardware class of each run's fingerprint."""
-    held = _CLASSES.setdefault(session.connection().engine, {})
-    missing = [run_id for run_id in run_ids if run_id not in held]
+def _classes(
+    session: Session, run_ids: Collection[object], held: Bounded[object, str]
+) -> dict[object, str]:
+    """The hardware class of each run's fingerprint; those `held` (the process's: a run's
+    hardware never changes) not read again, so that a question over 1,000 nodes reads only
+    the runs it has not seen."""
+    found = {run_id: named for run_id in run_ids if (named := held.get(run_id)) is not None}
+    missing = [run_id for run_id in run_ids if run_id not in found]
     if missing:
-        if len(held) + len(missing) > MOST_CLASSES_HELD:
-            held.clear()
         for run_id, named in session.execute(
             select(Run.id, HardwareFingerprint.hardware_class)
             .join(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
             .where(Run.id.in_(missing))
         ):
             if named is not None:  # (a class not known yet may be later: not kept)
-                held[run_id] = named
-    return {run_id: held.get(run_id, UNKNOWN_CLASS) for run_id in run_ids}
+                held.put(run_id, named)
+                found[run_id] = named
+    return {run_id: found.get(run_id, UNKNOWN_CLASS) for run_id in run_ids}
 
 
 def plan_capacity(
@@ -81,6 +77,7 @@ def plan_capacity(
     users: int,
     reserve: Collection[str] = (),
     stale_after_hours: float,
+    classes: Bounded[object, str],
 ) -> CapacityAnswer:
     """The fewest nodes serving `users` users, each as placement's `question` asks (every
     candidate considered, whatever its `limit`), leaving out the `reserve`d nodes."""
@@ -102,8 +99,8 @@ def plan_capacity(
         for r in placed.rejected
         if r.node not in offered and r.node not in reserve
     ]
-    classes = _classes(session, [c.run_id for c in usable])
-    offers = [NodeOffer(c.node, classes[c.run_id], c.concurrency, c.total_tps) for c in usable]
+    class_of = _classes(session, [c.run_id for c in usable], classes)
+    offers = [NodeOffer(c.node, class_of[c.run_id], c.concurrency, c.total_tps) for c in usable]
     by_node = {c.node: c for c in usable}
     plan = fewest_nodes(offers, users)
     per_class = plans_per_class(offers, users)

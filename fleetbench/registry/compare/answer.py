@@ -1,127 +1,47 @@
 """The build comparison's answer: the rows (registry.compare.rows) grouped per node, each node
 compared and the fleet judged per hardware class by the pure functions of
-registry.questions.compare, and the whole put in the shape `GET /v1/compare` declares."""
+registry.compare.rules, and the whole put in the shape `GET /v1/compare` declares."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Literal
 
-from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
+from fleetbench.contract.answers import (
+    COMPARE_METRIC_NAMES,
+    ClassPoint,
+    ClassSummary,
+    CompareAnswer,
+    CompareKind,
+    NodeCompared,
+    NotCompared,
+    PointRatio,
+)
 from fleetbench.registry.compare.pairs import ComparedRows, compare_sums
-from fleetbench.registry.compare.rows import BuildSelection, read_sides, select_builds
-from fleetbench.registry.models import Model
-from fleetbench.registry.questions.compare import (
+from fleetbench.registry.compare.rows import (
+    BuildSelection,
+    read_sides,
+    select_builds,
+    sums_signature,
+)
+from fleetbench.registry.compare.rules import (
     CellComparison,
     ClassCell,
     ClassVerdict,
     CompareSettings,
     NodeSummary,
-    Verdict,
     compare_cell,
     fleet_verdict,
     point_order,
 )
+from fleetbench.registry.models import Model
+from fleetbench.registry.state import Bounded
 
-__all__ = ["METRIC_NAMES", "CompareAnswer", "CompareKind", "compare_builds"]
-
-CompareKind = Literal["offline", "serving"]
-METRIC_NAMES = {
-    "s_tg": "S_TG",
-    "s_pp": "S_PP",
-    "per_user_tps_p10": "per-user p10",
-    "ttft_ms_p90": "TTFT p90",
-}
-
-
-class PointRatio(BaseModel):
-    """One point of one node: the new build's figure over the old one's."""
-
-    metric: str = Field(description="s_tg, s_pp (offline); per_user_tps_p10, ttft_ms_p90")
-    pp: int
-    tg: int
-    b: int = Field(description="B (offline) or the concurrency (serving)")
-    from_value: float = Field(description="the old build's mean over its runs")
-    to_value: float
-    ratio: float = Field(description="to_value / from_value")
-    ratio_low: float = Field(description="95% confidence interval of the ratio")
-    ratio_high: float
-    runs_from: int
-    runs_to: int
-    detectable_pct: float = Field(
-        description="the smallest change these runs tell from noise with 95% probability, %"
-    )
-    beyond_detection: bool = Field(description="the change is at least detectable_pct")
-    worse_pct: float = Field(description="how much worse the new build is, % (< 0: better)")
-
-
-class NodeCompared(BaseModel):
-    node: str
-    hardware: str | None
-    hardware_class: str | None
-    settings: str = Field(description="the settings both builds ran with")
-    runs_from: int
-    runs_to: int
-    points: list[PointRatio]
-
-
-class NotCompared(BaseModel):
-    node: str
-    hardware_class: str | None
-    reason: str
-
-
-class ClassPoint(BaseModel):
-    metric: str
-    pp: int
-    tg: int
-    b: int
-    nodes: int
-    median_ratio: float
-    worst_node: str
-    worst_ratio: float
-    detectable_pct: float
-    worse_pct: float
-    held: bool = Field(description="worse by at least detectable_pct and the minimum change")
-
-
-class ClassSummary(BaseModel):
-    hardware_class: str
-    verdict: Verdict
-    reason: str
-    nodes_compared: int
-    nodes_not_compared: int = Field(description="nodes of the class that ran the new build only")
-    runs_needed: int | None = Field(
-        description="unknown: more runs of each build each node needs (null otherwise)"
-    )
-    points: list[ClassPoint]
-
-
-class CompareAnswer(BaseModel):
-    model: str
-    kind: CompareKind
-    from_build: str = Field(description="as asked")
-    to_build: str
-    from_builds: list[str] = Field(description="the builds from_build named")
-    to_builds: list[str]
-    verdict: Verdict = Field(
-        description="go: no hardware class slower beyond what its runs tell from noise; "
-        "hold: one is (the reason names it, the point and how much); unknown: too few runs "
-        "(the reason says how many more)"
-    )
-    reason: str
-    min_change_pct: float
-    max_detectable_pct: float
-    classes: list[ClassSummary] = Field(description="each hardware class that ran the new build")
-    nodes_compared: int = Field(description="how many nodes ran both builds comparably")
-    nodes: list[NodeCompared] = Field(
-        description="the first `limit` of them, the one most worse at any point first"
-    )
-    not_compared: list[NotCompared] = Field(description="the nodes with one build only, and why")
+# The answer's models are the contract's (fleetbench.contract.answers): the agent parses them.
+__all__ = ["CompareAnswer", "CompareKind", "compare_builds"]
 
 
 def compare_builds(
@@ -134,8 +54,59 @@ def compare_builds(
     max_age_days: float | None,
     settings: CompareSettings,
     limit: int = 100,
+    answers: Bounded[Hashable, CompareAnswer] | None = None,
 ) -> CompareAnswer:
+    """The comparison; from `answers` (the process's, registry.state) while the sums it
+    read are unchanged: a rollout gate and the dashboard ask the same question again and
+    again, and its answer moves only when runs of either build arrive or are pruned."""
     builds = select_builds(session, from_build, to_build)
+
+    def compared() -> CompareAnswer:
+        return _compare(
+            session,
+            models,
+            builds,
+            from_build=from_build,
+            to_build=to_build,
+            kind=kind,
+            max_age_days=max_age_days,
+            settings=settings,
+            limit=limit,
+        )
+
+    if answers is None or max_age_days is not None:  # (recent runs: the clock moves it)
+        return compared()
+    model_ids = sorted(m.id for m in models)
+    key = (
+        tuple(model_ids),
+        builds.before_ids,  # (what else a selection holds follows from its builds)
+        builds.after_ids,
+        from_build,
+        to_build,
+        kind,
+        settings,
+        limit,
+        sums_signature(session.connection(), model_ids, [*builds.before_ids, *builds.after_ids]),
+    )
+    answer = answers.get(key)
+    if answer is None:
+        answer = compared()
+        answers.put(key, answer)
+    return answer
+
+
+def _compare(
+    session: Session,
+    models: Sequence[Model],
+    builds: BuildSelection,
+    *,
+    from_build: str,
+    to_build: str,
+    kind: CompareKind,
+    max_age_days: float | None,
+    settings: CompareSettings,
+    limit: int,
+) -> CompareAnswer:
     since = datetime.now(UTC) - timedelta(days=max_age_days) if max_age_days else None
     found = ComparedRows([], [], [])
     if builds.before_ids and builds.after_ids:
@@ -156,7 +127,7 @@ def compare_builds(
             # point is 12,000 of them (the verdict weighs them all either way).
             limit=limit,
         )
-    fleet = fleet_verdict(found.nodes, found.classes, settings, METRIC_NAMES)
+    fleet = fleet_verdict(found.nodes, found.classes, settings, COMPARE_METRIC_NAMES)
     reason = fleet.reason
     if not builds.before_ids or not builds.after_ids:
         missing = [

@@ -1,12 +1,12 @@
 """A comparison's arithmetic over whole columns: each build's sums per node and point
-(registry.compare.sums) paired, weighed and reduced per hardware class with numpy.
+(registry.projections.build_sums) paired, weighed and reduced per hardware class with numpy.
 
 A 1,000-node fleet's comparison pairs 12,000 points. Row by row in Python that is half a
-second; fetching them as rows from the database is a tenth of one on a small machine. So
-each build's sums are held as columns (registry.compare.cache) and reduced here in a few
-vector operations; only the class and node figures and the listed points become objects.
+second. So each build's sums are read as columns (registry.compare.rows) and reduced here
+in a few vector operations; only the class and node figures and the listed points become
+objects.
 
-The statistics are those registry.questions.compare states: each side's mean, its spread
+The statistics are those registry.compare.rules states: each side's mean, its spread
 between runs and its repeats' noise; per point the pooled noise, the log of the ratio and
 its standard error; per class and point the median log ratio, the sum of the nodes'
 variances and the worst node. The judgement over them is the pure functions' there.
@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from fleetbench.registry.compare.sums import MOST_RELATIVE, SUM_COLUMNS
-from fleetbench.registry.questions.compare import (
+from fleetbench.registry.compare.rules import (
     LOWER_IS_BETTER,
     MOST_LOG_RATIO,
     ClassFigures,
@@ -30,6 +29,7 @@ from fleetbench.registry.questions.compare import (
     PointKey,
     SideFigures,
 )
+from fleetbench.registry.projections.build_sums import MOST_RELATIVE, SUM_COLUMNS
 
 __all__ = ["KEY_COLUMNS", "ComparedRows", "Labels", "SumsTable", "compare_sums"]
 

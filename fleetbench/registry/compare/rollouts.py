@@ -21,15 +21,16 @@ from sqlalchemy import exists, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from fleetbench.contract.answers import CompareVerdict
 from fleetbench.contract.bounds import Name
 from fleetbench.registry import crud
 from fleetbench.registry.compare import CompareKind, compare_builds
 from fleetbench.registry.compare.rows import select_builds
+from fleetbench.registry.compare.rules import CompareSettings
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import RUN_SERVED, RUN_SUCCESSFUL, Model, RolloutWatch, Run
-from fleetbench.registry.questions.compare import CompareSettings, Verdict
 
-log = logging.getLogger("fleetbench.registry.rollouts")
+log = logging.getLogger("fleetbench.registry.compare.rollouts")
 
 __all__ = [
     "RolloutPublic",
@@ -67,9 +68,9 @@ class RolloutPublic(BaseModel):
     from_build: str
     to_build: str
     kind: CompareKind
-    verdict: Verdict = Field(description="as last checked")
+    verdict: CompareVerdict = Field(description="as last checked")
     reason: str
-    previous_verdict: Verdict | None = Field(description="before the last change")
+    previous_verdict: CompareVerdict | None = Field(description="before the last change")
     checked_at: datetime = Field(description="when the verdict was last computed")
     changed_at: datetime | None = Field(description="when the verdict last changed")
     notified_at: datetime | None = Field(description="when the webhook took that change")

@@ -7,7 +7,7 @@ build's mean to the old one's, for each metric. Its uncertainty comes from the r
 themselves: the relative spread between runs of each build (pooled), never below the spread
 the points' own repeats report nor the detector's noise floor. A change is *beyond
 detection* when it is at least the change the regression check would find with 95%
-probability with these runs (questions.regressions.detectable_change): a change that small
+probability with these runs (regressions.rules.detectable_change): a change that small
 is told from noise.
 
 A hardware class (one GPU or CPU model, whatever the driver) takes the median of its nodes'
@@ -28,10 +28,11 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-from fleetbench.registry.questions.hardware import UNKNOWN_CLASS
-from fleetbench.registry.questions.regressions import DETECTION_POWER_Z, DetectionSettings
+from fleetbench.contract.answers import CompareVerdict
+from fleetbench.registry.hardware import UNKNOWN_CLASS
+from fleetbench.registry.regressions.rules import DETECTION_POWER_Z, DetectionSettings
 
 __all__ = [
     "LOWER_IS_BETTER",
@@ -46,7 +47,6 @@ __all__ = [
     "NodeSummary",
     "PointKey",
     "SideFigures",
-    "Verdict",
     "class_cell",
     "compare_cell",
     "fleet_verdict",
@@ -54,7 +54,6 @@ __all__ = [
     "runs_needed",
 ]
 
-Verdict = Literal["go", "hold", "unknown"]
 # Metrics where a larger value is worse (a longer wait); the others are speeds.
 LOWER_IS_BETTER = frozenset({"ttft_ms_p90"})
 # A class's median over this many nodes or more has a median's standard error, sqrt(pi/2)
@@ -176,7 +175,7 @@ class ClassCell:
 @dataclass(frozen=True)
 class ClassVerdict:
     hardware_class: str
-    verdict: Verdict
+    verdict: CompareVerdict
     reason: str
     nodes_compared: int
     nodes_not_compared: int
@@ -186,7 +185,7 @@ class ClassVerdict:
 
 @dataclass(frozen=True)
 class FleetVerdict:
-    verdict: Verdict
+    verdict: CompareVerdict
     reason: str
     classes: tuple[ClassVerdict, ...]
 

@@ -1,5 +1,5 @@
 """A node's batching curves of a model: the latest successful run of each engine build, read
-(`latest_curves`) and answered (`curves_answer`, the figures from questions.curves), and
+(`latest_curves`) and answered (`curves_answer`, the figures from curves.rules), and
 beside them the latest serving run, each concurrency as a share of the engine's throughput
 there: the cost of the server's scheduling, HTTP and sampling."""
 
@@ -17,7 +17,7 @@ from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from fleetbench.contract import wire
-from fleetbench.registry import labels
+from fleetbench.registry.curves.rules import curve_figures
 from fleetbench.registry.models import (
     RUN_NEWEST_FIRST,
     RUN_SUCCESSFUL,
@@ -28,8 +28,7 @@ from fleetbench.registry.models import (
     Run,
     RunPoint,
 )
-from fleetbench.registry.questions.curves import curve_figures
-from fleetbench.registry.regressions import series
+from fleetbench.registry.regressions import labels, series
 from fleetbench.registry.schemas import (
     CurvePointPublic,
     CurvePublic,

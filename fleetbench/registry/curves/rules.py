@@ -1,6 +1,6 @@
 """What a batching curve's points tell a user: at each concurrency B, the total decode speed,
 what each of the B users gets (S_TG / B) and how long each waits per token, the prefill
-speed, and whether B lies past the curve's knee (registry.questions.knee)."""
+speed, and whether B lies past the curve's knee (registry.curves.knee)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleetbench.registry.questions.knee import find_knee
+from fleetbench.registry.curves.knee import find_knee
 
 __all__ = ["PointFigures", "curve_figures"]
 

@@ -1,8 +1,9 @@
 """Storing reports: each validated before any transaction starts, then one short write
-transaction of set-based statements for a whole batch (no ORM unit of work), with the
-node's latest curve brought up to date and its series queued for the regression check
-(registry.regressions) in it. Rows that never change once written (engine builds, models
-and their facts) are remembered per process, so most ingests look them up not at all.
+transaction of set-based statements for a whole batch (no ORM unit of work), with every
+projection of the runs (registry.projections: the latest curves, the comparison's sums,
+the regression judge's queue, ...) brought up to date in it. Rows that never change once
+written (engine builds, models and their facts) are remembered per process, so most
+ingests look them up not at all.
 
 Rooms: `answers` (what a report is answered, the bounds), `statements` (built once per
 dialect), `rows` (each step's rows for a whole batch), `batch` (the steps in one

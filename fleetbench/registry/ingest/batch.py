@@ -1,6 +1,6 @@
 """One batch of reports stored in one transaction: the steps in order, answered per
-report; the latest curves (registry.latest) brought up to date and the series it touched
-queued for the regression check (registry.regressions) in the same transaction."""
+report; every projection of the runs (registry.projections) brought up to date with them
+in the same transaction."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from fleetbench.contract import wire
-from fleetbench.contract.allocation import beside_kv_bytes
-from fleetbench.registry.compare.sums import add_runs
 from fleetbench.registry.costs import Steps
 from fleetbench.registry.ingest.answers import (
     IngestLimits,
@@ -23,29 +21,19 @@ from fleetbench.registry.ingest.answers import (
     check_size,
 )
 from fleetbench.registry.ingest.rows import (
-    Fingerprints,
     IncomingRun,
     KnownRows,
     assign_ids,
     build_id_of,
-    count_activity,
     facts_id_of,
-    fingerprint_of,
     insert_runs,
     model_id_of,
-    newest_by,
     over_series_bound,
     sha256_of,
     store_fingerprints,
 )
 from fleetbench.registry.ingest.statements import Statements, statements_for
-from fleetbench.registry.latest import (
-    LatestCandidate,
-    LatestServingCandidate,
-    record_latest,
-    record_latest_serving,
-)
-from fleetbench.registry.regressions.queue import Check, CheckKind, queue_checks
+from fleetbench.registry.projections import PROJECTIONS
 
 
 def _now() -> datetime:
@@ -111,23 +99,10 @@ def ingest_batch(
                 answers[run.index] = RuntimeError(f"run {run.report.run_id} could not be stored")
         runs = [run for run in runs if run.id in inserted]
         cost.rows += sum(1 + len(r.report.points) + len(r.report.serving_points) for r in runs)
-    with steps.step("activity") as cost:
-        count_activity(connection, sql, runs)
-        cost.rows += len({run.node_id for run in runs})
-    with steps.step("latest") as cost:
-        cost.rows += _record_latest(connection, runs, fingerprints)
-        cost.rows += _record_latest_serving(connection, runs)
-    with steps.step("sums") as cost:
-        add_runs(
-            connection,
-            offline=[run.id for run in runs if run.in_series],
-            serving=[run.id for run in runs if run.served],
-        )
-        cost.rows += len(runs)
-    with steps.step("queue") as cost:
-        checks = _checks(runs)
-        queue_checks(connection, checks, now=_now())
-        cost.rows += len(checks)
+    stored = [run.stored(fingerprints) for run in runs]
+    for projection in PROJECTIONS:
+        with steps.step(projection.name) as cost:
+            cost.rows += projection.add(connection, stored)
     for run in runs:
         answers[run.index] = Stored(run.id, created=True)
     for index, first in copies:  # a copy is answered as its first is, once that is known
@@ -193,75 +168,3 @@ def _stored_already(
 
 def _conflict(run: IncomingRun) -> RunConflict:
     return RunConflict(f"run {run.report.run_id} exists with a different report")
-
-
-def _record_latest(
-    connection: Connection, runs: Sequence[IncomingRun], fingerprints: Fingerprints
-) -> int:
-    """Brings each (node, model)'s latest curve up to date with the batch's runs; returns
-    the rows it wrote."""
-    newest = newest_by([r for r in runs if r.in_series], lambda run: (run.node_id, run.model_id))
-    heads = []
-    for (node_id, model_id), run in sorted(newest.items()):
-        fingerprint = fingerprint_of(run, fingerprints)
-        heads.append(
-            LatestCandidate(
-                node_id=node_id,
-                model_id=model_id,
-                run_id=run.id,
-                started_at=run.report.started_at,
-                received_at=run.received_at,
-                build_id=run.build_id,
-                facts_id=run.facts_id,
-                memory_bytes=fingerprint.memory_bytes if fingerprint else None,
-                settings=run.report.settings,
-                points=run.report.points,
-                engine_on_accelerator=run.on_accelerator[0],
-                beside_kv_bytes=beside_kv_bytes(run.report.buffers),
-            )
-        )
-    return record_latest(connection, heads)
-
-
-def _serving(run: IncomingRun) -> bool:
-    """Whether it joins its node's serving series: a successful serving run."""
-    return run.served and run.report.server is not None
-
-
-def _record_latest_serving(connection: Connection, runs: Sequence[IncomingRun]) -> int:
-    """Brings each (node, model)'s latest serving run up to date with the batch's; returns
-    the rows it offered."""
-    newest = newest_by([r for r in runs if _serving(r)], lambda run: (run.node_id, run.model_id))
-    record_latest_serving(
-        connection,
-        [
-            LatestServingCandidate(
-                node_id=node_id,
-                model_id=model_id,
-                run_id=run.id,
-                started_at=run.report.started_at,
-                received_at=run.received_at,
-                build_id=run.build_id,
-                server=run.report.server,
-            )
-            for (node_id, model_id), run in sorted(newest.items())
-            if run.report.server is not None
-        ],
-    )
-    return len(newest)
-
-
-def _checks(runs: Sequence[IncomingRun]) -> list[Check]:
-    """The series the batch's successful runs join, each from its earliest run's start."""
-    since: dict[tuple[int, int, CheckKind], datetime] = {}
-    for run in runs:
-        kind: CheckKind
-        if run.in_series:
-            kind = "offline"
-        elif _serving(run):
-            kind = "serving"
-        else:
-            continue
-        key = (run.node_id, run.model_id, kind)
-        since[key] = min(since.get(key, run.report.started_at), run.report.started_at)
-    return [Check(*key, started) for key, started in since.items()]

@@ -8,7 +8,6 @@ import functools
 import hashlib
 import json
 import uuid
-from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,13 +17,16 @@ from sqlalchemy import Connection
 
 from fleetbench.contract import wire
 from fleetbench.contract.accelerator import on_accelerator
-from fleetbench.contract.allocation import allocated_bytes, predicted_kv_bytes
+from fleetbench.contract.allocation import allocated_bytes, beside_kv_bytes, predicted_kv_bytes
 from fleetbench.contract.wire import model_name_key
 from fleetbench.registry.bulk import insert_rows
+from fleetbench.registry.hardware import hardware_class, summarize_hardware
 from fleetbench.registry.ingest.answers import IngestLimits, ReportRefused
 from fleetbench.registry.ingest.statements import MODEL_FACTS, Statements
 from fleetbench.registry.models import FailedPoint, Run, RunPoint, ServingPointRow, table_of
-from fleetbench.registry.questions.hardware import hardware_class, summarize_hardware
+from fleetbench.registry.projections.base import CurvePoint, StoredRun
+
+MOST_KNOWN_ROWS = 100_000
 
 
 @dataclass
@@ -39,6 +41,8 @@ class KnownRows:
     facts: dict[tuple[int, tuple[Any, ...]], int] = field(default_factory=dict)
 
     def learn(self, other: KnownRows) -> None:
+        if len(self.builds) + len(self.models) + len(self.facts) > MOST_KNOWN_ROWS:
+            self.builds, self.models, self.facts = {}, {}, {}  # bounded: learnt again
         self.builds.update(other.builds)
         self.models.update(other.models)
         self.facts.update(other.facts)
@@ -84,21 +88,32 @@ class IncomingRun:
         """Whether it joins its node's offline curves: the latest, the series, the bound."""
         return self.report.kind == "offline" and self.report.status != "failed"
 
-    @property
-    def served(self) -> bool:
-        """Whether it measured a server that answered (models.RUN_SERVED)."""
-        return self.report.kind == "serving" and self.report.status != "failed"
+    def stored(self, fingerprints: Fingerprints) -> StoredRun:
+        """The run, stored, as the projections read it."""
+        report = self.report
+        fingerprint = fingerprint_of(self, fingerprints)
+        return StoredRun(
+            id=self.id,
+            node_id=self.node_id,
+            model_id=self.model_id,
+            build_id=self.build_id,
+            facts_id=self.facts_id,
+            kind=report.kind,
+            failed=report.status == "failed",
+            started_at=report.started_at,
+            received_at=self.received_at,
+            settings=report.settings,
+            points=[CurvePoint(p.pp, p.tg, p.b, p.s_pp, p.s_tg) for p in report.points],
+            server=report.server,
+            engine_on_accelerator=self.on_accelerator[0],
+            beside_kv_bytes=beside_kv_bytes(report.buffers),
+            memory_bytes=fingerprint.memory_bytes if fingerprint else None,
+        )
 
     @property
     def key(self) -> tuple[int, uuid.UUID]:
         """What identifies the run: its node and the id the node gave it."""
         return (self.node_id, self.report.run_id)
-
-    @property
-    def order_key(self) -> tuple[datetime, datetime, int]:
-        """Where it sorts oldest first (RUN_NEWEST_FIRST reversed): its start, its
-        receipt, then the larger id first."""
-        return (self.report.started_at, self.received_at, -self.id.int)
 
 
 def _get_or_insert(
@@ -340,35 +355,3 @@ def insert_runs(
     serving = [{"run_id": r.id, **p.model_dump()} for r in new for p in r.report.serving_points]
     insert_rows(connection, table_of(ServingPointRow), serving)
     return inserted
-
-
-def newest_by(runs: Sequence[IncomingRun], key: Any) -> dict[Any, IncomingRun]:
-    newest: dict[Any, IncomingRun] = {}
-    for run in runs:
-        k = key(run)
-        if k not in newest or run.order_key > newest[k].order_key:  # RUN_NEWEST_FIRST's
-            newest[k] = run
-    return newest
-
-
-def count_activity(connection: Connection, sql: Statements, runs: Sequence[IncomingRun]) -> None:
-    """Each node's run count and newest run: one upsert, one row per node."""
-    counts = Counter(run.node_id for run in runs)
-    if not counts:
-        return
-    # A node's last run is its newest offline one: what its health and overview show (a
-    # serving sweep of a server that is down says nothing of the node's engine).
-    newest = newest_by([r for r in runs if r.report.kind == "offline"], lambda run: run.node_id)
-    rows = []
-    for node_id in sorted(counts):
-        run = newest.get(node_id)
-        rows.append(
-            {
-                "node_id": node_id,
-                "last_run_id": run.id if run else None,
-                "last_run_started_at": run.report.started_at if run else None,
-                "last_run_received_at": run.received_at if run else None,
-                "run_count": counts[node_id],
-            }
-        )
-    connection.execute(sql.activity, rows)

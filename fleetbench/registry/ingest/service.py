@@ -20,7 +20,8 @@ class Ingest:
     """Stores reports through the writer (registry.writer): in batches, each batch one
     transaction, on one thread for SQLite and `writers` threads for PostgreSQL.
     `stored` is told after each commit that stored runs (their series are queued for the
-    regression check), `measured` what each committed batch cost (registry.costs).
+    regression check), `measured` what each committed batch cost (registry.costs); `known`
+    holds the rows it learns (the process's, registry.state).
 
     ingest = Ingest(sessions, IngestLimits(), writers=4, stored=judge.queued)
     stored = await ingest.submit(report, node_id=7)   # committed when it returns
@@ -37,9 +38,10 @@ class Ingest:
         linger: float = 0.0,
         stored: Callable[[], None] | None = None,
         measured: Callable[[Steps], None] | None = None,
+        known: KnownRows | None = None,
     ) -> None:
         self.limits = limits
-        self._known = KnownRows()
+        self._known = known if known is not None else KnownRows()
         self._learning = threading.Lock()
         self._stored = stored
         self._measured = measured

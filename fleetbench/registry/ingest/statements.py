@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, case, func, or_, select, tuple_
+from sqlalchemy import bindparam, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from fleetbench.registry.models import (
@@ -15,9 +15,7 @@ from fleetbench.registry.models import (
     LatestPoint,
     Model,
     ModelFacts,
-    NodeActivity,
     Run,
-    newer_run,
     table_of,
 )
 
@@ -51,7 +49,6 @@ class Statements:
     insert_facts: Any
     latest_counts: Any
     fingerprints: Any
-    activity: Any
 
 
 @functools.cache
@@ -66,20 +63,6 @@ def statements_for(dialect: str) -> Statements:
     fingerprints, latest_points = table_of(HardwareFingerprint), table_of(LatestPoint)
     upsert = insert_for(fingerprints)
     new = upsert.excluded
-    activity = table_of(NodeActivity)
-    count_runs = insert_for(activity)
-    run = count_runs.excluded
-    newer = or_(
-        activity.c.last_run_id.is_(None),
-        newer_run(
-            (run.last_run_started_at, run.last_run_received_at, run.last_run_id),
-            (
-                activity.c.last_run_started_at,
-                activity.c.last_run_received_at,
-                activity.c.last_run_id,
-            ),
-        ),
-    )
     return Statements(
         stored_runs=select(
             runs.c.node_id, runs.c.reported_id, runs.c.id, runs.c.report_sha256
@@ -113,16 +96,5 @@ def statements_for(dialect: str) -> Statements:
             fingerprints.c.id,
             fingerprints.c.memory_bytes,
             fingerprints.c.description,
-        ),
-        # Every run counts; the newest (as RUN_NEWEST_FIRST orders runs) is the node's last.
-        activity=count_runs.on_conflict_do_update(
-            index_elements=[activity.c.node_id],
-            set_={
-                "run_count": activity.c.run_count + run.run_count,
-                **{
-                    column: case((newer, run[column]), else_=activity.c[column])
-                    for column in ("last_run_id", "last_run_started_at", "last_run_received_at")
-                },
-            },
         ),
     )

@@ -7,7 +7,7 @@ Each node answers from its latest serving run of the model where it has one and 
 allows (what users of the server the team runs get), else from its engine's offline curve.
 The rows come from SQL (registry.placement.offline_rows: each node's offline choice, chosen and
 ranked there; registry.placement.serving_rows: the serving points); the decisions are pure
-functions (registry.questions.placement). What is done here: the fit caps, one per fit
+functions (registry.placement.rules). What is done here: the fit caps, one per fit
 config (nodes alike share one answer); the choice read again under those caps; the
 concurrencies refused for memory; the listed nodes' KV sizes; offline and serving
 candidates merged, best total throughput first.
@@ -36,8 +36,7 @@ from fleetbench.registry.placement.offline_rows import (
     memory_of,
     placement_rows,
 )
-from fleetbench.registry.placement.serving_rows import serving_rows
-from fleetbench.registry.questions.placement import (
+from fleetbench.registry.placement.rules import (
     GIB,
     NodeChoice,
     PlacementFindings,
@@ -48,6 +47,7 @@ from fleetbench.registry.questions.placement import (
     serving_choices,
     why_fit_unchecked,
 )
+from fleetbench.registry.placement.serving_rows import serving_rows
 
 __all__ = ["place"]
 

@@ -1,4 +1,4 @@
-"""The rows placement reads from the fleet's latest curves (registry.latest): per model,
+"""The rows placement reads from the fleet's latest curves (registry.projections.latest): per model,
 each node's latest run's points that meet the asked speed, capped where memory caps users,
 chosen and ranked in SQL so an answer over 1,000 nodes reads only the rows it returns; and
 the facts its answer needs (fit configs, model facts, the longest prompt measured)."""
@@ -29,8 +29,8 @@ from sqlalchemy.orm import Session
 
 from fleetbench.registry.model_facts import FleetFacts
 from fleetbench.registry.models import DetectableChange, EngineBuild, LatestPoint, LatestRun, Node
+from fleetbench.registry.placement.rules import NodeChoice, NodeMemory
 from fleetbench.registry.placement.serving_rows import served_nodes
-from fleetbench.registry.questions.placement import NodeChoice, NodeMemory
 
 __all__ = [
     "FitConfig",
@@ -82,7 +82,7 @@ def _fit_config(row: Any) -> FitConfig:
 
 
 class PlacementRows(NamedTuple):
-    """What a placement answer is made from (see registry.questions.placement)."""
+    """What a placement answer is made from (see registry.placement.rules)."""
 
     qualifying: list[NodeChoice]  # the first `limit`, best total S_TG first
     qualifying_count: int

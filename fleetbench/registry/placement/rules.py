@@ -40,7 +40,7 @@ from fleetbench.contract.kv_cache import (
     predict_kv,
 )
 from fleetbench.contract.wire import ModelInfo
-from fleetbench.registry.questions.knee import find_knee
+from fleetbench.registry.curves.knee import find_knee
 
 __all__ = [
     "GIB",
@@ -187,7 +187,7 @@ def _serving_choice(row: ServingRow, knee: int | None) -> NodeChoice:
 @dataclass(frozen=True)
 class NodeMemory:
     """What checking a node's fit takes: the memory the weights and KV cache must share
-    (registry.questions.hardware), the model's architecture and the cache settings of the
+    (registry.hardware), the model's architecture and the cache settings of the
     node's latest run."""
 
     node: str

@@ -1,7 +1,7 @@
 """The rows serving placement reads: each node's latest successful serving run of the model
 (latest_serving_runs, kept by ingest) with its points, one row per concurrency. A node runs
 one server per model, a handful of concurrencies each: a 1,000-node answer reads a few
-thousand rows, chosen from in Python (registry.questions.placement.serving_choices)."""
+thousand rows, chosen from in Python (registry.placement.rules.serving_choices)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from fleetbench.registry.models import (
     Run,
     ServingPointRow,
 )
-from fleetbench.registry.questions.placement import ServingRow
+from fleetbench.registry.placement.rules import ServingRow
 
 __all__ = ["served_nodes", "serving_rows"]
 

@@ -12,7 +12,6 @@ count, sum and sum of squares of each metric at each point, and its repeats' spr
 from __future__ import annotations
 
 import functools
-import operator
 import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -20,18 +19,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
-    Boolean,
     ColumnElement,
     Connection,
     Select,
-    String,
     and_,
     bindparam,
     case,
-    cast,
     delete,
     func,
     literal,
+    or_,
     select,
     true,
     tuple_,
@@ -39,7 +36,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from fleetbench.registry.labels import SETTING_NAMES
 from fleetbench.registry.models import (
     RUN_SERVED,
     RUN_SUCCESSFUL,
@@ -50,8 +46,11 @@ from fleetbench.registry.models import (
     ServingPointRow,
     table_of,
 )
+from fleetbench.registry.projections.base import Projection, StoredRun
+from fleetbench.registry.settings_label import server_shape_label_sql, settings_label_sql
 
 __all__ = [
+    "BUILD_SUMS",
     "METRICS",
     "MOST_RELATIVE",
     "OFFLINE_METRICS",
@@ -67,8 +66,6 @@ __all__ = [
 OFFLINE_METRICS = ("s_tg", "s_pp")
 SERVING_METRICS = ("per_user_tps_p10", "ttft_ms_p90")
 METRICS = OFFLINE_METRICS + SERVING_METRICS
-# What of a server, besides its build, shapes its figures: runs compared must share it.
-_SERVER_SHAPE = ("kind", "slots", "ctx_per_slot", "n_ctx", "prompt_tokens", "gen_tokens")
 # A spread relative to a value this small is no measurement: capped, not divided (float
 # division would overflow, which PostgreSQL refuses).
 MOST_RELATIVE = 1e6
@@ -76,19 +73,6 @@ MOST_RELATIVE = 1e6
 # figures this small are taken as this, which no mean or spread that matters can tell.
 _LEAST = 1e-100
 SUM_COLUMNS = ("runs", "total", "squares", "relative_sd", "repeats", "repeated")
-
-
-def _labelled(parts: list[tuple[str, ColumnElement[Any]]]) -> ColumnElement[str]:
-    """`name=value` for each value not NULL, space-separated: a key made the same way by
-    every statement that makes it."""
-    pieces = [func.coalesce(literal(f" {name}=") + value, "") for name, value in parts]
-    return func.ltrim(functools.reduce(operator.add, pieces))
-
-
-def _as_text(column: ColumnElement[Any]) -> ColumnElement[str]:
-    if isinstance(column.type, Boolean):  # as registry.labels spells them, on both databases
-        return case((column.is_(True), "True"), (column.is_(False), "False"))
-    return cast(column, String)
 
 
 def _at_least(value: Any) -> ColumnElement[float]:
@@ -108,12 +92,11 @@ def _offline(metric: str) -> Select[Any]:
             ),
         )
     )
-    settings = _labelled([(name, _as_text(getattr(Run, name))) for name in SETTING_NAMES])
     return (
         _summed(
             metric,
             value,
-            settings,
+            settings_label_sql(),
             (RunPoint.pp, RunPoint.tg, RunPoint.b),
             relative,
             case((relative.is_not(None), RunPoint.repeats)),
@@ -126,14 +109,13 @@ def _offline(metric: str) -> Select[Any]:
 def _serving(metric: str) -> Select[Any]:
     value = getattr(ServingPointRow, metric)
     server = Run.server
-    settings = _labelled([(k, server[k].as_string()) for k in _SERVER_SHAPE])
     point = (
         func.coalesce(server["prompt_tokens"].as_integer(), 0),
         func.coalesce(server["gen_tokens"].as_integer(), 0),
         ServingPointRow.concurrency,
     )
     return (
-        _summed(metric, value, settings, point, None, None)
+        _summed(metric, value, server_shape_label_sql(), point, None, None)
         .join(ServingPointRow, ServingPointRow.run_id == Run.id)
         .where(RUN_SERVED)
     )
@@ -202,7 +184,10 @@ def metrics_of(kind: str) -> tuple[str, ...]:
 
 
 _RUN_IDS: Any = bindparam("run_ids", expanding=True)
-_TOUCHED = select(Run.model_id, Run.build_id, Run.node_id).where(Run.id.in_(_RUN_IDS))
+# a failed run is in no sum: its (model, build, node) is touched by the runs that count
+_COUNTED = or_(RUN_SUCCESSFUL, RUN_SERVED)
+_TOUCHED = select(Run.model_id, Run.build_id, Run.node_id).where(Run.id.in_(_RUN_IDS), _COUNTED)
+_NODE_IDS: Any = bindparam("node_ids", expanding=True)
 
 
 @dataclass(frozen=True)
@@ -214,6 +199,8 @@ class _Statements:
     add: tuple[Any, ...]  # per kind
     forget: Any
     recount: tuple[Any, ...]  # per kind
+    stamp_nodes: Any
+    count_nodes: tuple[Any, ...]  # per kind
 
 
 @functools.cache
@@ -221,14 +208,23 @@ def _statements(dialect: str) -> _Statements:
     insert_for: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
     table = table_of(BuildPointSum)
     stamps = table_of(BuildSumsStamp)
-    touched = (
-        _TOUCHED.add_columns(literal(1), bindparam("now", type_=stamps.c.changed_at.type))
-        .distinct()
-        .order_by(Run.model_id, Run.build_id, Run.node_id)  # one lock order
-    )
-    stamp = insert_for(stamps).from_select(
-        ["model_id", "build_id", "node_id", "version", "changed_at"], touched
-    )
+    now = bindparam("now", type_=stamps.c.changed_at.type)
+
+    def stamped(runs: Select[int, int, int]) -> Any:
+        """Each (model, build, node) of the runs stamped with a new version."""
+        touched = (
+            runs.add_columns(literal(1), now)
+            .distinct()
+            .order_by(Run.model_id, Run.build_id, Run.node_id)  # one lock order
+        )
+        stamp = insert_for(stamps).from_select(
+            ["model_id", "build_id", "node_id", "version", "changed_at"], touched
+        )
+        return stamp.on_conflict_do_update(
+            index_elements=[stamps.c.model_id, stamps.c.build_id, stamps.c.node_id],
+            set_={"version": stamps.c.version + 1, "changed_at": stamp.excluded.changed_at},
+        )
+
     columns = [*SUMS_KEY, *SUM_COLUMNS]
 
     def upsert(found: Select[Any]) -> Any:
@@ -249,15 +245,18 @@ def _statements(dialect: str) -> _Statements:
         Run.id.not_in(_RUN_IDS),
     )
     return _Statements(
-        stamp=stamp.on_conflict_do_update(
-            index_elements=[stamps.c.model_id, stamps.c.build_id, stamps.c.node_id],
-            set_={"version": stamps.c.version + 1, "changed_at": stamp.excluded.changed_at},
-        ),
+        stamp=stamped(_TOUCHED),
         add=tuple(upsert(sums_of_runs(k, Run.id.in_(_RUN_IDS))) for k in _KINDS),
         forget=delete(table).where(
             tuple_(table.c.model_id, table.c.build_id, table.c.node_id).in_(_TOUCHED)
         ),
         recount=tuple(upsert(sums_of_runs(k, *staying)) for k in _KINDS),
+        stamp_nodes=stamped(
+            select(Run.model_id, Run.build_id, Run.node_id).where(
+                Run.node_id.in_(_NODE_IDS), _COUNTED
+            )
+        ),
+        count_nodes=tuple(upsert(sums_of_runs(k, Run.node_id.in_(_NODE_IDS))) for k in _KINDS),
     )
 
 
@@ -292,3 +291,34 @@ def remove_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> None:
     connection.execute(sql.forget, ids)
     for statement in sql.recount:
         connection.execute(statement, ids)
+
+
+def _add(connection: Connection, runs: Sequence[StoredRun]) -> int:
+    add_runs(
+        connection,
+        offline=[run.id for run in runs if run.in_series],
+        serving=[run.id for run in runs if run.served],
+    )
+    return len(runs)
+
+
+def _rebuild(connection: Connection, node_ids: Sequence[int]) -> None:
+    """The nodes' sums counted again from all their runs, and their stamps raised (a
+    process holding them reads them again)."""
+    sql = _statements(connection.dialect.name)
+    nodes = {"node_ids": list(node_ids)}
+    connection.execute(sql.stamp_nodes, {**nodes, "now": datetime.now(UTC)})
+    table = table_of(BuildPointSum)
+    connection.execute(delete(table).where(table.c.node_id.in_(node_ids)))
+    for statement in sql.count_nodes:
+        connection.execute(statement, nodes)
+
+
+BUILD_SUMS = Projection(
+    name="sums",
+    tables=(table_of(BuildPointSum), table_of(BuildSumsStamp)),
+    add=_add,
+    keeps=None,
+    remove=remove_runs,
+    rebuild=_rebuild,
+)

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import functools
 import typing
-import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Integer,
     Select,
@@ -33,9 +31,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from fleetbench.contract import wire
 from fleetbench.registry.bulk import insert_rows
+from fleetbench.registry.curves.knee import find_knee
 from fleetbench.registry.models import (
+    RUN_SERVED,
+    RUN_SUCCESSFUL,
     EngineBuild,
     LatestPoint,
     LatestRun,
@@ -46,16 +46,17 @@ from fleetbench.registry.models import (
     newer_run,
     table_of,
 )
-from fleetbench.registry.questions.knee import find_knee
+from fleetbench.registry.projections.base import (
+    CurvePoint,
+    Projection,
+    StoredRun,
+    newest_by,
+    newest_of_each,
+    no_removal,
+    stored_runs,
+)
 
-__all__ = [
-    "LatestCandidate",
-    "LatestServingCandidate",
-    "fill_unknown_knees",
-    "latest_points_statement",
-    "record_latest",
-    "record_latest_serving",
-]
+__all__ = ["LATEST", "LATEST_SERVING", "fill_unknown_knees", "latest_points_statement"]
 
 
 def _only_if_newer(upsert: Any) -> Any:
@@ -82,37 +83,21 @@ _DELETE_POINTS = delete(_POINTS).where(
 )
 
 
-@dataclass(frozen=True)
-class LatestCandidate:
-    """A node's newest successful run of a model in a batch, to become its latest."""
-
-    node_id: int
-    model_id: int
-    run_id: uuid.UUID
-    started_at: datetime
-    received_at: datetime
-    build_id: int
-    facts_id: int | None
-    memory_bytes: int | None
-    settings: wire.RunSettings
-    points: Sequence[wire.Point]
-    engine_on_accelerator: bool | None = None
-    beside_kv_bytes: int | None = None  # weights, compute and outputs, as allocated
-
-
-def record_latest(connection: Connection, candidates: Sequence[LatestCandidate]) -> int:
-    """Makes each candidate (one per node and model) the latest of its node's model if it
-    is newer (as RUN_NEWEST_FIRST orders runs: started, then received, then the smaller id)
-    than the one recorded, and its points theirs; returns the rows it wrote. One upsert
-    for all; it locks their rows until commit on PostgreSQL, so concurrent ingests of one
-    node's model take turns from here on."""
+def _add_latest(connection: Connection, runs: Sequence[StoredRun]) -> int:
+    """Makes each (node, model)'s newest of the runs that join its curves (one per node and
+    model) its latest if it is newer (as RUN_NEWEST_FIRST orders runs: started, then
+    received, then the smaller id) than the one recorded, and its points theirs; returns
+    the rows it wrote. One upsert for all; it locks their rows until commit on PostgreSQL,
+    so concurrent ingests of one node's model take turns from here on."""
+    newest = newest_by([r for r in runs if r.in_series], lambda run: (run.node_id, run.model_id))
+    candidates = [newest[pair] for pair in sorted(newest)]
     if not candidates:
         return 0
     heads = [
         {
             "node_id": c.node_id,
             "model_id": c.model_id,
-            "run_id": c.run_id,
+            "run_id": c.id,
             "started_at": c.started_at,
             "received_at": c.received_at,
             "build_id": c.build_id,
@@ -144,31 +129,18 @@ def record_latest(connection: Connection, candidates: Sequence[LatestCandidate])
     return len(won) + len(rows)
 
 
-@dataclass(frozen=True)
-class LatestServingCandidate:
-    """A node's newest successful serving run of a model in a batch, to become its latest."""
-
-    node_id: int
-    model_id: int
-    run_id: uuid.UUID
-    started_at: datetime
-    received_at: datetime
-    build_id: int
-    server: wire.ServerIdentity
-
-
-def record_latest_serving(
-    connection: Connection, candidates: Sequence[LatestServingCandidate]
-) -> None:
-    """Makes each candidate (one per node and model) the latest serving run of its node's
-    model if it is newer than the one recorded: one upsert for all."""
-    if not candidates:
-        return
+def _add_latest_serving(connection: Connection, runs: Sequence[StoredRun]) -> int:
+    """Makes each (node, model)'s newest successful serving run its latest if it is newer
+    than the one recorded: one upsert for all; returns the rows it offered."""
+    newest = newest_by(
+        [r for r in runs if r.served and r.server is not None],
+        lambda run: (run.node_id, run.model_id),
+    )
     rows = [
         {
             "node_id": c.node_id,
             "model_id": c.model_id,
-            "run_id": c.run_id,
+            "run_id": c.id,
             "started_at": c.started_at,
             "received_at": c.received_at,
             "build_id": c.build_id,
@@ -177,12 +149,54 @@ def record_latest_serving(
             "slots": c.server.slots,
             "ctx_per_slot": c.server.ctx_per_slot,
         }
-        for c in candidates
+        for _, c in sorted(newest.items())
+        if c.server is not None
     ]
     insert_rows(connection, table_of(LatestServingRun), rows, _only_if_newer)
+    return len(rows)
 
 
-def _points_with_knee(points: Sequence[wire.Point]) -> list[dict[str, Any]]:
+def _rebuild_latest(connection: Connection, node_ids: Sequence[int]) -> None:
+    connection.execute(delete(_POINTS).where(_POINTS.c.node_id.in_(node_ids)))
+    connection.execute(delete(LatestRun).where(LatestRun.node_id.in_(node_ids)))
+    newest = newest_of_each(connection, node_ids, RUN_SUCCESSFUL)
+    _add_latest(connection, stored_runs(connection, newest))
+
+
+def _rebuild_latest_serving(connection: Connection, node_ids: Sequence[int]) -> None:
+    connection.execute(delete(LatestServingRun).where(LatestServingRun.node_id.in_(node_ids)))
+    newest = newest_of_each(connection, node_ids, RUN_SERVED, Run.server.is_not(None))
+    _add_latest_serving(connection, stored_runs(connection, newest))
+
+
+def _keeps_latest() -> ColumnElement[bool]:
+    return select(LatestRun.run_id).where(LatestRun.run_id == Run.id).exists()
+
+
+def _keeps_latest_serving() -> ColumnElement[bool]:
+    return select(LatestServingRun.run_id).where(LatestServingRun.run_id == Run.id).exists()
+
+
+# The latest runs are kept from the prune: no prunable run changes them.
+LATEST = Projection(
+    name="latest",
+    tables=(table_of(LatestRun), _POINTS),
+    add=_add_latest,
+    keeps=_keeps_latest,
+    remove=no_removal,
+    rebuild=_rebuild_latest,
+)
+LATEST_SERVING = Projection(
+    name="latest_serving",
+    tables=(table_of(LatestServingRun),),
+    add=_add_latest_serving,
+    keeps=_keeps_latest_serving,
+    remove=no_removal,
+    rebuild=_rebuild_latest_serving,
+)
+
+
+def _points_with_knee(points: Sequence[CurvePoint]) -> list[dict[str, Any]]:
     curves: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
     for point in points:
         if point.s_tg is not None:

@@ -1,6 +1,6 @@
 """The judge: each registry process has one, a thread that takes the series checks that are
 due (registry.regressions.queue), reads their series (registry.regressions.series), judges
-them with questions.regressions' detector, stores what it finds (registry.regressions.store)
+them with regressions.rules' detector, stores what it finds (registry.regressions.store)
 and each latest point's minimum detectable change, and wakes the webhook notifier when a
 regression was stored.
 
@@ -26,8 +26,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from fleetbench.registry.costs import Steps
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import DetectableChange, table_of
-from fleetbench.registry.questions.regressions import min_detectable_change
 from fleetbench.registry.regressions.queue import Check, claim_due, finish, next_due
+from fleetbench.registry.regressions.rules import min_detectable_change
 from fleetbench.registry.regressions.series import (
     HISTORY_RUNS,
     Series,

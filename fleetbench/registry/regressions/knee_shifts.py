@@ -2,7 +2,7 @@
 
 A build can leave S_TG at B=1 alone and still halve the concurrency worth running (the knee
 moving from 8 streams to 4): each point's series may move less than its noise while the
-curve's shape changes. So the knee of every run's curve (questions.knee, at one PP x TG) is
+curve's shape changes. So the knee of every run's curve (curves.knee, at one PP x TG) is
 a series of its own, judged differently from throughput: a knee is a small integer that
 noise flips between neighbours now and then, not a measurement with a spread. At a known
 change (the llama.cpp build, binding, hardware or settings), the knee moved when the runs
@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
-from fleetbench.registry.questions.knee import find_knee
-from fleetbench.registry.questions.regressions import (
+from fleetbench.registry.curves.knee import find_knee
+from fleetbench.registry.regressions.rules import (
     DetectionSettings,
     SeriesRun,
     Step,

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
-from fleetbench.contract import wire
 from fleetbench.contract.build_label import build_label
+from fleetbench.registry.settings_label import settings_label
 
 __all__ = [
-    "SETTING_NAMES",
     "RunLabels",
     "binding_label",
     "build_label",
@@ -31,13 +30,6 @@ def binding_label(build: _BindingFields) -> str | None:
     if not build.binding:
         return None
     return f"{build.binding} {build.binding_version}" if build.binding_version else build.binding
-
-
-SETTING_NAMES = tuple(wire.RunSettings.model_fields)
-
-
-def _settings_label(run: Any) -> str:
-    return " ".join(f"{k}={getattr(run, k)}" for k in SETTING_NAMES if getattr(run, k) is not None)
 
 
 def _hardware_label(description: str | None, digest: str | None) -> str | None:
@@ -64,7 +56,7 @@ def run_labels(
         build_label(build),
         binding_label(build),
         _hardware_label(fingerprint_description, fingerprint_hash),
-        _settings_label(settings),
+        settings_label(settings),
     )
 
 

@@ -31,7 +31,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased
 
-from fleetbench.registry.labels import SETTING_NAMES, run_labels, serving_labels
 from fleetbench.registry.models import (
     RUN_NEWEST_FIRST,
     RUN_SERVED,
@@ -42,7 +41,9 @@ from fleetbench.registry.models import (
     RunPoint,
     ServingPointRow,
 )
-from fleetbench.registry.questions.regressions import SeriesRun
+from fleetbench.registry.regressions.labels import run_labels, serving_labels
+from fleetbench.registry.regressions.rules import SeriesRun
+from fleetbench.registry.settings_label import SETTING_NAMES
 
 __all__ = [
     "BUILD_COLUMNS",
@@ -78,7 +79,8 @@ MOST_JUDGED = 256
 
 Cell = tuple[int, int, int, Metric]  # PP, TG, B, metric: one series of a node's model
 Series = dict[Cell, list[SeriesRun]]  # a node's model's series, each oldest first
-# What a stored step is of: a series, or the knee of a PP x TG's curves (B 0, questions.knee_shifts)
+# What a stored step is of: a series, or the knee of a PP x TG's curves (B 0,
+# regressions.knee_shifts)
 StepMetric = Literal[Metric, "knee"]
 StepCell = tuple[int, int, int, StepMetric]
 

@@ -1,5 +1,5 @@
 """Regressions in the database: what the detector finds in a series stored (the decisions
-are registry.questions.regressions', over rows registry.regressions.series reads), listed,
+are registry.regressions.rules', over rows registry.regressions.series reads), listed,
 and acknowledged. Keyword-only functions like registry.crud: they flush, never commit.
 """
 
@@ -16,8 +16,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from fleetbench.registry.models import Node, Regression
-from fleetbench.registry.questions.knee_shifts import KNEE_METRIC, find_knee_shifts, knee_series
-from fleetbench.registry.questions.regressions import (
+from fleetbench.registry.regressions.knee_shifts import KNEE_METRIC, find_knee_shifts, knee_series
+from fleetbench.registry.regressions.rules import (
     DetectionSettings,
     SeriesRun,
     Step,

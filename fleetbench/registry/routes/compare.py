@@ -8,7 +8,13 @@ from fastapi import APIRouter, Query, Response
 
 from fleetbench.contract.bounds import NAME_LENGTH, WITHOUT_NUL
 from fleetbench.registry.compare import CompareAnswer, CompareKind, compare_builds
-from fleetbench.registry.deps import ReadAccess, SessionDep, SettingsDep, models_or_404
+from fleetbench.registry.deps import (
+    ProcessDep,
+    ReadAccess,
+    SessionDep,
+    SettingsDep,
+    models_or_404,
+)
 from fleetbench.registry.params import MAX_AGE_DAYS, ModelQuery
 from fleetbench.registry.responses import NOT_FOUND
 
@@ -27,6 +33,7 @@ BuildQuery = Annotated[
 def read_compare(
     session: SessionDep,
     settings: SettingsDep,
+    process: ProcessDep,
     model: ModelQuery,
     from_build: BuildQuery,
     to_build: BuildQuery,
@@ -51,5 +58,6 @@ def read_compare(
         max_age_days=max_age_days,
         settings=settings.compare_settings(),
         limit=limit,
+        answers=process.compare_answers,
     )
     return Response(answer.model_dump_json(), media_type="application/json")

@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from fleetbench.registry import crud
-from fleetbench.registry.curves import curves_answer
+from fleetbench.registry.curves.answer import curves_answer
+from fleetbench.registry.curves.knee import KNEE_THRESHOLD
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.deps import (
     AdminAuth,
@@ -20,10 +21,9 @@ from fleetbench.registry.deps import (
 from fleetbench.registry.export import export_response
 from fleetbench.registry.models import Model, Node
 from fleetbench.registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
-from fleetbench.registry.questions.knee import KNEE_THRESHOLD
-from fleetbench.registry.questions.regressions import describe_cause, min_detectable_change
 from fleetbench.registry.regressions import series
 from fleetbench.registry.regressions import store as regression_store
+from fleetbench.registry.regressions.rules import describe_cause, min_detectable_change
 from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
 from fleetbench.registry.schemas import (
     Acknowledgement,

@@ -7,8 +7,8 @@ from fastapi import APIRouter, HTTPException, Response, status
 from fleetbench.registry import crud
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.deps import ReadAccess, SessionDep, SettingsDep
+from fleetbench.registry.health import missed_schedule, node_health
 from fleetbench.registry.params import NodePath
-from fleetbench.registry.questions.health import missed_schedule, node_health
 from fleetbench.registry.responses import NOT_FOUND
 from fleetbench.registry.schemas import NodeDetail, NodePublic, NodesPublic
 

@@ -7,8 +7,14 @@ from fastapi.exceptions import RequestValidationError
 
 from fleetbench.contract.answers import CapacityAnswer, PlacementAnswer, PlacementKind
 from fleetbench.contract.bounds import NAME_LENGTH
-from fleetbench.registry.capacity import plan_capacity
-from fleetbench.registry.deps import ReadAccess, SessionDep, SettingsDep, models_or_404
+from fleetbench.registry.capacity.answer import plan_capacity
+from fleetbench.registry.deps import (
+    ProcessDep,
+    ReadAccess,
+    SessionDep,
+    SettingsDep,
+    models_or_404,
+)
 from fleetbench.registry.params import MAX_AGE_DAYS, MAX_FIGURE, MAX_TOKENS, ModelQuery
 from fleetbench.registry.placement import PlacementQuestion, place
 from fleetbench.registry.responses import NOT_FOUND
@@ -95,6 +101,7 @@ def read_placement(
 def read_capacity(
     session: SessionDep,
     settings: SettingsDep,
+    process: ProcessDep,
     model: ModelQuery,
     users: Annotated[int, Query(ge=1, le=10_000_000, description="concurrent users to serve")],
     min_tps_per_user: MinTpsPerUser,
@@ -130,5 +137,6 @@ def read_capacity(
         users=users,
         reserve=set(reserve),
         stale_after_hours=settings.stale_after_hours,
+        classes=process.hardware_classes,
     )
     return Response(answer.model_dump_json(), media_type="application/json")

@@ -1,4 +1,4 @@
-"""Watched rollouts (registry.rollouts): admins name a comparison to watch, readers read its
+"""Watched rollouts (registry.compare.rollouts): admins name a comparison to watch, readers read its
 verdict, and the webhook says when it changes."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Response, status
 
 from fleetbench.contract.bounds import INT32_MAX
-from fleetbench.registry import rollouts
+from fleetbench.registry.compare import rollouts
+from fleetbench.registry.compare.rollouts import RolloutPublic, RolloutRequest, RolloutsPublic
 from fleetbench.registry.deps import AdminAuth, ReadAccess, SessionDep, SettingsDep, models_or_404
 from fleetbench.registry.responses import BAD_BODY, NOT_FOUND
-from fleetbench.registry.rollouts import RolloutPublic, RolloutRequest, RolloutsPublic
 
 router = APIRouter(prefix="/rollouts", tags=["rollouts"])
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Request, status
 
 from fleetbench.registry import tokens
 from fleetbench.registry.db import write_transaction
-from fleetbench.registry.deps import AdminAuth, KnownTokens, SessionDep
+from fleetbench.registry.deps import AdminAuth, SessionDep
 from fleetbench.registry.models import Token
 from fleetbench.registry.params import INT32_MAX
 from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
@@ -21,6 +21,7 @@ from fleetbench.registry.schemas import (
     TokensPublic,
     token_public,
 )
+from fleetbench.registry.state import ProcessState
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
 
@@ -33,8 +34,8 @@ def _created(token: Token, secret: str) -> TokenCreated:
 
 
 def _forget(request: Request, token_id: int) -> None:
-    known: KnownTokens = request.app.state.known_tokens
-    known.forget(token_id)  # other processes let it go within their cache's ttl
+    process: ProcessState = request.app.state.process
+    process.known_tokens.forget(token_id)  # other processes let it go within their cache's ttl
 
 
 @router.get("", response_model=TokensPublic)

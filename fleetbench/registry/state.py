@@ -1,0 +1,103 @@
+"""What a registry process keeps between requests, in one object made at startup
+(main.create_app; a command that asks a question makes its own): each cache bounded, and
+none of it module-global, so two apps in one process (as tests run them) share nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Generic, TypeVar
+
+from fleetbench.contract.answers import CompareAnswer
+from fleetbench.registry.ingest.rows import KnownRows
+from fleetbench.registry.tokens import Principal
+
+__all__ = ["Bounded", "KnownTokens", "ProcessState"]
+
+Key = TypeVar("Key", bound=Hashable)
+Value = TypeVar("Value")
+
+
+class Bounded(Generic[Key, Value]):
+    """At most `size` entries, the least recently used dropped first; safe across threads."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._held: OrderedDict[Key, Value] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Key) -> Value | None:
+        with self._lock:
+            found = self._held.get(key)
+            if found is not None:
+                self._held.move_to_end(key)
+            return found
+
+    def put(self, key: Key, value: Value) -> None:
+        with self._lock:
+            self._held[key] = value
+            self._held.move_to_end(key)
+            while len(self._held) > self.size:
+                self._held.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+class KnownTokens:
+    """Tokens found valid in the last `ttl` seconds (at most `size` of them), by digest.
+    Nearly every request of a fleet's agents carries a token; looking each up costs a
+    connection checkout and two round trips, a third of a report's database work. So a
+    token revoked in another process stops working here within `ttl`; in this one, at once
+    (`forget`)."""
+
+    def __init__(self, *, ttl: float = 30.0, size: int = 10_000) -> None:
+        self.ttl = ttl
+        self.size = size
+        self._found: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, digest: str) -> Principal | None:
+        with self._lock:
+            found = self._found.get(digest)
+            if found is None or time.monotonic() - found[0] > self.ttl:
+                return None
+        return found[1] if found[1].valid_at(datetime.now(UTC)) else None
+
+    def put(self, digest: str, principal: Principal) -> None:
+        with self._lock:
+            self._found[digest] = (time.monotonic(), principal)
+            self._found.move_to_end(digest)
+            while len(self._found) > self.size:
+                self._found.popitem(last=False)
+
+    def forget(self, token_id: int) -> None:
+        with self._lock:
+            for digest in [d for d, (_, p) in self._found.items() if p.token_id == token_id]:
+                del self._found[digest]
+
+
+# a run's hardware class, by run id: a run's hardware never changes
+MOST_CLASSES_HELD = 100_000
+# build comparisons, by question and the signature of the sums they read (registry.compare)
+MOST_ANSWERS_HELD = 256
+
+
+@dataclass
+class ProcessState:
+    """The process's caches: rows that never change once written (ingest's builds, models
+    and facts; each run's hardware class), tokens found valid, and answers that stand as
+    long as what they read is unchanged."""
+
+    known_rows: KnownRows = field(default_factory=KnownRows)
+    known_tokens: KnownTokens = field(default_factory=KnownTokens)
+    hardware_classes: Bounded[object, str] = field(
+        default_factory=lambda: Bounded(MOST_CLASSES_HELD)
+    )
+    compare_answers: Bounded[Hashable, CompareAnswer] = field(
+        default_factory=lambda: Bounded(MOST_ANSWERS_HELD)
+    )
