@@ -56,7 +56,7 @@ from fleetbench.registry.db import (
     write_transaction,
 )
 from fleetbench.registry.ingest import ingest_batch
-from fleetbench.registry.regressions import judge_due
+from fleetbench.registry.regressions.judge import judge_due
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/fleetbench_bench_compare"
 MODEL = "Llama-3.1-8B-Instruct-Q4_K_M"

@@ -43,7 +43,7 @@ from fleetbench.registry.db import (
 )
 from fleetbench.registry.ingest import Stored, ingest_batch
 from fleetbench.registry.main import create_app
-from fleetbench.registry.regressions import judge_due
+from fleetbench.registry.regressions.judge import judge_due
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -36,7 +36,7 @@ from fleetbench.cli_usage import bad_parameter, options_of
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.plans import PlanBody
 from fleetbench.registry import crud, plans, retention, tokens
-from fleetbench.registry.compare import CompareAnswer, compare_builds
+from fleetbench.registry.compare.answer import CompareAnswer, compare_builds
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import (
     SchemaOutOfDate,
@@ -47,7 +47,7 @@ from fleetbench.registry.db import (
     upgrade_schema,
     write_transaction,
 )
-from fleetbench.registry.projections import PROJECTIONS, latest, projection_named
+from fleetbench.registry.projections import REBUILT, latest, rebuilt_named
 from fleetbench.registry.projections.rebuild import Rebuilt
 from fleetbench.registry.projections.rebuild import rebuild as rebuild_projections
 from fleetbench.registry.schemas import TokenPublic, TokenRequest, token_public
@@ -346,23 +346,21 @@ def rebuild(
     projection: Annotated[
         list[str] | None,
         typer.Option(
-            help="only this projection (again for each one): "
-            + ", ".join(p.name for p in PROJECTIONS)
+            help="only this projection (again for each one): " + ", ".join(p.name for p in REBUILT)
         ),
     ] = None,
 ) -> None:
-    """Make the tables derived from the runs (the projections: latest curves, activity,
-    comparison sums, the regression queue) again from the runs alone. Safe while the
-    registry serves (a few nodes per transaction); after the queue is rebuilt, the
-    regression judges judge every series again."""
+    """Make the tables derived from the runs (the projections: each node's activity, latest
+    curves and serving runs, the comparison's sums) again from the runs alone. Safe while
+    the registry serves (a few nodes per transaction)."""
     try:
-        chosen = [projection_named(name) for name in projection] if projection else PROJECTIONS
+        chosen = [rebuilt_named(name) for name in projection] if projection else REBUILT
     except KeyError as exc:
         raise typer.BadParameter(exc.args[0], param_hint="--projection") from None
     sessions = session_factory(_open(RegistrySettings()))
 
     def show(rebuilt: Rebuilt) -> None:
-        err.print(f"  {rebuilt.nodes} of {rebuilt.of} nodes rebuilt")
+        err.print(f"  {rebuilt.nodes} of {rebuilt.total} nodes rebuilt")
 
     rebuilt = rebuild_projections(sessions, chosen, progress=show)
     names = ", ".join(p.name for p in chosen)

@@ -25,7 +25,7 @@ from fleetbench.registry.errors import install_error_answers
 from fleetbench.registry.ingest import Ingest, IngestLimits
 from fleetbench.registry.metrics import HttpMetricsMiddleware, install_metrics
 from fleetbench.registry.notify import WebhookNotifier
-from fleetbench.registry.regressions import RegressionJudge
+from fleetbench.registry.regressions.judge import RegressionJudge
 from fleetbench.registry.responses import API_RESPONSES
 from fleetbench.registry.routes import (
     compare,

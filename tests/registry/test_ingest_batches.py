@@ -27,7 +27,7 @@ from fleetbench.registry.ingest import (
     ingest_batch,
 )
 from fleetbench.registry.models import LatestPoint, LatestRun, NodeActivity, Regression
-from fleetbench.registry.regressions import judge_due
+from fleetbench.registry.regressions.judge import judge_due
 from tests.factories import make_report, scaled, store_report
 
 DAY0 = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)

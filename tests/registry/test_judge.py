@@ -17,9 +17,13 @@ from fleetbench.registry import crud, tokens
 from fleetbench.registry.db import session_factory, write_transaction
 from fleetbench.registry.ingest import ingest_batch
 from fleetbench.registry.models import DetectableChange, Regression, SeriesCheck
-from fleetbench.registry.regressions import RegressionJudge, judge_due
 from fleetbench.registry.regressions import judge as judge_module
-from fleetbench.registry.regressions.judge import LEASE, judge_next_batch
+from fleetbench.registry.regressions.judge import (
+    LEASE,
+    RegressionJudge,
+    judge_due,
+    judge_next_batch,
+)
 from fleetbench.registry.regressions.queue import claim_due, finish
 from tests.factories import DAY0, make_report, scaled
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import threading
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,15 +18,26 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, Table, delete, select
+from sqlalchemy import Engine, Table, delete, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from fleetbench.contract import wire
 from fleetbench.registry import crud, tokens
-from fleetbench.registry.db import session_factory, write_transaction
+from fleetbench.registry.db import create_db_engine, session_factory, write_transaction
 from fleetbench.registry.ingest import Stored, ingest_batch
-from fleetbench.registry.models import Base, BuildSumsStamp, LatestRun, NodeActivity, SeriesCheck
-from fleetbench.registry.projections import PROJECTIONS
+from fleetbench.registry.models import (
+    RUN_SERVED,
+    RUN_SUCCESSFUL,
+    Base,
+    BuildSumsStamp,
+    LatestRun,
+    NodeActivity,
+    Run,
+    SeriesCheck,
+)
+from fleetbench.registry.projections import PROJECTIONS, REBUILT
+from fleetbench.registry.projections.activity import hold_nodes
+from fleetbench.registry.projections.latest import LATEST
 from fleetbench.registry.projections.rebuild import rebuild
 from fleetbench.registry.retention import prune_runs
 from tests.factories import DAY0, command, make_report, make_serving_report
@@ -32,6 +45,7 @@ from tests.registry.test_compare import gpu
 
 NODES = ("n0", "n1", "n2")
 MODELS = ("model-a", "model-b")
+RUN_IDS = uuid.UUID("6b0d7f32-0000-4000-8000-000000000000")  # names the runs of a sequence
 
 
 @dataclass(frozen=True)
@@ -45,20 +59,25 @@ class Report:
     hour: int
     hardware: int  # 0: none; 1, 2: two drivers of one GPU
     speed: float
+    # offline: 0 plain points, 1 measured 3 times with a spread, 2 one point without S_TG,
+    # 3 partial (a point failed); serving: 2 and 3 longer prompts
+    shape: int
 
-    def made(self) -> wire.RunReport:
+    def made(self, run_id: uuid.UUID) -> wire.RunReport:
         node = NODES[self.node]
-        started = DAY0 + timedelta(hours=self.hour)
-        hardware = (
-            gpu("NVIDIA H100 80GB HBM3", node, f"55{self.hardware}") if self.hardware else None
-        )
-        failed: dict[str, Any] = (
-            {"status": "failed", "error": "out of memory"} if self.failed else {}
-        )
+        fields: dict[str, Any] = {
+            "run_id": run_id,
+            "node": node,
+            "model": MODELS[self.model],
+            "started_at": DAY0 + timedelta(hours=self.hour),
+            "hardware": gpu("NVIDIA H100 80GB HBM3", node, f"55{self.hardware}")
+            if self.hardware
+            else None,
+        }
+        if self.failed:
+            fields |= {"status": "failed", "error": "out of memory"}
         if self.serving:
             return make_serving_report(
-                node=node,
-                model=MODELS[self.model],
                 points=[]
                 if self.failed
                 else [
@@ -66,24 +85,34 @@ class Report:
                     (4, 80 * self.speed, 18 * self.speed, 140.0),
                 ],
                 build_number=7100 + self.build,
-                started_at=started,
                 slots=4 + self.settings,
-                hardware=hardware,
-                **failed,
+                prompt_tokens=512 if self.shape < 2 else 1024,
+                **fields,
             )
+        if self.shape == 3 and not self.failed:
+            fields |= {
+                "status": "partial",
+                "failures": [wire.FailedPoint(pp=512, tg=128, b=8, reason="out of memory")],
+            }
         return make_report(
-            node=node,
-            model=MODELS[self.model],
-            table=[(1, 300.0, 28.3 * self.speed), (2, 320.0, 50.0 * self.speed), (4, 330.0, 60.0)],
             build_number=11429 + self.build,
-            started_at=started,
             settings=wire.RunSettings(
                 n_ctx=2048 * (1 + self.settings), kv_unified=self.settings == 1
             ),
-            hardware=hardware,
-            **failed,
-            **({"points": []} if self.failed else {}),
+            points=[] if self.failed else self._points(),
+            **fields,
         )
+
+    def _points(self) -> list[wire.Point]:
+        points = []
+        for b, s_pp, s_tg in ((1, 300.0, 28.3), (2, 320.0, 50.0), (4, 330.0, 60.0)):
+            figures: dict[str, Any] = {"s_pp": s_pp, "s_tg": s_tg * self.speed}
+            if self.shape == 1:
+                figures |= {"repeats": 3, "s_pp_stdev": 3.0, "s_tg_stdev": 0.02 * s_tg}
+            if self.shape == 2 and b == 4:
+                figures["s_tg"] = None
+            points.append(wire.Point(pp=512, tg=128, b=b, **figures))
+        return points
 
 
 @dataclass(frozen=True)
@@ -108,6 +137,7 @@ reports = st.builds(
     hour=st.integers(0, 12),
     hardware=st.integers(0, 2),
     speed=st.sampled_from([0.5, 1.0, 1.0, 1.25]),
+    shape=st.integers(0, 3),
 )
 steps = st.lists(
     st.one_of(
@@ -124,16 +154,16 @@ steps = st.lists(
 
 
 def _key_only(table: Table) -> bool:
-    """Tables whose other columns count or time their writes (a stamp's version, a check's
-    queue times): their rows, not those columns, are the projection of the runs."""
-    return table.name in (BuildSumsStamp.__tablename__, SeriesCheck.__tablename__)
+    """A table whose other columns count its writes (a stamp's version and time): its rows,
+    not those columns, are the projection of the runs."""
+    return table.name == BuildSumsStamp.__tablename__
 
 
 def snapshot(session: Session) -> dict[str, list[tuple[Any, ...]]]:
-    """Every projection's rows, sorted; floats rounded to 9 significant digits (sums added
-    in another order differ in the last bits)."""
+    """The rows of every projection a rebuild makes, sorted; floats rounded to 9
+    significant digits (sums added in another order differ in the last bits)."""
     found: dict[str, list[tuple[Any, ...]]] = {}
-    for projection in PROJECTIONS:
+    for projection in REBUILT:
         for table in projection.tables:
             columns = table.primary_key.columns if _key_only(table) else table.columns
             rows = session.execute(select(*columns)).all()
@@ -170,11 +200,14 @@ def node_ids(sessions: sessionmaker[Session]) -> list[int]:
 def play(sessions: sessionmaker[Session], sequence: Sequence[Batch | Prune]) -> None:
     ids = node_ids(sessions)
     sent: list[wire.RunReport] = []
-    for step in sequence:
+    for position, step in enumerate(sequence):
         if isinstance(step, Prune):
             prune_runs(sessions, cutoff=DAY0 + timedelta(hours=step.hour), batch=2)
             continue
-        made = [report.made() for report in step.reports]
+        made = [
+            report.made(uuid.UUID(int=RUN_IDS.int + 16 * position + i))
+            for i, report in enumerate(step.reports)
+        ]
         again = [sent[i % len(sent)] for i in step.copies if sent]
         batch = [*made, *again, *made[:1]]  # a copy within the batch too
         with sessions() as session, write_transaction(session):
@@ -190,6 +223,13 @@ def registry_cli(database_url: str, *args: str) -> subprocess.CompletedProcess[s
     return command(
         sys.executable, "-m", "fleetbench.registry.cli", *args, FLEETBENCH_DATABASE_URL=database_url
     )
+
+
+SERIES_WITH_RUNS = (
+    select(Run.node_id, Run.model_id, Run.kind)
+    .where(or_(RUN_SUCCESSFUL, RUN_SERVED))
+    .group_by(Run.node_id, Run.model_id, Run.kind)
+)
 
 
 @pytest.fixture
@@ -211,7 +251,11 @@ def test_every_projection_equals_its_rebuild_after_any_reports_and_prunes(
     play(sessions, sequence)
     with sessions() as session:
         kept = snapshot(session)
-    rebuild(sessions, PROJECTIONS, batch=2)
+        # the judge's queue (work, not state: no rebuild) names every series with a run
+        # that counts, no judge having run
+        queued = set(session.execute(select(*SeriesCheck.__table__.primary_key.columns)))
+        assert queued == set(session.execute(SERIES_WITH_RUNS))
+    rebuild(sessions, REBUILT, batch=2)
     with sessions() as session:
         assert snapshot(session) == kept
 
@@ -222,9 +266,9 @@ def test_the_rebuild_command_makes_what_was_lost_again(
     play(
         sessions,
         [
-            Batch((Report(0, 0, 0, False, False, 0, 1, 1, 1.0),), ()),
-            Batch((Report(0, 0, 1, False, False, 0, 2, 1, 0.5),), ()),
-            Batch((Report(1, 1, 0, True, False, 1, 3, 2, 1.0),), ()),
+            Batch((Report(0, 0, 0, False, False, 0, 1, 1, 1.0, 0),), ()),
+            Batch((Report(0, 0, 1, False, False, 0, 2, 1, 0.5, 1),), ()),
+            Batch((Report(1, 1, 0, True, False, 1, 3, 2, 1.0, 0),), ()),
         ],
     )
     with sessions() as session:
@@ -253,7 +297,7 @@ def test_the_rebuild_command_names_the_projections_it_knows(database_url: str) -
     done = registry_cli(database_url, "rebuild", "--projection", "nope")
     assert done.returncode == 2
     assert (
-        "no projection named 'nope': known are activity, latest, latest_serving, sums, queue"
+        "no projection named 'nope' to rebuild: there are activity, latest, latest_serving, sums"
         in (" ".join(done.stderr.split()))
     )
 
@@ -263,15 +307,41 @@ def test_a_projection_step_left_out_is_caught(
 ) -> None:
     """The comparison above tells: ingest without the latest curves' step differs from
     the rebuild."""
-    from fleetbench.registry import projections
-    from fleetbench.registry.projections.latest import LATEST
-
     without = tuple(p for p in PROJECTIONS if p is not LATEST)
-    monkeypatch.setattr(projections, "PROJECTIONS", without)
     monkeypatch.setattr("fleetbench.registry.ingest.batch.PROJECTIONS", without)
-    play(sessions, [Batch((Report(0, 0, 0, False, False, 0, 1, 1, 1.0),), ())])
+    play(sessions, [Batch((Report(0, 0, 0, False, False, 0, 1, 1, 1.0, 0),), ())])
     with sessions() as session:
         kept = snapshot(session)
-    rebuild(sessions, PROJECTIONS)
+    rebuild(sessions, REBUILT)
     with sessions() as session:
-        assert snapshot(session)["latest_runs"] != kept["latest_runs"]
+        assert snapshot(session)["latest_runs"] != kept["latest_runs"] == []
+
+
+def test_a_nodes_first_run_waits_for_a_rebuild_of_that_node(postgres_database_url: str) -> None:
+    """A node with no runs yet has no activity row to lock: the rebuild makes one to hold,
+    so the node's first batch waits for it, then counts itself (PostgreSQL; SQLite has one
+    writer)."""
+    engine = create_db_engine(postgres_database_url)
+    sessions = session_factory(engine)
+    [node_id, *_] = node_ids(sessions)
+    report = Report(0, 0, 0, False, False, 0, 1, 1, 1.0, 0).made(uuid.uuid4())
+
+    def ingest() -> None:
+        with sessions() as session, write_transaction(session):
+            ingest_batch(session, [(report, node_id)])
+            session.commit()
+
+    writer = threading.Thread(target=ingest)
+    with engine.connect() as connection, connection.begin(), hold_nodes(connection, [node_id]):
+        writer.start()
+        writer.join(timeout=1.0)
+        assert writer.is_alive()  # waiting for the rebuild's row
+        for projection in REBUILT:
+            assert projection.rebuild is not None
+            projection.rebuild(connection, [node_id])
+    writer.join(timeout=30)
+    assert not writer.is_alive()
+    with sessions() as session:
+        assert session.scalar(select(NodeActivity.run_count)) == 1
+        assert session.scalar(select(LatestRun.run_id)) == report.run_id
+    engine.dispose()

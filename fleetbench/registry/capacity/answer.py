@@ -6,6 +6,7 @@ serving the users found by the pure planner (registry.capacity.rules)."""
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -23,7 +24,8 @@ from fleetbench.contract.answers import (
 from fleetbench.registry.capacity.rules import NodeOffer, Plan, fewest_nodes, plans_per_class
 from fleetbench.registry.hardware import UNKNOWN_CLASS
 from fleetbench.registry.models import HardwareFingerprint, Model, Run
-from fleetbench.registry.placement import PlacementQuestion, place
+from fleetbench.registry.placement.answer import place
+from fleetbench.registry.placement.rules import PlacementQuestion
 from fleetbench.registry.state import Bounded
 
 __all__ = ["plan_capacity"]
@@ -50,8 +52,8 @@ def _refusal(
 
 
 def _classes(
-    session: Session, run_ids: Collection[object], held: Bounded[object, str]
-) -> dict[object, str]:
+    session: Session, run_ids: Collection[uuid.UUID], held: Bounded[uuid.UUID, str]
+) -> dict[uuid.UUID, str]:
     """The hardware class of each run's fingerprint; those `held` (the process's: a run's
     hardware never changes) not read again, so that a question over 1,000 nodes reads only
     the runs it has not seen."""
@@ -77,7 +79,7 @@ def plan_capacity(
     users: int,
     reserve: Collection[str] = (),
     stale_after_hours: float,
-    classes: Bounded[object, str],
+    classes: Bounded[uuid.UUID, str],
 ) -> CapacityAnswer:
     """The fewest nodes serving `users` users, each as placement's `question` asks (every
     candidate considered, whatever its `limit`), leaving out the `reserve`d nodes."""

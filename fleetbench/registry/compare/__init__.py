@@ -6,7 +6,3 @@
 - `answer`: the comparison, kept per process while the sums it read are unchanged;
 - `rollouts`: the watched comparisons, whose changes of verdict the webhook announces.
 """
-
-from fleetbench.registry.compare.answer import CompareAnswer, CompareKind, compare_builds
-
-__all__ = ["CompareAnswer", "CompareKind", "compare_builds"]

@@ -79,8 +79,9 @@ def compare_builds(
     model_ids = sorted(m.id for m in models)
     key = (
         tuple(model_ids),
-        builds.before_ids,  # (what else a selection holds follows from its builds)
+        builds.before_ids,  # (its labels follow from its builds)
         builds.after_ids,
+        builds.both_labels,
         from_build,
         to_build,
         kind,

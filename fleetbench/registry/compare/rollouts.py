@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from fleetbench.contract.answers import CompareVerdict
 from fleetbench.contract.bounds import Name
 from fleetbench.registry import crud
-from fleetbench.registry.compare import CompareKind, compare_builds
+from fleetbench.registry.compare.answer import CompareKind, compare_builds
 from fleetbench.registry.compare.rows import select_builds
 from fleetbench.registry.compare.rules import CompareSettings
 from fleetbench.registry.db import write_transaction

@@ -9,8 +9,3 @@ each user's KV cache. In the order an answer is made:
 - `answer`: the steps that join them (fit caps per config, the choice read again under
   them, offline and serving candidates merged) into one PlacementAnswer.
 """
-
-from fleetbench.registry.placement.answer import place
-from fleetbench.registry.placement.rules import PlacementQuestion
-
-__all__ = ["PlacementQuestion", "place"]

@@ -2,9 +2,10 @@
 
 Ingest adds each batch of runs to each of them in the batch's transaction, in this order;
 the prune keeps the runs they point at and takes the runs it deletes out of each;
-`fleetbench-registry rebuild` makes them again from the runs (registry.projections.rebuild).
-A question that needs a table of its own derived from the runs adds one entry here, and a
-test holds each equal to its rebuild after any sequence of reports and prunes.
+`fleetbench-registry rebuild` makes those that hold state again from the runs
+(registry.projections.rebuild). A question that needs a table of its own derived from the
+runs adds one entry here, and a test holds each equal to its rebuild after any sequence of
+reports and prunes.
 
 - `activity`: each node's newest offline run and run count (node_activity). First: ingest
   locks a node's row here before it touches the node's other projections, and the prune
@@ -13,7 +14,8 @@ test holds each equal to its rebuild after any sequence of reports and prunes.
   latest_points) and latest serving run (latest_serving_runs): placement, /metrics.
 - `sums`: each node's runs of a model with one build summed per point (build_point_sums,
   build_sums_stamps): the build comparison.
-- `queue`: the regression judge's queue of series to judge (series_checks).
+- `queue`: the regression judge's queue of series to judge (series_checks): work to do,
+  not state, with no rebuild.
 """
 
 from fleetbench.registry.projections.activity import ACTIVITY
@@ -22,15 +24,17 @@ from fleetbench.registry.projections.build_sums import BUILD_SUMS
 from fleetbench.registry.projections.latest import LATEST, LATEST_SERVING
 from fleetbench.registry.projections.series_checks import SERIES_CHECKS
 
-__all__ = ["PROJECTIONS", "Projection", "StoredRun", "projection_named"]
+__all__ = ["PROJECTIONS", "REBUILT", "Projection", "StoredRun", "rebuilt_named"]
 
 PROJECTIONS: tuple[Projection, ...] = (ACTIVITY, LATEST, LATEST_SERVING, BUILD_SUMS, SERIES_CHECKS)
+# those a rebuild makes again
+REBUILT = tuple(p for p in PROJECTIONS if p.rebuild is not None)
 
 
-def projection_named(name: str) -> Projection:
-    """The projection of that name (KeyError naming the known ones)."""
-    for projection in PROJECTIONS:
+def rebuilt_named(name: str) -> Projection:
+    """The projection of that name that a rebuild makes (KeyError naming those there are)."""
+    for projection in REBUILT:
         if projection.name == name:
             return projection
-    known = ", ".join(p.name for p in PROJECTIONS)
-    raise KeyError(f"no projection named {name!r}: known are {known}")
+    known = ", ".join(p.name for p in REBUILT)
+    raise KeyError(f"no projection named {name!r} to rebuild: there are {known}")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import (
@@ -21,16 +22,28 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from fleetbench.registry.models import RUN_NEWEST_FIRST, NodeActivity, Run, newer_run, table_of
-from fleetbench.registry.projections.base import Projection, StoredRun, newest_by
+from fleetbench.registry.models import (
+    Node,
+    NodeActivity,
+    Run,
+    newer_run,
+    table_of,
+)
+from fleetbench.registry.projections.base import (
+    Projection,
+    StoredRun,
+    newest_by,
+    newest_of_each,
+)
 
-__all__ = ["ACTIVITY", "lock_nodes"]
+__all__ = ["ACTIVITY", "hold_nodes", "lock_nodes"]
 
 _ACTIVITY = table_of(NodeActivity)
 
@@ -76,6 +89,34 @@ def lock_nodes(connection: Connection, node_ids: Select[int]) -> None:
     ).all()
 
 
+@contextmanager
+def hold_nodes(connection: Connection, node_ids: Sequence[int]) -> Iterator[None]:
+    """Holds the nodes' rows until the transaction ends, those of nodes with no runs yet
+    too: a row (no runs, no last run) is made for each that has none, in node order, so
+    that a node's first batch of runs waits as its later ones do; those still without runs
+    are let go of when the block ends."""
+    if connection.dialect.name == "postgresql":
+        placeholder = postgresql.insert(_ACTIVITY).from_select(
+            ["node_id", "run_count"],
+            select(Node.id, literal(0)).where(Node.id.in_(node_ids)).order_by(Node.id),
+        )
+        connection.execute(placeholder.on_conflict_do_nothing())
+    lock_nodes(connection, select(Node.id).where(Node.id.in_(node_ids)))
+    yield
+    _forget_idle(connection, node_ids)
+
+
+def _forget_idle(connection: Connection, node_ids: Sequence[int]) -> None:
+    """No row for a node without runs, as a rebuild makes none."""
+    connection.execute(
+        delete(NodeActivity).where(
+            NodeActivity.node_id.in_(node_ids),
+            NodeActivity.run_count == 0,
+            NodeActivity.last_run_id.is_(None),
+        )
+    )
+
+
 def _add(connection: Connection, runs: Sequence[StoredRun]) -> int:
     """Each node's run count and newest run: one upsert, one row per node."""
     counts = Counter(run.node_id for run in runs)
@@ -105,7 +146,8 @@ def _keeps() -> ColumnElement[bool]:
 
 
 def _remove(connection: Connection, run_ids: Sequence[uuid.UUID]) -> None:
-    """The counts of the nodes whose runs go (their last runs are kept: _keeps)."""
+    """The counts of the nodes whose runs go (their last runs are kept: _keeps); a node
+    left with none has no row."""
     per_node = connection.execute(
         select(Run.node_id, func.count()).where(Run.id.in_(run_ids)).group_by(Run.node_id)
     ).all()
@@ -115,6 +157,7 @@ def _remove(connection: Connection, run_ids: Sequence[uuid.UUID]) -> None:
             .where(NodeActivity.node_id == node_id)
             .values(run_count=NodeActivity.run_count - deleted)
         )
+    _forget_idle(connection, [node_id for node_id, _ in per_node])
 
 
 def _rebuild(connection: Connection, node_ids: Sequence[int]) -> None:
@@ -122,23 +165,23 @@ def _rebuild(connection: Connection, node_ids: Sequence[int]) -> None:
     counts = connection.execute(
         select(Run.node_id, func.count()).where(Run.node_id.in_(node_ids)).group_by(Run.node_id)
     ).all()
-    rows = []
-    for node_id, run_count in sorted(counts):
-        last = connection.execute(
-            select(Run.id, Run.started_at, Run.received_at)
-            .where(Run.node_id == node_id, Run.kind == "offline")
-            .order_by(*RUN_NEWEST_FIRST)
-            .limit(1)
-        ).first()
-        rows.append(
-            {
-                "node_id": node_id,
-                "last_run_id": last.id if last else None,
-                "last_run_started_at": last.started_at if last else None,
-                "last_run_received_at": last.received_at if last else None,
-                "run_count": run_count,
-            }
+    newest = newest_of_each(connection, node_ids, Run.kind == "offline", per=(Run.node_id,))
+    last = {
+        row.node_id: row
+        for row in connection.execute(
+            select(Run.node_id, Run.id, Run.started_at, Run.received_at).where(Run.id.in_(newest))
         )
+    }
+    rows = [
+        {
+            "node_id": node_id,
+            "last_run_id": last[node_id].id if node_id in last else None,
+            "last_run_started_at": last[node_id].started_at if node_id in last else None,
+            "last_run_received_at": last[node_id].received_at if node_id in last else None,
+            "run_count": run_count,
+        }
+        for node_id, run_count in sorted(counts)
+    ]
     if rows:
         connection.execute(insert(NodeActivity), rows)
 

@@ -10,9 +10,9 @@ import uuid
 from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Table, func, select
+from sqlalchemy import ColumnElement, Connection, SQLColumnExpression, Table, func, select
 
 from fleetbench.contract import wire
 from fleetbench.contract.allocation import beside_kv_bytes
@@ -104,14 +104,15 @@ class Projection:
 
     name: str
     tables: tuple[Table, ...]
-    # the rows a batch of runs just stored brings (returns the rows it wrote or offered)
+    # what a batch of runs just stored brings (returns the rows it counts, for its cost)
     add: Callable[[Connection, Sequence[StoredRun]], int]
     # the runs its rows point at, which the prune keeps (None: it points at none)
     keeps: Callable[[], ColumnElement[bool]] | None
     # runs about to be deleted taken out (before their rows go)
     remove: Callable[[Connection, Sequence[uuid.UUID]], None]
-    # its rows of these nodes made again from their runs alone
-    rebuild: Callable[[Connection, Sequence[int]], None]
+    # its rows of these nodes made again from their runs alone (None: it holds work to
+    # do, not state, and a rebuild has nothing to make)
+    rebuild: Callable[[Connection, Sequence[int]], None] | None
 
 
 def no_removal(connection: Connection, run_ids: Sequence[uuid.UUID]) -> None:
@@ -151,10 +152,12 @@ def stored_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> list[
                 **{name: getattr(run, name) for name in wire.RunSettings.model_fields}
             ),
             points=points.get(run.id, []),
-            server=wire.ServerIdentity.model_validate(run.server) if run.server else None,
+            # as stored, not validated again: a later contract may be stricter than the one
+            # the run was stored under
+            server=wire.ServerIdentity.model_construct(**run.server) if run.server else None,
             engine_on_accelerator=run.engine_on_accelerator,
             beside_kv_bytes=beside_kv_bytes(
-                wire.AllocatedBuffer.model_validate(b) for b in run.buffers or []
+                wire.AllocatedBuffer.model_construct(**b) for b in run.buffers or []
             ),
             memory_bytes=run.memory_bytes,
         )
@@ -163,14 +166,13 @@ def stored_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> list[
 
 
 def newest_of_each(
-    connection: Connection, node_ids: Sequence[int], *where: ColumnElement[bool]
+    connection: Connection,
+    node_ids: Sequence[int],
+    *where: ColumnElement[bool],
+    per: Sequence[SQLColumnExpression[Any]] = (Run.node_id, Run.model_id),
 ) -> list[uuid.UUID]:
-    """The ids of each (node, model)'s newest run (RUN_NEWEST_FIRST's first) of those
-    `where` selects, for these nodes."""
-    rank = (
-        func.row_number()
-        .over(partition_by=(Run.node_id, Run.model_id), order_by=RUN_NEWEST_FIRST)
-        .label("rank")
-    )
+    """The ids of the newest run (RUN_NEWEST_FIRST's first) of each `per` (node and model)
+    among those `where` selects, for these nodes."""
+    rank = func.row_number().over(partition_by=per, order_by=RUN_NEWEST_FIRST).label("rank")
     ranked = select(Run.id, rank).where(Run.node_id.in_(node_ids), *where).subquery()
     return list(connection.scalars(select(ranked.c.id).where(ranked.c.rank == 1)))

@@ -200,6 +200,7 @@ class _Statements:
     forget: Any
     recount: tuple[Any, ...]  # per kind
     stamp_nodes: Any
+    forget_stamps: Any
     count_nodes: tuple[Any, ...]  # per kind
 
 
@@ -240,6 +241,9 @@ def _statements(dialect: str) -> _Statements:
             set_={c: table.c[c] + statement.excluded[c] for c in SUM_COLUMNS},
         )
 
+    counted_of_nodes = select(Run.model_id, Run.build_id, Run.node_id).where(
+        Run.node_id.in_(_NODE_IDS), _COUNTED
+    )
     staying = (
         tuple_(Run.model_id, Run.build_id, Run.node_id).in_(_TOUCHED),
         Run.id.not_in(_RUN_IDS),
@@ -251,10 +255,12 @@ def _statements(dialect: str) -> _Statements:
             tuple_(table.c.model_id, table.c.build_id, table.c.node_id).in_(_TOUCHED)
         ),
         recount=tuple(upsert(sums_of_runs(k, *staying)) for k in _KINDS),
-        stamp_nodes=stamped(
-            select(Run.model_id, Run.build_id, Run.node_id).where(
-                Run.node_id.in_(_NODE_IDS), _COUNTED
-            )
+        stamp_nodes=stamped(counted_of_nodes),
+        # stamps of (model, build, node)s with no run that counts (written before the
+        # prune stamped only those): their sums are gone, and so their signature moves
+        forget_stamps=delete(stamps).where(
+            stamps.c.node_id.in_(_NODE_IDS),
+            tuple_(stamps.c.model_id, stamps.c.build_id, stamps.c.node_id).not_in(counted_of_nodes),
         ),
         count_nodes=tuple(upsert(sums_of_runs(k, Run.node_id.in_(_NODE_IDS))) for k in _KINDS),
     )
@@ -294,12 +300,10 @@ def remove_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> None:
 
 
 def _add(connection: Connection, runs: Sequence[StoredRun]) -> int:
-    add_runs(
-        connection,
-        offline=[run.id for run in runs if run.in_series],
-        serving=[run.id for run in runs if run.served],
-    )
-    return len(runs)
+    offline = [run.id for run in runs if run.in_series]
+    serving = [run.id for run in runs if run.served]
+    add_runs(connection, offline=offline, serving=serving)
+    return len(offline) + len(serving)
 
 
 def _rebuild(connection: Connection, node_ids: Sequence[int]) -> None:
@@ -308,6 +312,7 @@ def _rebuild(connection: Connection, node_ids: Sequence[int]) -> None:
     sql = _statements(connection.dialect.name)
     nodes = {"node_ids": list(node_ids)}
     connection.execute(sql.stamp_nodes, {**nodes, "now": datetime.now(UTC)})
+    connection.execute(sql.forget_stamps, nodes)
     table = table_of(BuildPointSum)
     connection.execute(delete(table).where(table.c.node_id.in_(node_ids)))
     for statement in sql.count_nodes:

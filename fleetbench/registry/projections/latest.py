@@ -83,6 +83,19 @@ _DELETE_POINTS = delete(_POINTS).where(
 )
 
 
+def _head(run: StoredRun) -> dict[str, Any]:
+    """What a latest row (offline or serving) says of its run: its node, model, id, build,
+    and where it sorts (RUN_NEWEST_FIRST)."""
+    return {
+        "node_id": run.node_id,
+        "model_id": run.model_id,
+        "run_id": run.id,
+        "started_at": run.started_at,
+        "received_at": run.received_at,
+        "build_id": run.build_id,
+    }
+
+
 def _add_latest(connection: Connection, runs: Sequence[StoredRun]) -> int:
     """Makes each (node, model)'s newest of the runs that join its curves (one per node and
     model) its latest if it is newer (as RUN_NEWEST_FIRST orders runs: started, then
@@ -95,12 +108,7 @@ def _add_latest(connection: Connection, runs: Sequence[StoredRun]) -> int:
         return 0
     heads = [
         {
-            "node_id": c.node_id,
-            "model_id": c.model_id,
-            "run_id": c.id,
-            "started_at": c.started_at,
-            "received_at": c.received_at,
-            "build_id": c.build_id,
+            **_head(c),
             "facts_id": c.facts_id,
             "memory_bytes": c.memory_bytes,
             "cache_type_k": c.settings.cache_type_k,
@@ -132,25 +140,17 @@ def _add_latest(connection: Connection, runs: Sequence[StoredRun]) -> int:
 def _add_latest_serving(connection: Connection, runs: Sequence[StoredRun]) -> int:
     """Makes each (node, model)'s newest successful serving run its latest if it is newer
     than the one recorded: one upsert for all; returns the rows it offered."""
-    newest = newest_by(
-        [r for r in runs if r.served and r.server is not None],
-        lambda run: (run.node_id, run.model_id),
-    )
+    newest = newest_by([r for r in runs if r.served], lambda run: (run.node_id, run.model_id))
     rows = [
         {
-            "node_id": c.node_id,
-            "model_id": c.model_id,
-            "run_id": c.id,
-            "started_at": c.started_at,
-            "received_at": c.received_at,
-            "build_id": c.build_id,
+            **_head(c),
             "prompt_tokens": c.server.prompt_tokens,
             "gen_tokens": c.server.gen_tokens,
             "slots": c.server.slots,
             "ctx_per_slot": c.server.ctx_per_slot,
         }
         for _, c in sorted(newest.items())
-        if c.server is not None
+        if c.server is not None  # (a serving run always names its server: wire.RunReport)
     ]
     insert_rows(connection, table_of(LatestServingRun), rows, _only_if_newer)
     return len(rows)
@@ -165,7 +165,7 @@ def _rebuild_latest(connection: Connection, node_ids: Sequence[int]) -> None:
 
 def _rebuild_latest_serving(connection: Connection, node_ids: Sequence[int]) -> None:
     connection.execute(delete(LatestServingRun).where(LatestServingRun.node_id.in_(node_ids)))
-    newest = newest_of_each(connection, node_ids, RUN_SERVED, Run.server.is_not(None))
+    newest = newest_of_each(connection, node_ids, RUN_SERVED)
     _add_latest_serving(connection, stored_runs(connection, newest))
 
 

@@ -1,16 +1,20 @@
 """The regression judge's queue (table series_checks, registry.regressions.queue): each
-(node, model, kind) series with runs not judged yet. What the judge writes from it (each
-latest point's detectable change, the regressions) is made from the series alone, so a
-rebuild queues every series from its first run and the judges make those again."""
+(node, model, kind) series with runs not judged yet, queued in the runs' transaction.
+
+It holds work to do, not state: once the judges catch up it is empty, whatever the runs.
+So it has no rebuild (queueing every series again would judge each fleet-wide from its
+first run, and let go of unacknowledged regressions a shorter history no longer shows).
+A pruned run leaves it as it is: a check names a series, not its runs, and the judge reads
+the runs there are when it comes to it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, and_, delete, func, or_, select
+from sqlalchemy import Connection
 
-from fleetbench.registry.models import RUN_SERVED, RUN_SUCCESSFUL, Run, SeriesCheck, table_of
+from fleetbench.registry.models import SeriesCheck, table_of
 from fleetbench.registry.projections.base import Projection, StoredRun, no_removal
 from fleetbench.registry.regressions.queue import Check, CheckKind, queue_checks
 
@@ -24,7 +28,7 @@ def _add(connection: Connection, runs: Sequence[StoredRun]) -> int:
         kind: CheckKind
         if run.in_series:
             kind = "offline"
-        elif run.served and run.server is not None:
+        elif run.served:
             kind = "serving"
         else:
             continue
@@ -35,33 +39,11 @@ def _add(connection: Connection, runs: Sequence[StoredRun]) -> int:
     return len(checks)
 
 
-def _rebuild(connection: Connection, node_ids: Sequence[int]) -> None:
-    connection.execute(delete(SeriesCheck).where(SeriesCheck.node_id.in_(node_ids)))
-    series = connection.execute(
-        select(Run.node_id, Run.model_id, Run.kind, func.min(Run.started_at))
-        .where(
-            Run.node_id.in_(node_ids),
-            or_(RUN_SUCCESSFUL, and_(RUN_SERVED, Run.server.is_not(None))),
-        )
-        .group_by(Run.node_id, Run.model_id, Run.kind)
-    ).all()
-    queue_checks(
-        connection,
-        [
-            Check(node_id, model_id, "serving" if kind == "serving" else "offline", since)
-            for node_id, model_id, kind, since in series
-        ],
-        now=datetime.now(UTC),
-    )
-
-
-# A pruned run leaves the queue as it is: a check names a series, not its runs, and the
-# judge reads the runs there are when it comes to it.
 SERIES_CHECKS = Projection(
     name="queue",
     tables=(table_of(SeriesCheck),),
     add=_add,
     keeps=None,
     remove=no_removal,
-    rebuild=_rebuild,
+    rebuild=None,
 )

@@ -13,7 +13,3 @@ The pipeline, in the order a run goes through it:
   knee's moves), comparing runs by what `labels` names;
 - `store`: stores what the detector finds, lists and acknowledges regressions.
 """
-
-from fleetbench.registry.regressions.judge import Judged, RegressionJudge, judge_due
-
-__all__ = ["Judged", "RegressionJudge", "judge_due"]

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from fleetbench.contract.bounds import NAME_LENGTH, WITHOUT_NUL
-from fleetbench.registry.compare import CompareAnswer, CompareKind, compare_builds
+from fleetbench.registry.compare.answer import CompareAnswer, CompareKind, compare_builds
 from fleetbench.registry.deps import (
     ProcessDep,
     ReadAccess,

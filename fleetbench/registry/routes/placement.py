@@ -16,7 +16,8 @@ from fleetbench.registry.deps import (
     models_or_404,
 )
 from fleetbench.registry.params import MAX_AGE_DAYS, MAX_FIGURE, MAX_TOKENS, ModelQuery
-from fleetbench.registry.placement import PlacementQuestion, place
+from fleetbench.registry.placement.answer import place
+from fleetbench.registry.placement.rules import PlacementQuestion
 from fleetbench.registry.responses import NOT_FOUND
 
 router = APIRouter(tags=["questions"], dependencies=[ReadAccess])
