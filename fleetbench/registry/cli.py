@@ -21,17 +21,8 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from fleetbench import cli_compare
 from fleetbench.cli_answers import NO_ANSWER_EXIT, USAGE_EXIT, JsonOption, ModelOption, console
-from fleetbench.cli_compare import (
-    CompareKindOption,
-    FromBuildOption,
-    MarkdownOption,
-    ToBuildOption,
-    check_one_format,
-    compare_help,
-    print_compare,
-    verdict_exit,
-)
 from fleetbench.cli_usage import bad_parameter, options_of
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.plans import PlanBody
@@ -470,12 +461,12 @@ def plan_sweep_now(node: Annotated[str, typer.Argument(help="the node's name")])
     typer.echo(f"node {node!r} sweeps at its next poll")
 
 
-@app.command(epilog=compare_help("the database unreachable, or its schema behind"))
+@app.command(epilog=cli_compare.compare_help("the database unreachable, or its schema behind"))
 def compare(
     model: ModelOption,
-    from_build: FromBuildOption,
-    to_build: ToBuildOption,
-    kind: CompareKindOption = "offline",
+    from_build: cli_compare.FromBuildOption,
+    to_build: cli_compare.ToBuildOption,
+    kind: cli_compare.CompareKindOption = "offline",
     max_age_days: Annotated[
         float | None, typer.Option(min=0.001, max=36_500, help="only runs this recent")
     ] = None,
@@ -483,13 +474,13 @@ def compare(
         int, typer.Option(min=1, max=100_000, help="list at most this many nodes, worst first")
     ] = 100,
     as_json: JsonOption = False,
-    as_markdown: MarkdownOption = False,
+    as_markdown: cli_compare.MarkdownOption = False,
 ) -> None:
     """Is TO_BUILD safe to roll out? Every node that ran both builds, compared point by
     point, and a verdict per hardware class (go, hold, unknown), read from the database: the
     operators' command. A CI gate asks the registry instead, with a reader token:
     `fleetbench-agent compare --token T` (the same answer and exit statuses)."""
-    check_one_format(as_json=as_json, as_markdown=as_markdown)
+    cli_compare.check_one_format(as_json=as_json, as_markdown=as_markdown)
     settings = RegistrySettings()
     try:
         with session_factory(_open(settings))() as session:
@@ -514,8 +505,8 @@ def compare(
     if answer is None:
         _error(f"model {model!r} not found")
         raise typer.Exit(USAGE_EXIT)
-    print_compare(console(), answer, as_json=as_json, as_markdown=as_markdown)
-    raise typer.Exit(verdict_exit(answer.verdict))
+    cli_compare.print_compare(console(), answer, as_json=as_json, as_markdown=as_markdown)
+    raise typer.Exit(cli_compare.verdict_exit(answer.verdict))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from fleetbench.registry.models import FailedPoint, Run, RunPoint, ServingPointR
 from fleetbench.registry.projections.base import CurvePoint, StoredRun
 
 MOST_KNOWN_ROWS = 100_000
+_STORED_UNDER = ("id", "node_id", "model_id", "build_id", "facts_id", "received_at")
 
 
 @dataclass
@@ -93,15 +94,11 @@ class IncomingRun:
         report = self.report
         fingerprint = fingerprint_of(self, fingerprints)
         return StoredRun(
-            id=self.id,
-            node_id=self.node_id,
-            model_id=self.model_id,
-            build_id=self.build_id,
-            facts_id=self.facts_id,
+            # the ids it is stored under, and when it arrived
+            **{name: getattr(self, name) for name in _STORED_UNDER},
             kind=report.kind,
             failed=report.status == "failed",
             started_at=report.started_at,
-            received_at=self.received_at,
             settings=report.settings,
             points=[CurvePoint(p.pp, p.tg, p.b, p.s_pp, p.s_tg) for p in report.points],
             server=report.server,

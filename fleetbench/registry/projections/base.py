@@ -119,6 +119,20 @@ def no_removal(connection: Connection, run_ids: Sequence[uuid.UUID]) -> None:
     """For a projection whose rows no prunable run changes (it keeps the runs it names)."""
 
 
+# StoredRun's fields that table runs keeps under their names
+_AS_STORED = (
+    "id",
+    "node_id",
+    "model_id",
+    "build_id",
+    "facts_id",
+    "kind",
+    "started_at",
+    "received_at",
+    "engine_on_accelerator",
+)
+
+
 def stored_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> list[StoredRun]:
     """The runs as ingest gave them to the projections, read back from the runs table."""
     if not run_ids:
@@ -139,15 +153,8 @@ def stored_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> list[
     ).all()
     return [
         StoredRun(
-            id=run.id,
-            node_id=run.node_id,
-            model_id=run.model_id,
-            build_id=run.build_id,
-            facts_id=run.facts_id,
-            kind=run.kind,
+            **{name: getattr(run, name) for name in _AS_STORED},
             failed=run.status == "failed",
-            started_at=run.started_at,
-            received_at=run.received_at,
             settings=wire.RunSettings.model_construct(
                 **{name: getattr(run, name) for name in wire.RunSettings.model_fields}
             ),
@@ -155,7 +162,6 @@ def stored_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> list[
             # as stored, not validated again: a later contract may be stricter than the one
             # the run was stored under
             server=wire.ServerIdentity.model_construct(**run.server) if run.server else None,
-            engine_on_accelerator=run.engine_on_accelerator,
             beside_kv_bytes=beside_kv_bytes(
                 wire.AllocatedBuffer.model_construct(**b) for b in run.buffers or []
             ),
