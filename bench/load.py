@@ -15,6 +15,9 @@ What it does
        to a second of jitter), as the agent's spool does. `--readers` tasks each ask, in
        turn, placement (a random per-user speed), the node list and one node's curves,
        waiting `--read-interval` seconds between requests (a dashboard user or a scraper).
+       With `--slow-bodies N`, N connections meanwhile trickle request bodies (half with
+       no token, half each with a node token of its own), as an attacker would: the
+       writers' latency beside a run without them says what the attack costs the fleet.
        Everything runs on one asyncio loop with aiohttp; nothing is sent after the deadline.
     4. Waits until the registry has judged every series the reports queued (the regression
        check's work belongs to the reports), then samples CPU again, stops the registry and
@@ -34,6 +37,7 @@ when the database does not hold exactly the runs answered 2xx.
     .venv/bin/python bench/load.py --database sqlite
     .venv/bin/python bench/load.py --database postgresql --workers 2
     .venv/bin/python bench/load.py --database postgresql --workers 2 --write-rate 200
+    .venv/bin/python bench/load.py --database postgresql --workers 2 --slow-bodies 70
     .venv/bin/python bench/load.py --database postgresql --workers 2 --writers-per-node 10
     .venv/bin/python bench/load.py --database postgresql --workers 2 --writers-per-node 10 \\
         --history 100000
@@ -103,6 +107,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="reports/s offered in all, each writer at its own steady pace (default: as fast "
         "as the registry takes them)",
     )
+    parser.add_argument(
+        "--slow-bodies",
+        type=int,
+        default=0,
+        help="connections meanwhile sending a body one byte every 2 s, half without a token "
+        "(PUT /v1/plans/x), half each with a node token of its own (POST /v1/runs), "
+        "reconnecting once answered: what anyone reaching the port can do",
+    )
     parser.add_argument("--target-rate", type=float, help="reports/s to meet (default by db)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -122,6 +134,7 @@ class Tally:
     writes: Counter[str] = field(default_factory=Counter)
     reads: Counter[str] = field(default_factory=Counter)
     accepted: set[str] = field(default_factory=set)
+    slow: Counter[str] = field(default_factory=Counter)  # the slow bodies' answers
 
 
 @dataclass(frozen=True)
@@ -257,7 +270,43 @@ async def seed_runs(base_url: str, tokens: list[str], seed: int) -> None:
                 response.raise_for_status()
 
 
-async def load(base_url: str, tokens: list[str], args: argparse.Namespace) -> Tally:
+SLOW_BYTE_EVERY_S = 2.0
+
+
+async def slow_body(base_url: str, token: str | None, deadline: float, tally: Tally) -> None:
+    """Sends a request's head and then its body a byte every 2 s, until answered (then
+    again, on a new connection) or the deadline."""
+    address = base_url.removeprefix("http://")
+    host, port = address.rsplit(":", 1)
+    method, path = ("POST", "/v1/runs") if token else ("PUT", "/v1/plans/x")
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+        f"{auth}Content-Length: 100000\r\n\r\n"
+    ).encode()
+    while time.monotonic() < deadline:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(head)
+            answer = b""
+            while time.monotonic() < deadline and not answer:
+                try:
+                    answer = await asyncio.wait_for(reader.read(200), SLOW_BYTE_EVERY_S)
+                except TimeoutError:
+                    writer.write(b" ")
+                    await writer.drain()
+            if answer:
+                tally.slow[answer.split(b" ", 2)[1].decode()] += 1
+            await asyncio.sleep(0.1)
+        except OSError as exc:
+            tally.slow[type(exc).__name__] += 1
+        finally:
+            writer.close()
+
+
+async def load(
+    base_url: str, tokens: list[str], slow_tokens: list[str], args: argparse.Namespace
+) -> Tally:
     tally = Tally()
     writers = [
         Writer(node, token, index, args.writers_per_node)
@@ -272,6 +321,10 @@ async def load(base_url: str, tokens: list[str], args: argparse.Namespace) -> Ta
         ] + [
             read(session, base_url, i, len(tokens), args.read_interval, deadline, tally, args.seed)
             for i in range(args.readers)
+        ]
+        tasks += [
+            slow_body(base_url, token, deadline, tally)
+            for token in [None] * (args.slow_bodies - len(slow_tokens)) + slow_tokens
         ]
         await asyncio.gather(*tasks)
     return tally
@@ -328,6 +381,11 @@ def print_load(args: argparse.Namespace, tally: Tally, elapsed: float) -> None:
         )
     print(f"  writes by answer: {dict(sorted(tally.writes.items()))}")
     print(f"  reads by answer:  {dict(sorted(tally.reads.items()))}")
+    if args.slow_bodies:
+        print(
+            f"  {args.slow_bodies} slow bodies meanwhile, answered: "
+            f"{dict(sorted(tally.slow.items()))}"
+        )
 
 
 def print_targets(args: argparse.Namespace, tally: Tally, cpu_ms: dict[str, float]) -> None:
@@ -380,7 +438,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     postgres = args.database == "postgresql"
     with tempfile.TemporaryDirectory(prefix="fleetbench-load-") as folder:
         nodes = args.writers // args.writers_per_node
-        url, tokens = prepare_database(args.database, args.database_url, Path(folder), nodes)
+        slow_nodes = args.slow_bodies // 2
+        url, tokens = prepare_database(
+            args.database, args.database_url, Path(folder), nodes + slow_nodes
+        )
+        tokens, slow_tokens = tokens[:nodes], tokens[nodes:]
         process, base_url = start_registry(url, workers=args.workers)
         try:
             asyncio.run(seed_runs(base_url, tokens, args.seed))
@@ -391,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             began_at = datetime.now(UTC)
             before = sample_costs(process.pid, base_url, postgres=postgres)
             began = time.monotonic()
-            tally = asyncio.run(load(base_url, tokens, args))
+            tally = asyncio.run(load(base_url, tokens, slow_tokens, args))
             elapsed = time.monotonic() - began
             judging = wait_judged(url)
             after = sample_costs(process.pid, base_url, postgres=postgres)

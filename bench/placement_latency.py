@@ -268,7 +268,7 @@ def model_rows(specs: Iterable[ModelSpec]) -> Iterator[tuple[Any, ...]]:
         quantization = spec.name.rsplit("-", 1)[1].removesuffix(".gguf")
         yield (
             spec.model_id,
-            f"sha256:{digest}",
+            f"sha256:{digest}:{name_key}",
             spec.name,
             name_key,
             digest,

@@ -204,6 +204,11 @@ class PlanVersion(PlanBody):
 class PlanVersions(_Strict):
     data: list[PlanVersion]
     count: int
+    paths_hidden: bool = Field(
+        default=False,
+        description="model paths, search directories, binaries and server URLs left out "
+        "(null or empty): a reader or admin token shows them",
+    )
 
 
 def plan_selects(plan: PlanBody, node: str, labels: dict[str, object]) -> bool:

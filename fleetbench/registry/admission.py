@@ -14,6 +14,13 @@ thread: the jam in which every thread holds a connection and waits for another c
 Pages, scripts and the API docs use no database and are not admitted; /healthz and /readyz
 are not either, so that a busy registry still says it is ready (it has connections set
 aside), nor /livez, which asks no database.
+
+A write takes its slot only once its token is known valid and its whole body is in hand:
+a request without a valid token is answered 401 before a byte of its body is read, and a
+body must arrive within `body_timeout_s` (408 after), with at most `uploads_per_token`
+bodies arriving at once per token (429 beyond). So connections that send a body slowly,
+with or without a token, hold a socket and at most the body's bound in memory, never a
+slot the fleet's reports need.
 """
 
 from __future__ import annotations
@@ -22,13 +29,17 @@ import asyncio
 import contextlib
 import json
 import random
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi.security.utils import get_authorization_scheme_param
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["Admission", "Lane", "LaneLimits"]
+from fleetbench.registry.tokens import Principal
+
+__all__ = ["Admission", "Lane", "LaneLimits", "UploadLimits", "busy"]
 
 _READ_METHODS = frozenset({"GET", "HEAD"})
 
@@ -91,9 +102,31 @@ class Lane:
         self.active -= 1
 
 
+def busy(lane: Lane, retry_after_s: int) -> tuple[str, int]:
+    """What a request the lane sheds is told, and the Retry-After it is given (with jitter,
+    so that shed clients do not come back in step)."""
+    retry_after = retry_after_s + random.randint(0, retry_after_s)
+    detail = (
+        f"the registry is busy ({lane.active} {lane.name}s in progress, {lane.waiting} "
+        f"waiting): retry after {retry_after} s"
+    )
+    return detail, retry_after
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    body_timeout_s: float
+    per_token: int
+
+
+Authenticate = Callable[[str | None, str], Awaitable[Principal]]
+
+
 class Admission:
     """Pure ASGI middleware: admits database requests through the read and write lanes and
-    answers 503 for those it sheds. `on_shed(lane)` is told of each (for /metrics)."""
+    answers 503 for those it sheds. `authenticate(token, client address)` finds who a
+    write speaks for (raising HTTPException to refuse); the route finds it in
+    `request.state.principal`. `on_shed(lane)` is told of each shed (for /metrics)."""
 
     def __init__(
         self,
@@ -102,13 +135,18 @@ class Admission:
         reads: Lane,
         writes: Lane,
         retry_after_s: int,
+        authenticate: Authenticate,
+        uploads: UploadLimits,
         on_shed: Callable[[str], None] | None = None,
     ) -> None:
         self.app = app
         self.reads = reads
         self.writes = writes
         self.retry_after_s = retry_after_s
+        self.authenticate = authenticate
+        self.uploads = uploads
         self.on_shed = on_shed
+        self._uploading: Counter[int] = Counter()  # bodies arriving, by token id
 
     def lane(self, scope: Scope) -> Lane | None:
         path: str = scope["path"]
@@ -121,33 +159,103 @@ class Admission:
         if lane is None:
             await self.app(scope, receive, send)
             return
+        if lane is self.writes:
+            try:
+                principal = await self.authenticate(_bearer(scope), _client(scope))
+                body = await self._body(principal, receive)
+            except HTTPException as exc:
+                await _answer(send, exc.status_code, exc.detail, exc.headers)
+                return
+            if body is None:  # the client went away
+                return
+            scope.setdefault("state", {})["principal"] = principal
+            receive = _replay(body, receive)
         if not await lane.enter():
             if self.on_shed is not None:
                 self.on_shed(lane.name)
-            await self._shed(lane, send)
+            detail, retry_after = busy(lane, self.retry_after_s)
+            await _answer(send, 503, detail, {"Retry-After": str(retry_after)})
             return
         try:
             await self.app(scope, receive, send)
         finally:
             lane.leave()
 
-    async def _shed(self, lane: Lane, send: Send) -> None:
-        retry_after = self.retry_after_s + random.randint(0, self.retry_after_s)
-        body = json.dumps(
-            {
-                "detail": f"the registry is busy ({lane.active} {lane.name}s in progress, "
-                f"{lane.waiting} waiting): retry after {retry_after} s"
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"retry-after", str(retry_after).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+    async def _body(self, principal: Principal, receive: Receive) -> bytes | None:
+        """The whole body, or None when the client disconnected; HTTPException 408 (too
+        slow), 413 (too large: the size bound reads with us) or 429 (too many at once)."""
+        token_id = principal.token_id
+        if self._uploading[token_id] >= self.uploads.per_token:
+            raise HTTPException(
+                429,
+                detail=f"this token has {self.uploads.per_token} request bodies arriving "
+                "already: send one after another",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+        self._uploading[token_id] += 1
+        chunks: list[bytes] = []
+        try:
+            async with asyncio.timeout(self.uploads.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunks.append(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
+            raise HTTPException(
+                408,
+                detail=f"the request body did not arrive within {self.uploads.body_timeout_s:g} s",
+                headers={"Connection": "close"},
+            ) from None
+        finally:
+            self._uploading[token_id] -= 1
+            if not self._uploading[token_id]:
+                del self._uploading[token_id]
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, token = get_authorization_scheme_param(value.decode("latin-1"))
+            return token if scheme.lower() == "bearer" and token else None
+    return None
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body read already, then the connection's own messages (a disconnect)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
+
+
+async def _answer(
+    send: Send, status: int, detail: str, headers: Mapping[str, str] | None = None
+) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *extra,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -13,10 +13,9 @@ __all__ = ["BodySizeLimit"]
 
 class BodySizeLimit:
     """Pure ASGI middleware. A declared Content-Length over `max_bytes` is answered 413 at
-    once, before anything is read. Otherwise the body is counted as the application reads
-    it, and reading past the limit raises a 413 inside the application: a route that checks
-    the token first (registry.deps.AuthenticateFirst) reads nothing of a request it refuses,
-    and a chunked upload is cut off where it crosses the limit."""
+    once, before anything is read. Otherwise the body is counted as it is read (by
+    registry.admission, once the token is found valid), and reading past the limit raises
+    a 413: a chunked upload is cut off where it crosses the limit."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
         self.app = app

@@ -150,7 +150,8 @@ def serve(
         str | None,
         typer.Option(
             help="proxies whose X-Forwarded-For and -Proto to trust, e.g. 127.0.0.1 (the "
-            "client address limits refused tokens)"
+            "client address limits refused tokens); default: FLEETBENCH_FORWARDED_ALLOW_IPS, "
+            "else none"
         ),
     ] = None,
 ) -> None:
@@ -158,6 +159,7 @@ def serve(
     certificate: a fleet reaches it through a TLS proxy, or with --ssl-certfile."""
     import uvicorn  # the server's stack (FastAPI with it) loads for `serve` alone
 
+    from fleetbench.registry.http_server import uvicorn_options
     from fleetbench.registry.main import served_app
     from fleetbench.registry.metrics import MULTIPROCESS_DIR
 
@@ -172,10 +174,10 @@ def serve(
         "access_log": access_log,
         "ssl_certfile": ssl_certfile,
         "ssl_keyfile": ssl_keyfile,
-        "forwarded_allow_ips": forwarded_allow_ips,
+        **uvicorn_options(settings, forwarded_allow_ips),
     }
     if workers == 1:
-        uvicorn.run(served_app(settings), **served)  # type: ignore[arg-type]
+        uvicorn.run(served_app(settings), **served)
         return
     if make_url(settings.sqlalchemy_url).get_backend_name() == "sqlite":
         err.print(
@@ -193,7 +195,7 @@ def serve(
             "fleetbench.registry.main:served_app",
             factory=True,
             workers=workers,
-            **served,  # type: ignore[arg-type]
+            **served,
         )
     finally:
         shutil.rmtree(counters, ignore_errors=True)
@@ -240,7 +242,7 @@ def token_create(
         session.commit()
         said = tokens.display_name(token.name, token.scope, token.id)
     typer.echo(secret)
-    err.print(f"{scope} token {said!r} created (id {token.id}); it is shown only once")
+    err.print(f"{scope} token {said!r} created; it is shown only once")
 
 
 @token_app.command("list")
@@ -265,7 +267,7 @@ TokenId = Annotated[int, typer.Argument(min=1, help="its id (token list)")]
 
 @token_app.command("revoke")
 def token_revoke(token_id: TokenId) -> None:
-    """Revoke a token: every registry process refuses it within 30 s."""
+    """Revoke a token: every registry process refuses it within a second."""
     with session_factory(_open(RegistrySettings()))() as session:
         token = tokens.revoke_token(session, token_id=token_id)
         session.commit()
@@ -286,9 +288,13 @@ def token_rotate(
     output; the old one keeps working for the grace period, so runs spooled meanwhile are
     delivered whichever token the agent holds."""
     with session_factory(_open(RegistrySettings()))() as session:
-        rotated = tokens.rotate_token(
-            session, token_id=token_id, grace=timedelta(hours=grace_hours)
-        )
+        try:
+            rotated = tokens.rotate_token(
+                session, token_id=token_id, grace=timedelta(hours=grace_hours)
+            )
+        except tokens.AlreadyRotated as exc:
+            _error(str(exc))
+            raise typer.Exit(1) from None
         session.commit()
         if rotated is None:
             _error(f"no active token {token_id}")

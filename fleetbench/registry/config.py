@@ -89,6 +89,18 @@ class RegistrySettings(BaseSettings):
         le=100,
         description="runs of each build a node needs before its comparison counts",
     )
+    forwarded_allow_ips: str | None = Field(
+        default=None,
+        description="`serve`: the proxies (addresses or networks, comma-separated; * for "
+        "any) whose X-Forwarded-For and -Proto are believed; none by default, so a client "
+        "address is its connection's",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="`serve`: the largest request line and headers read (431 above)",
+    )
     public_url: str = Field(
         default="http://127.0.0.1:8787",
         description="the registry's address as people reach it, for links in webhooks",
@@ -130,6 +142,27 @@ class RegistrySettings(BaseSettings):
     retry_after_s: int = Field(
         default=2, ge=1, le=3600, description="Retry-After of a 503 (the answer adds jitter)"
     )
+    max_token_lookups_in_flight: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="tokens one process looks up in its database at once (those it has not "
+        "found valid lately): a flood of unknown tokens waits in its own queue",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="the longest a request body may take to arrive (408 after); a write "
+        "takes its place among the writes only once its body is in hand",
+    )
+    max_uploads_per_token: int = Field(
+        default=4,
+        ge=1,
+        le=1000,
+        description="request bodies arriving at once with one token (429 beyond); an agent "
+        "sends one at a time",
+    )
     # Bounds per node: what one node's reports may cost the others.
     max_points_per_report: int = Field(
         default=1024, ge=1, le=100_000, description="measured plus failed points in one report"
@@ -140,6 +173,13 @@ class RegistrySettings(BaseSettings):
         le=1_000_000,
         description="points in a node's latest curves, over all its models (what placement,"
         " /metrics and the dashboard read per node)",
+    )
+    max_rows_per_node: int = Field(
+        default=500,
+        ge=1,
+        le=1_000_000,
+        description="engine builds, models and sets of model facts a node's reports may "
+        "make, each (a run that would make one more is refused)",
     )
     metrics_max_points: int = Field(
         default=50_000,
@@ -158,16 +198,16 @@ class RegistrySettings(BaseSettings):
 
     @property
     def pool_size(self) -> int:
-        """Connections per process: one per admitted read and per writer thread, and a few
-        for /healthz, the regression judge, the webhook thread and the rare writes that are
-        not reports."""
-        return self.max_reads_in_flight + self.writer_threads + 5
+        """Connections per process: one per admitted read, writer thread and token look-up,
+        and a few for /healthz, the regression judge, the webhook thread, the token epoch
+        and the rare writes that are not reports."""
+        return self.max_reads_in_flight + self.writer_threads + self.max_token_lookups_in_flight + 5
 
     @property
     def worker_threads(self) -> int:
-        """Threads for requests: one per admitted read, and some for what else runs in
-        threads (token checks, pages, /healthz, the rare writes that are not reports)."""
-        return self.max_reads_in_flight + 16
+        """Threads for requests: one per admitted read and token look-up, and some for what
+        else runs in threads (pages, /healthz, the rare writes that are not reports)."""
+        return self.max_reads_in_flight + self.max_token_lookups_in_flight + 16
 
     def compare_settings(self) -> CompareSettings:
         return CompareSettings(

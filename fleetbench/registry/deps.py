@@ -9,21 +9,16 @@ query.
 
 from __future__ import annotations
 
-import math
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, Response, status
+from fastapi import Depends, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from fastapi.security.utils import get_authorization_scheme_param
 from sqlalchemy.orm import Session
 
-from fleetbench.registry import crud, tokens
+from fleetbench.registry import crud
+from fleetbench.registry.authentication import Authenticator
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.models import Model, Node
 from fleetbench.registry.state import ProcessState
@@ -32,9 +27,7 @@ from fleetbench.registry.tokens import AuthenticatedNode, Principal
 __all__ = [
     "READ_SCHEME",
     "AdminAuth",
-    "AuthenticateFirst",
-    "AuthenticatedFirst",
-    "FailedLogins",
+    "NodeAuth",
     "ProcessDep",
     "ReadAccess",
     "SessionDep",
@@ -94,81 +87,16 @@ _read_bearer = HTTPBearer(
 _ReadCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_read_bearer)]
 
 
-class FailedLogins:
-    """Refused tokens by client address over the last `window` seconds. Past `limit`, that
-    address's refused tokens are answered 429 with Retry-After (until the oldest refusal
-    leaves the window) instead of 401; a valid token is never held up, so an agent sharing
-    a NAT or a proxy with a misconfigured one keeps reporting, and an admin can still
-    revoke a leaked token."""
-
-    def __init__(self, *, limit: int, window: float = 60.0, size: int = 10_000) -> None:
-        self.limit = limit
-        self.window = window
-        self.size = size
-        self._refused: OrderedDict[str, list[float]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def wait_s(self, address: str) -> float | None:
-        """Seconds until `address` may try again, or None if it may now."""
-        if not self.limit:
-            return None
-        now = time.monotonic()
-        with self._lock:
-            times = [t for t in self._refused.get(address, []) if now - t < self.window]
-            if times:
-                self._refused[address] = times
-            else:
-                self._refused.pop(address, None)
-            return self.window - (now - times[0]) if len(times) > self.limit else None
-
-    def refused(self, address: str) -> None:
-        if not self.limit:
-            return
-        with self._lock:
-            times = self._refused.setdefault(address, [])
-            times.append(time.monotonic())
-            del times[: -(self.limit + 1)]  # what the decision needs, whatever the rate
-            self._refused.move_to_end(address)
-            while len(self._refused) > self.size:
-                self._refused.popitem(last=False)
-
-
-def _refused(detail: str) -> HTTPException:
-    return HTTPException(
-        status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"}
-    )
-
-
 async def _principal(request: Request, token: str | None) -> Principal:
-    """The token's principal, or 401: from the tokens known lately (on the event loop),
-    else one short session on a thread (a database round trip)."""
-    if token is None:
-        raise _refused("a token is required: Authorization: Bearer <token>")
-    digest = tokens.token_digest(token)
-    known = _process_of(request).known_tokens
-    principal = known.get(digest)
-    if principal is None:
-        principal = await run_in_threadpool(_look_up, request, digest)
-        known.put(digest, principal)
-    return principal
-
-
-def _look_up(request: Request, digest: str) -> Principal:
-    try:
-        with request.app.state.sessions() as session:
-            principal = tokens.authenticate(session, digest)
-    except tokens.TokenRefused as exc:
-        failed: FailedLogins = request.app.state.failed_logins
-        address = request.client.host if request.client else "unknown"
-        failed.refused(address)
-        if (wait := failed.wait_s(address)) is not None:
-            raise HTTPException(
-                status.HTTP_429_TOO_MANY_REQUESTS,
-                detail="too many refused tokens from this address: try again later",
-                headers={"Retry-After": str(max(1, math.ceil(wait)))},
-            ) from None
-        raise _refused(str(exc)) from None
-    return principal
+    """The token's principal, or 401: as registry.admission found it for a write, else
+    from the process's authenticator."""
+    admitted: Principal | None = getattr(request.state, "principal", None)
+    if admitted is not None:
+        return admitted
+    authenticator: Authenticator = request.app.state.authenticator
+    return await authenticator.principal(
+        token, request.client.host if request.client else "unknown"
+    )
 
 
 def _bearer_token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
@@ -195,10 +123,8 @@ async def _admin(request: Request, credentials: _Credentials) -> Principal:
     return principal
 
 
-async def _authenticated_first(request: Request, _: _Credentials) -> AuthenticatedNode:
-    """The node AuthenticateFirst found (`_` keeps the bearer scheme in the OpenAPI)."""
-    node: AuthenticatedNode = request.state.node
-    return node
+async def _node(request: Request, credentials: _Credentials) -> AuthenticatedNode:
+    return _as_node(await _principal(request, _bearer_token(credentials)))
 
 
 def _may_read(principal: Principal) -> None:
@@ -214,27 +140,27 @@ async def _read_access(
     _may_read(await _principal(request, _bearer_token(credentials)))
 
 
-AuthenticatedFirst = Annotated[AuthenticatedNode, Depends(_authenticated_first)]
-"""The node a route of AuthenticateFirst found, at no further cost."""
+NodeAuth = Annotated[AuthenticatedNode, Depends(_node)]
+
+
+async def _paths_shown(request: Request, credentials: _ReadCredentials) -> bool:
+    """Whether the request holds a reader or admin token: what a node's insides (paths,
+    URLs) are shown to. A token that is not valid is as none, as on every open read
+    (while reads are closed, ReadAccess has refused it already)."""
+    if credentials is None:
+        return False
+    try:
+        principal = await _principal(request, credentials.credentials)
+    except HTTPException as refused:
+        if refused.status_code != status.HTTP_401_UNAUTHORIZED:
+            raise
+        return False
+    return principal.scope in ("reader", "admin")
+
+
+PathsShown = Annotated[bool, Depends(_paths_shown)]
 AdminAuth = Annotated[Principal, Depends(_admin)]
 ReadAccess = Depends(_read_access)
-
-
-class AuthenticateFirst(APIRoute):
-    """A route whose token is checked before its body is read: a request without a valid
-    token costs the registry a header and one index probe, never the upload of a report.
-    The route takes the node with AuthenticatedFirst."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def authenticated(request: Request) -> Response:
-            scheme, token = get_authorization_scheme_param(request.headers.get("authorization"))
-            bearer = token if scheme.lower() == "bearer" and token else None
-            request.state.node = _as_node(await _principal(request, bearer))
-            return await handler(request)
-
-        return authenticated
 
 
 def node_or_404(session: Session, name: str) -> Node:

@@ -15,12 +15,13 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from fleetbench.contract.wire import SCHEMA_VERSION
-from fleetbench.registry.admission import Admission, Lane, LaneLimits
+from fleetbench.registry.admission import Admission, Lane, LaneLimits, UploadLimits
+from fleetbench.registry.authentication import Authenticator, EpochWatch, FailedLogins
 from fleetbench.registry.body_limit import BodySizeLimit
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.costs import count_statements
 from fleetbench.registry.db import create_db_engine, session_factory
-from fleetbench.registry.deps import READ_SCHEME, FailedLogins, SessionDep
+from fleetbench.registry.deps import READ_SCHEME, SessionDep
 from fleetbench.registry.errors import install_error_answers
 from fleetbench.registry.ingest import Ingest, IngestLimits
 from fleetbench.registry.metrics import HttpMetricsMiddleware, install_metrics
@@ -87,25 +88,32 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
         if notifier is not None:
             notifier.start()
         judge.start()
+        epoch_watch.start()
         if tune_gc:
             _tune_gc_for_serving()
         yield
         if tune_gc:
             gc.unfreeze()
         ingest.close()
+        epoch_watch.stop()
         judge.stop()
         if notifier is not None:
             notifier.stop()
         engine.dispose()
 
     app = FastAPI(
-        title="fleetbench registry", version="0.1.0", description=DESCRIPTION, lifespan=lifespan
+        title="fleetbench registry",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        # the API's docs are the dashboard's page /docs, served from here under its CSP
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.sessions = sessions
     app.state.notifier = notifier
     app.state.process = process
-    app.state.failed_logins = FailedLogins(limit=settings.auth_failures_per_minute)
     reads = Lane(
         "read",
         LaneLimits(settings.max_reads_in_flight, settings.max_queued, settings.max_queue_wait_s),
@@ -115,6 +123,23 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
         LaneLimits(settings.max_writes_in_flight, settings.max_queued, settings.max_queue_wait_s),
     )
     metrics = install_metrics(app, max_points=settings.metrics_max_points)
+    authenticator = Authenticator(
+        sessions,
+        process.known_tokens,
+        FailedLogins(limit=settings.auth_failures_per_minute),
+        lane=Lane(
+            "token",
+            LaneLimits(
+                settings.max_token_lookups_in_flight,
+                settings.max_queued,
+                settings.max_queue_wait_s,
+            ),
+        ),
+        retry_after_s=settings.retry_after_s,
+        on_shed=metrics.shed,
+    )
+    app.state.authenticator = authenticator
+    epoch_watch = EpochWatch(sessions, process.known_tokens)
     judge = RegressionJudge(
         sessions,
         delay_s=settings.regression_check_delay_s,
@@ -126,6 +151,7 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
         IngestLimits(
             max_points_per_report=settings.max_points_per_report,
             max_series_per_node=settings.max_series_per_node,
+            max_rows_per_node=settings.max_rows_per_node,
         ),
         writers=settings.writer_threads,
         linger=settings.writer_linger_ms / 1000,
@@ -135,14 +161,18 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
     )
     app.state.ingest = ingest
     install_error_answers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_report_bytes)
     app.add_middleware(
         Admission,
         reads=reads,
         writes=writes,
         retry_after_s=settings.retry_after_s,
+        authenticate=authenticator.principal,
+        uploads=UploadLimits(settings.body_timeout_s, settings.max_uploads_per_token),
         on_shed=metrics.shed,
     )
+    # outside admission: a declared size over the bound is refused before a token is
+    # looked up, and admission's read of a body is counted against the bound
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_report_bytes)
     # outermost: what the middleware inside answers (413, 503) is counted too
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics, router=app.router)
 

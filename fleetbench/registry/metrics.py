@@ -241,11 +241,12 @@ class RegistryMetrics:
         self.shed_requests = Counter(
             "fleetbench_http_shed",
             "requests answered 503 at once because the registry was busy, by lane (read, "
-            "write): raise FLEETBENCH_MAX_*_IN_FLIGHT or add workers if this grows",
+            "write, token look-up): raise FLEETBENCH_MAX_*_IN_FLIGHT or add workers if this "
+            "grows",
             ("lane",),
             registry=self.registry,
         )
-        for lane in ("read", "write"):
+        for lane in ("read", "write", "token"):
             self.shed_requests.labels(lane)
         self._step_costs = {
             work: tuple(

@@ -58,6 +58,7 @@ __all__ = [
     "ServingPointRow",
     "SweepPlan",
     "Token",
+    "TokenEpoch",
     "WebhookOutbox",
     "newer_run",
     "table_of",
@@ -138,8 +139,21 @@ class Token(Base):
     expires_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
     last_used_at: Mapped[datetime | None]
+    # the token a rotation made in its place: a token is rotated once
+    replaced_by_id: Mapped[int | None] = mapped_column(ForeignKey("tokens.id"))
 
-    node: Mapped[Node | None] = relationship()
+    node: Mapped[Node | None] = relationship(foreign_keys=[node_id])
+
+
+class TokenEpoch(Base):
+    """One row, raised by every revoke and rotation in the same transaction: each registry
+    process reads it four times a second and forgets the tokens it found valid when it
+    moved (registry.authentication)."""
+
+    __tablename__ = "token_epoch"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger)
 
 
 class HardwareFingerprint(Base):
@@ -164,7 +178,16 @@ class HardwareFingerprint(Base):
     hardware_class: Mapped[str | None] = mapped_column(String(300))
 
 
-class EngineBuild(Base):
+class CreatedByNode:
+    """A row a node's report makes: the node is kept, and it makes at most so many of each
+    kind (FLEETBENCH_MAX_ROWS_PER_NODE, registry.ingest.rows)."""
+
+    created_by_node_id: Mapped[int | None] = mapped_column(
+        ForeignKey("nodes.id", ondelete="SET NULL"), index=True
+    )
+
+
+class EngineBuild(CreatedByNode, Base):
     """An engine build; `identity` is a digest of all its fields, so equal builds share a row
     even where fields are NULL (which a plain unique constraint would not deduplicate)."""
 
@@ -180,9 +203,11 @@ class EngineBuild(Base):
     binding_version: Mapped[str | None] = mapped_column(String(100))
 
 
-class Model(Base):
-    """A model as reports name it. `identity` is `sha256:<hex>` when the file's digest is
-    known, else `name:<name_key>`; `name_key` is the display name lowercased without `.gguf`."""
+class Model(CreatedByNode, Base):
+    """A model as reports name it. `identity` is `sha256:<hex>:<name_key>` when the file's
+    digest is known, else `name:<name_key>`; `name_key` is the display name lowercased
+    without `.gguf`. The name is part of a digest's identity: a node naming a file cannot
+    rename another node's runs of it (one file under two names is two models)."""
 
     __tablename__ = "models"
 
@@ -193,7 +218,7 @@ class Model(Base):
     sha256: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
-class ModelFacts(Base):
+class ModelFacts(CreatedByNode, Base):
     """A model's file and architecture facts as one or more nodes reported them; `identity`
     is a digest of all of them. Nodes that disagree (a file edited under one name, a node
     that read it wrongly) each keep their own: a run names the facts it came with, and

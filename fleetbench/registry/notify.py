@@ -5,7 +5,10 @@ Each event's table is its outbox: a due row whose `notified_at` is NULL has not 
 delivered (models.WebhookOutbox). A thread beside the server claims due rows one at a time
 (a lease in `notify_after`, longer than a delivery can take, so two registry processes do
 not send the same one at once), POSTs each to the webhook and marks it delivered on a 2xx;
-any other answer, or none, is retried later with exponential backoff and jitter. A registry
+any other answer, or none, is retried later with exponential backoff and jitter. What an
+endpoint can cost is bounded: a delivery has a deadline for all of it (connecting, sending,
+the answer's head), its answer's body is never read beyond a short quote for the log, and a
+redirect is a failed delivery, never followed (the webhook is the URL configured). A registry
 restart loses nothing: the rows wait in their tables. Only regressions whose first run is
 recent (`max_age`) are sent: turning the webhook on, or importing old sweeps, does not page
 anyone about last year. Each pass first checks the watched rollouts whose models have new
@@ -14,6 +17,7 @@ runs, so that a change of verdict is sent in the same pass.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
@@ -27,6 +31,7 @@ import httpx
 from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
+from fleetbench.printable import printable
 from fleetbench.registry.compare.rollouts import check_rollouts, rollout_link, rollout_public
 from fleetbench.registry.compare.rules import CompareSettings
 from fleetbench.registry.db import write_transaction
@@ -37,6 +42,10 @@ from fleetbench.registry.schemas import RegressionPublic, SeriesKey, regression_
 __all__ = ["WebhookNotifier", "series_link"]
 
 log = logging.getLogger("fleetbench.registry.notify")
+
+# Of an answer that is not a 2xx, the bytes quoted in the log and the row's notify_error:
+# the status is what counts, the body only helps a person see why.
+QUOTED_BYTES = 500
 
 
 def series_link(public_url: str, series: RegressionPublic) -> str:
@@ -78,7 +87,8 @@ class WebhookNotifier:
         max_age: timedelta = timedelta(days=7),
         compare_settings: CompareSettings | None = None,
     ) -> None:
-        """`compare_settings`: check the watched rollouts with these at each pass (None:
+        """`timeout`: seconds one delivery may take in all, its answer's head included.
+        `compare_settings`: check the watched rollouts with these at each pass (None:
         deliver only what is already waiting)."""
         self.sessions = sessions
         self.url = url
@@ -107,13 +117,13 @@ class WebhookNotifier:
             self._rollout_event,
             lambda watch: watch.changed_at,
         )
-        # httpx's timeout bounds each phase (connect, write, each read): a delivery can take
-        # a few of them, and the lease must outlast it.
-        self.lease = timedelta(seconds=6 * timeout)
+        # `timeout` is a delivery's deadline, all of it; the lease outlasts it and the
+        # database round trips around it.
+        self.lease = timedelta(seconds=3 * timeout + 30)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._client = httpx.Client(timeout=timeout, headers={"User-Agent": "fleetbench-registry"})
+        self._tls = httpx.create_ssl_context()  # made once: each delivery has its own client
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="webhook", daemon=True)
@@ -124,7 +134,6 @@ class WebhookNotifier:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=self.timeout + 5)
-        self._client.close()
 
     def wake(self) -> None:
         """New regressions may be waiting: deliver now rather than at the next poll."""
@@ -207,13 +216,7 @@ class WebhookNotifier:
             body = outbox.event(row)
             attempts = row.notify_attempts
             sent = outbox.change(row)
-        error: str | None = None
-        try:
-            response = self._client.post(self.url, json=body)
-            if not response.is_success:
-                error = f"HTTP {response.status_code}: {response.text[:500]}"
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
+        error = self.post(body)
         now = datetime.now(UTC)
         with self.sessions() as session, write_transaction(session):
             row = session.get(outbox.table, row_id)
@@ -232,3 +235,51 @@ class WebhookNotifier:
                 log.warning("webhook for %s %s failed: %s", body["event"], row_id, error)
             session.commit()
         return 1 if error is None else 0
+
+    def post(self, body: dict[str, Any]) -> str | None:
+        """POSTs `body` to the webhook within the deadline: None when answered 2xx, else
+        why not (on one line)."""
+        return asyncio.run(self._post(body))
+
+    async def _post(self, body: dict[str, Any]) -> str | None:
+        # httpx's own timeout bounds each read, not the delivery: an endpoint sending a
+        # byte a second would hold the only webhook thread, and every event after it,
+        # for ever. Cancelling at the deadline closes the connection.
+        try:
+            async with (
+                asyncio.timeout(self.timeout),
+                httpx.AsyncClient(
+                    timeout=self.timeout,
+                    verify=self._tls,
+                    follow_redirects=False,
+                    # the quote is read as sent: a compressed answer can inflate a
+                    # thousandfold
+                    headers={"User-Agent": "fleetbench-registry", "Accept-Encoding": "identity"},
+                ) as client,
+                client.stream("POST", self.url, json=body) as response,
+            ):
+                if response.is_success:
+                    return None  # its body unread: leaving hangs up rather than drain it
+                if response.is_redirect:
+                    location = response.headers.get("location", "")[:QUOTED_BYTES]
+                    return printable(
+                        f"HTTP {response.status_code}: a redirect to {location}, not followed"
+                    )
+                quoted = await _first_bytes(response, QUOTED_BYTES)
+                text = quoted.decode("utf-8", errors="replace")
+                return printable(f"HTTP {response.status_code}: {text}")
+        except TimeoutError:
+            return f"no complete answer within {self.timeout:g} s"
+        except httpx.HTTPError as exc:
+            return printable(f"{type(exc).__name__}: {exc}")
+
+
+async def _first_bytes(response: httpx.Response, limit: int) -> bytes:
+    """Up to `limit` bytes of the answer's body as sent (never decompressed), the rest
+    unread."""
+    read = bytearray()
+    async for chunk in response.aiter_raw():
+        read += chunk
+        if len(read) >= limit:
+            break
+    return bytes(read[:limit])

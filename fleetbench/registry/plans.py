@@ -30,6 +30,7 @@ from fleetbench.contract.plans import (
     NodeStatus,
     PlanBody,
     PlanVersion,
+    PlanVersions,
     plan_selects,
 )
 from fleetbench.registry.models import Node, NodePlanStatus, SweepPlan
@@ -40,6 +41,7 @@ __all__ = [
     "SavedPlan",
     "current_plans",
     "node_plans",
+    "paths_hidden",
     "plan_etag",
     "plan_history",
     "plan_version",
@@ -246,3 +248,15 @@ def record_status(session: Session, node_id: int, status: NodeStatus) -> None:
             )
             .values(sweep_requested_at=None)
         )
+
+
+def paths_hidden(versions: PlanVersions) -> dict[str, Any]:
+    """The plans as JSON without what they say of the nodes' insides (model paths, search
+    directories, binaries, server URLs): what anyone reading without a token is shown."""
+    shown = versions.model_dump(mode="json")
+    for plan in shown["data"]:
+        plan["model"] |= {"path": None, "search_dirs": []}
+        for name in ("binary", "url"):
+            if name in plan:
+                plan[name] = None
+    return shown | {"paths_hidden": True}

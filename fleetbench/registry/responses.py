@@ -26,8 +26,12 @@ _RETRY_AFTER = {
 
 API_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {
-        "description": "no token, or an unknown, revoked or expired one (for reads only while "
-        "they are closed: FLEETBENCH_READ_TOKEN_REQUIRED)",
+        "description": "no token, or an unknown, revoked or expired one, all answered alike "
+        "(for reads only while they are closed: FLEETBENCH_READ_TOKEN_REQUIRED)",
+        "content": _DETAIL,
+    },
+    408: {
+        "description": "a write's body did not arrive within FLEETBENCH_BODY_TIMEOUT_S",
         "content": _DETAIL,
     },
     403: {
@@ -37,8 +41,8 @@ API_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": _DETAIL,
     },
     429: {
-        "description": "too many refused tokens from this client address lately: retry after "
-        "Retry-After seconds",
+        "description": "too many refused tokens from this client address lately, or too many "
+        "request bodies arriving at once with this token: retry after Retry-After seconds",
         "content": _DETAIL,
         "headers": _RETRY_AFTER,
     },

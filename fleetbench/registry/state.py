@@ -6,19 +6,17 @@ nothing."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Generic, TypeVar
 
 from fleetbench.contract.answers import CompareAnswer
+from fleetbench.registry.authentication import KnownTokens
 from fleetbench.registry.ingest.rows import KnownRows
-from fleetbench.registry.tokens import Principal
 
-__all__ = ["Bounded", "KnownTokens", "ProcessState"]
+__all__ = ["Bounded", "ProcessState"]
 
 Key = TypeVar("Key", bound=Hashable)
 Value = TypeVar("Value")
@@ -57,39 +55,6 @@ class Bounded(Generic[Key, Value]):
 
     def __len__(self) -> int:
         return len(self._held)
-
-
-class KnownTokens:
-    """Tokens found valid in the last `ttl` seconds (at most `size` of them), by digest.
-    Nearly every request of a fleet's agents carries a token; looking each up costs a
-    connection checkout and two round trips, a third of a report's database work. So a
-    token revoked in another process stops working here within `ttl`; in this one, at once
-    (`forget`)."""
-
-    def __init__(self, *, ttl: float = 30.0, size: int = 10_000) -> None:
-        self.ttl = ttl
-        self.size = size
-        self._found: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, digest: str) -> Principal | None:
-        with self._lock:
-            found = self._found.get(digest)
-            if found is None or time.monotonic() - found[0] > self.ttl:
-                return None
-        return found[1] if found[1].valid_at(datetime.now(UTC)) else None
-
-    def put(self, digest: str, principal: Principal) -> None:
-        with self._lock:
-            self._found[digest] = (time.monotonic(), principal)
-            self._found.move_to_end(digest)
-            while len(self._found) > self.size:
-                self._found.popitem(last=False)
-
-    def forget(self, token_id: int) -> None:
-        with self._lock:
-            for digest in [d for d, (_, p) in self._found.items() if p.token_id == token_id]:
-                del self._found[digest]
 
 
 # a run's hardware class, by run id: a run's hardware never changes

@@ -23,9 +23,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from fleetbench.registry.db import write_transaction
-from fleetbench.registry.models import Node, Token, table_of
+from fleetbench.registry.models import Node, Token, TokenEpoch, table_of
 
 __all__ = [
+    "AlreadyRotated",
     "AuthenticatedNode",
     "Principal",
     "Scope",
@@ -41,6 +42,7 @@ __all__ = [
     "revoke_token",
     "rotate_token",
     "token_digest",
+    "token_epoch",
     "token_state",
 ]
 
@@ -78,7 +80,17 @@ class AuthenticatedNode:
 
 
 class TokenRefused(Exception):
-    """The token does not authenticate: unknown, revoked or expired (the message says)."""
+    """The token does not authenticate: unknown, revoked or expired (the message says; the
+    caller is told none of it, registry.authentication)."""
+
+
+class AlreadyRotated(Exception):
+    """The token was rotated before: its replacement is the one to rotate."""
+
+    def __init__(self, token_id: int, replaced_by: int) -> None:
+        super().__init__(
+            f"token {token_id} was rotated before, into token {replaced_by}: rotate that one"
+        )
 
 
 def _now() -> datetime:
@@ -91,8 +103,10 @@ def token_digest(token: str) -> str:
 
 
 def display_name(name: str | None, scope: str, token_id: int) -> str:
-    """What lists and acknowledgements call a token: its name, else its scope and id."""
-    return name or f"{scope} token {token_id}"
+    """What acknowledgements, plans and rollouts say a token did: its name and id (two
+    tokens may share a name), else its scope and id; at most 200 characters, what the
+    columns that keep it hold."""
+    return f"{name[:170]} (token {token_id})" if name else f"{scope} token {token_id}"
 
 
 class _Lifetime(Protocol):
@@ -207,15 +221,30 @@ def authenticate(session: Session, digest: str, now: datetime | None = None) -> 
     )
 
 
+_EPOCH = select(TokenEpoch.epoch).where(TokenEpoch.id == 1)
+
+
+def token_epoch(session: Session) -> int:
+    """The token epoch: what every revoke and rotation raises (its one row is the
+    migration's)."""
+    return session.scalar(_EPOCH) or 0
+
+
+def _raise_epoch(session: Session) -> None:
+    session.execute(update(TokenEpoch).where(TokenEpoch.id == 1).values(epoch=TokenEpoch.epoch + 1))
+
+
 def list_tokens(session: Session) -> list[Token]:
     return list(session.scalars(select(Token).order_by(Token.id)))
 
 
 def revoke_token(session: Session, *, token_id: int) -> Token | None:
-    """Revokes the token (None: no such token); revoking it again changes nothing."""
+    """Revokes the token (None: no such token); revoking it again changes nothing. Every
+    registry process refuses it within a second (registry.authentication)."""
     token = session.get(Token, token_id)
     if token is not None and token.revoked_at is None:
         token.revoked_at = _now()
+        _raise_epoch(session)
         session.flush()
     return token
 
@@ -225,10 +254,13 @@ def rotate_token(
 ) -> tuple[Token, Token, str] | None:
     """A new token in place of `token_id` (the old one, the new one, its secret); the old
     one authenticates for `grace` more at most. None: no such token, or it no longer
-    authenticates (a revoked or expired token is replaced by creating one)."""
+    authenticates (a revoked or expired token is replaced by creating one). Raises
+    AlreadyRotated for a token in its grace: rotating it again would leave three live."""
     old = session.get(Token, token_id)
     if old is None or token_state(old) != "active":
         return None
+    if old.replaced_by_id is not None:
+        raise AlreadyRotated(old.id, old.replaced_by_id)
     kept = old.expires_at  # the new token lives no longer than the old one would have
     ends = _now() + grace
     old.expires_at = min(kept, ends) if kept else ends
@@ -239,4 +271,7 @@ def rotate_token(
         name=old.name,
         expires_at=kept,
     )
+    old.replaced_by_id = new.id
+    _raise_epoch(session)  # the old token's new expiry, in every process's memory at once
+    session.flush()
     return old, new, secret

@@ -30,7 +30,7 @@ from tests.factories import ARTICLE_MODEL, JSON, LiveRegistry, make_report, runn
 CALLERS = ("none", "unknown", "expired", "revoked", "node A", "node B", "reader", "admin")
 NOT_AUTHENTICATED = {"none", "unknown", "expired", "revoked"}
 PAGES = ["/", "/placement", "/capacity", "/compare", "/regressions", "/series", "/curves", "/plans",
-         "/nodes/node-a"]  # fmt: skip
+         "/nodes/node-a", "/docs"]  # fmt: skip
 
 
 @dataclass(frozen=True)

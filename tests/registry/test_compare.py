@@ -284,11 +284,8 @@ def test_a_watched_rollout_says_once_on_the_webhook_when_its_verdict_changes(
         made = client.post("/v1/rollouts", json=body)
         assert made.status_code == 201, made.text
         watch = made.json()
-        assert (watch["verdict"], watch["created_by"], watch["kind"]) == (
-            "unknown",
-            "ops",
-            "offline",
-        )
+        assert (watch["verdict"], watch["kind"]) == ("unknown", "offline")
+        assert watch["created_by"].startswith("ops (token ")
         assert "more run" in watch["reason"]
         again = client.post("/v1/rollouts", json=body)
         assert (again.status_code, again.json()["id"]) == (200, watch["id"])

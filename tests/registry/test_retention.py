@@ -23,10 +23,8 @@ from fleetbench.registry.db import (
     write_transaction,
 )
 from fleetbench.registry.models import (
-    EngineBuild,
     LatestPoint,
     LatestRun,
-    Model,
     Node,
     NodeActivity,
     Regression,
@@ -142,14 +140,25 @@ def test_migration_0004_fills_the_latest_tables_from_the_runs_stored(
     day = datetime(2026, 11, 1, tzinfo=UTC)
     with sessions() as session:
         node = Node(name="m4pro", labels={}, created_at=day)
-        build = EngineBuild(identity="b" * 64, engine="llama.cpp", build_number=11429)
-        model = Model(identity="name:nemo", name="nemo", name_key="nemo")
-        session.add_all([node, build, model])
+        session.add(node)
         session.flush()
+        # SQL naming only the columns 0003 had (the ORM and Core would add today's)
+        build_id = session.execute(
+            text(
+                "INSERT INTO engine_builds (identity, engine, build_number) "
+                "VALUES (:identity, 'llama.cpp', 11429) RETURNING id"
+            ),
+            {"identity": "b" * 64},
+        ).scalar_one()
+        model_id = session.execute(
+            text(
+                "INSERT INTO models (identity, name, name_key) "
+                "VALUES ('name:nemo', 'nemo', 'nemo') RETURNING id"
+            )
+        ).scalar_one()
         ids = []
         for hours, status in ((0, "ok"), (1, "ok"), (2, "failed")):
             run_id = uuid.uuid4()
-            # SQL naming only the columns 0003 had (the ORM and Core would add today's)
             session.execute(
                 text(
                     "INSERT INTO runs (id, node_id, build_id, model_id, source, status, error,"
@@ -159,8 +168,8 @@ def test_migration_0004_fills_the_latest_tables_from_the_runs_stored(
                 {
                     "id": run_id,
                     "node": node.id,
-                    "build": build.id,
-                    "model": model.id,
+                    "build": build_id,
+                    "model": model_id,
                     "status": status,
                     "error": "boom" if status == "failed" else None,
                     "at": day + timedelta(hours=hours),

@@ -79,7 +79,7 @@ def test_a_rotated_token_strands_no_spooled_run(
     with RegistryClient(live_registry.url, token=old) as client:
         refused = spool.flush(client, every_queued=True)
     assert (refused.delivered, refused.deferred, refused.rejected) == (0, 1, 0)
-    assert "revoked" in (refused.waiting_reason or "")
+    assert "401: a valid token is required" in (refused.waiting_reason or "")
     with RegistryClient(live_registry.url, token=new) as client:
         assert spool.flush(client, every_queued=True).delivered == 1
     assert live_registry.count("runs") == 2
@@ -99,7 +99,7 @@ def test_the_cli_creates_lists_rotates_and_revokes_tokens(database_url: str) -> 
     made = _cli(database_url, "create", "--scope", "reader", "--name", "grafana")
     assert made.returncode == 0, made.stderr
     secret = made.stdout.strip()
-    assert secret.startswith("fbr_") and "reader token 'grafana' created" in made.stderr
+    assert secret.startswith("fbr_") and "reader token 'grafana (token 1)' created" in made.stderr
     [listed] = json.loads(_cli(database_url, "list", "--json").stdout)
     assert (listed["scope"], listed["name"], listed["node"], listed["state"]) == (
         "reader", "grafana", None, "active",

@@ -49,7 +49,15 @@ def test_plans_and_where_they_run(dashboard: Dashboard, fleet: Fleet) -> None:
         next_run_at=late,
     )
 
-    dashboard.open("/plans")
+    dashboard.open("/plans")  # reads open, no token: what plans say of the nodes is hidden
+    row, serving = dashboard.table("#plans")
+    assert row[3] == "nemo (path hidden)"
+    assert serving[3] == "nemo (served at a hidden URL)"
+    page = dashboard.page
+    assert "shown to a reader or admin token" in page.inner_text("#status")
+    page.fill("#status input[name=token]", fleet.registry.scoped_token("reader"))
+    page.click("#status button[type=submit]")  # kept in the browser; the page reloads
+    dashboard.wait()
     row, serving = dashboard.table("#plans")
     assert row[0:2] == ["nightly", "2"]
     assert row[2] == "pool=a"
@@ -57,7 +65,7 @@ def test_plans_and_where_they_run(dashboard: Dashboard, fleet: Fleet) -> None:
     assert row[4] == "30 4 * * * UTC"
     assert row[5] == "PP 128 · TG 128 · B 1,2,4,8 · repeats until ±1.5%"  # auto: the default
     assert (row[6], row[7]) == ("gpu-1 v2", "gpu-2 v2")
-    assert row[8].endswith("by ops")
+    assert "by ops (token " in row[8]
     assert serving[0:4] == ["served", "1", "every node", "nemo (served at http://127.0.0.1:8080)"]
     assert serving[5] == "serving · largest C meeting ttft_p90<=2000ms · prompt 256 · output 128"
 

@@ -22,6 +22,8 @@ class ReportRefused(Exception):
 class IngestLimits:
     max_points_per_report: int = 1024
     max_series_per_node: int = 1024
+    # builds, models and model facts each node's reports may make (models.CreatedByNode)
+    max_rows_per_node: int = 500
 
 
 @dataclass(frozen=True)

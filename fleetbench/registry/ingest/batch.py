@@ -23,6 +23,7 @@ from fleetbench.registry.ingest.answers import (
 from fleetbench.registry.ingest.rows import (
     IncomingRun,
     KnownRows,
+    MadeBy,
     assign_ids,
     build_id_of,
     facts_id_of,
@@ -72,11 +73,11 @@ def ingest_batch(
             answers[run.index] = retry
         runs = [run for run in runs if answers[run.index] is None]
         for run in runs:
-            run.build_id = build_id_of(connection, sql, run.report.engine, known, learned)
-            run.model_id = model_id_of(connection, sql, run.report.model, known, learned)
-            run.facts_id = facts_id_of(
-                connection, sql, run.model_id, run.report.model, known, learned
-            )
+            try:
+                _find_rows_named(connection, sql, run, limits, known, learned)
+            except ReportRefused as too_many:
+                answers[run.index] = too_many
+        runs = [run for run in runs if answers[run.index] is None]
         for run, refused in over_series_bound(connection, sql, runs, limits):
             answers[run.index] = refused
         runs = [run for run in runs if answers[run.index] is None]
@@ -112,6 +113,22 @@ def ingest_batch(
         elif answer is not None:  # its own exception: each request raises its own
             answers[index] = type(answer)(*answer.args)
     return [answer if answer is not None else RuntimeError("not answered") for answer in answers]
+
+
+def _find_rows_named(
+    connection: Connection,
+    sql: Statements,
+    run: IncomingRun,
+    limits: IngestLimits,
+    known: KnownRows,
+    learned: KnownRows,
+) -> None:
+    """The run's build, model and facts rows, found or made."""
+    made_by = MadeBy(run.node_id, limits.max_rows_per_node)
+    model = run.report.model
+    run.build_id = build_id_of(connection, sql, run.report.engine, known, learned, made_by)
+    run.model_id = model_id_of(connection, sql, model, known, learned, made_by)
+    run.facts_id = facts_id_of(connection, sql, run.model_id, model, known, learned, made_by)
 
 
 def _distinct_runs(

@@ -113,14 +113,47 @@ class IncomingRun:
         return (self.node_id, self.report.run_id)
 
 
+@dataclass(frozen=True)
+class MadeBy:
+    """The node whose report is stored, and how many rows of each kind its reports may make."""
+
+    node_id: int
+    limit: int
+
+
+_KINDS = {
+    "engine_builds": "engine builds",
+    "models": "models",
+    "model_facts": "sets of model facts",
+}
+
+
 def _get_or_insert(
-    connection: Connection, find: Any, insert_row: Any, keys: dict[str, Any], values: dict[str, Any]
+    connection: Connection,
+    sql: Statements,
+    find: Any,
+    insert_row: Any,
+    keys: dict[str, Any],
+    values: dict[str, Any],
+    made_by: MadeBy,
 ) -> int:
-    """The id of the row `find` selects by `keys`, inserted with `values` if there is none
-    (a concurrent insert of the same row is found once committed)."""
+    """The id of the row `find` finds by `keys`, inserted with `values` if there is none
+    (a concurrent insert of the same row is found once committed); refused (ReportRefused)
+    when the node's reports made as many rows of the table as it may make: one node cannot
+    fill the registry with names. Writers storing at the same moment may each pass the
+    bound by one row."""
     found = connection.execute(find, keys).first()
     if found is None:
-        connection.execute(insert_row, {**keys, **values})
+        table = insert_row.table.name
+        node = {"node_id": made_by.node_id}
+        made = connection.execute(sql.made_by_node[table], node).scalar_one()
+        if made >= made_by.limit:
+            raise ReportRefused(
+                f"this node's reports made {made} {_KINDS[table]} already, this registry's "
+                f"limit (FLEETBENCH_MAX_ROWS_PER_NODE); an admin can raise it"
+            )
+        row = {**keys, **values, "created_by_node_id": made_by.node_id}
+        connection.execute(insert_row, row)
         found = connection.execute(find, keys).one()
     return int(found.id)
 
@@ -131,6 +164,7 @@ def build_id_of(
     engine: wire.EngineBuild,
     known: KnownRows,
     learned: KnownRows,
+    made_by: MadeBy,
 ) -> int:
     fields = engine.model_dump()
     identity = build_identity(fields)
@@ -138,9 +172,17 @@ def build_id_of(
     build_id = learned.builds.get(identity) or known.builds.get(identity)
     if build_id is None:
         keys = {"identity": identity}
-        build_id = _get_or_insert(connection, sql.build_by_identity, sql.insert_build, keys, fields)
+        build_id = _get_or_insert(
+            connection, sql, sql.build_by_identity, sql.insert_build, keys, fields, made_by
+        )
         learned.builds[identity] = build_id
     return build_id
+
+
+def model_identity(info: wire.ModelInfo) -> str:
+    """What a model is stored under (models.Model): its digest with its name, or its name."""
+    key = model_name_key(info.name)
+    return f"sha256:{info.sha256}:{key}" if info.sha256 else f"name:{key}"
 
 
 def model_id_of(
@@ -149,14 +191,16 @@ def model_id_of(
     info: wire.ModelInfo,
     known: KnownRows,
     learned: KnownRows,
+    made_by: MadeBy,
 ) -> int:
-    key = model_name_key(info.name)
-    identity = f"sha256:{info.sha256}" if info.sha256 else f"name:{key}"
+    identity = model_identity(info)
     model_id = learned.models.get(identity) or known.models.get(identity)
     if model_id is None:
-        values = {"name": info.name, "name_key": key, "sha256": info.sha256}
+        values = {"name": info.name, "name_key": model_name_key(info.name), "sha256": info.sha256}
         keys = {"identity": identity}
-        model_id = _get_or_insert(connection, sql.model_by_identity, sql.insert_model, keys, values)
+        model_id = _get_or_insert(
+            connection, sql, sql.model_by_identity, sql.insert_model, keys, values, made_by
+        )
         learned.models[identity] = model_id
     return model_id
 
@@ -168,6 +212,7 @@ def facts_id_of(
     info: wire.ModelInfo,
     known: KnownRows,
     learned: KnownRows,
+    made_by: MadeBy,
 ) -> int | None:
     """The row of the model's facts as this report states them (None: it states none)."""
     facts: dict[str, Any] = {f: getattr(info, f) for f in MODEL_FACTS}
@@ -180,7 +225,9 @@ def facts_id_of(
         if info.layers is not None:  # absent from the identity of the facts stored without
             facts["layers"] = info.layers.model_dump(mode="json")
         keys = {"model_id": model_id, "identity": build_identity(facts)}
-        facts_id = _get_or_insert(connection, sql.facts_by_identity, sql.insert_facts, keys, facts)
+        facts_id = _get_or_insert(
+            connection, sql, sql.facts_by_identity, sql.insert_facts, keys, facts, made_by
+        )
         learned.facts[key] = facts_id
     return facts_id
 

@@ -49,6 +49,8 @@ class Statements:
     insert_facts: Any
     latest_counts: Any
     fingerprints: Any
+    # by table: how many rows of it a node's reports made (models.CreatedByNode)
+    made_by_node: dict[str, Any]
 
 
 @functools.cache
@@ -79,6 +81,12 @@ def statements_for(dialect: str) -> Statements:
         latest_counts=select(latest_points.c.node_id, latest_points.c.model_id, func.count())
         .where(latest_points.c.node_id.in_(bindparam("node_ids", expanding=True)))
         .group_by(latest_points.c.node_id, latest_points.c.model_id),
+        made_by_node={
+            table.name: select(func.count())
+            .select_from(table)
+            .where(table.c.created_by_node_id == bindparam("node_id"))
+            for table in (builds, models, facts)
+        },
         fingerprints=upsert.on_conflict_do_update(
             index_elements=[fingerprints.c.node_id, fingerprints.c.hash],
             set_={

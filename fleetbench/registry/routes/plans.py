@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Response, status
+from fastapi.responses import JSONResponse
 
 from fleetbench.contract.bounds import NAME_LENGTH, WITHOUT_NUL, Name
 from fleetbench.contract.plans import (
@@ -21,8 +22,8 @@ from fleetbench.registry import plans
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.deps import (
     AdminAuth,
-    AuthenticatedFirst,
-    AuthenticateFirst,
+    NodeAuth,
+    PathsShown,
     ReadAccess,
     SessionDep,
     SettingsDep,
@@ -34,7 +35,7 @@ from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE, refuse
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 # The token is checked before a body is read: a node's status costs a bad token nothing.
-agent_router = APIRouter(prefix="/agent", tags=["agent"], route_class=AuthenticateFirst)
+agent_router = APIRouter(prefix="/agent", tags=["agent"])
 
 PlanName = Annotated[Name, Path(min_length=1, max_length=NAME_LENGTH, pattern=WITHOUT_NUL)]
 CONFLICT: dict[int | str, dict[str, Any]] = {
@@ -42,25 +43,29 @@ CONFLICT: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _versions(data: list[PlanVersion]) -> PlanVersions:
-    return PlanVersions(data=data, count=len(data))
+def _versions(data: list[PlanVersion], shown: bool) -> PlanVersions | JSONResponse:
+    versions = PlanVersions(data=data, count=len(data))
+    return versions if shown else JSONResponse(plans.paths_hidden(versions))
 
 
 @router.get("", response_model=PlanVersions, dependencies=[ReadAccess])
-def read_plans(session: SessionDep) -> PlanVersions:
-    """Every plan's current version (retired ones too, with `enabled` false)."""
-    return _versions(plans.current_plans(session))
+def read_plans(session: SessionDep, shown: PathsShown) -> PlanVersions | JSONResponse:
+    """Every plan's current version (retired ones too, with `enabled` false). Model paths,
+    binaries and server URLs only to a reader or admin token (`paths_hidden`)."""
+    return _versions(plans.current_plans(session), shown)
 
 
 @router.get(
     "/{name}/versions", response_model=PlanVersions, dependencies=[ReadAccess], responses=NOT_FOUND
 )
-def read_plan_versions(name: PlanName, session: SessionDep) -> PlanVersions:
-    """Every version of one plan, newest first."""
+def read_plan_versions(
+    name: PlanName, session: SessionDep, shown: PathsShown
+) -> PlanVersions | JSONResponse:
+    """Every version of one plan, newest first (paths as `GET /v1/plans` shows them)."""
     history = plans.plan_history(session, name)
     if not history:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no plan {name!r}")
-    return _versions(history)
+    return _versions(history, shown)
 
 
 @router.put(
@@ -138,7 +143,7 @@ def sweep_now(name: NodePath, session: SessionDep, _: AdminAuth) -> NodePlans:
 )
 def pull_plans(
     session: SessionDep,
-    node: AuthenticatedFirst,
+    node: NodeAuth,
     if_none_match: Annotated[str | None, Header(max_length=2000)] = None,
     kind: Annotated[
         list[PlanKind] | None,
@@ -165,7 +170,7 @@ def pull_plans(
 @agent_router.put(
     "/status", status_code=status.HTTP_204_NO_CONTENT, responses={**BAD_BODY, **TOO_LARGE}
 )
-def report_status(body: NodeStatus, session: SessionDep, node: AuthenticatedFirst) -> None:
+def report_status(body: NodeStatus, session: SessionDep, node: NodeAuth) -> None:
     """What this token's node says of its plans: versions run, skips and why, next run."""
     with write_transaction(session):
         plans.record_status(session, node.id, body)

@@ -9,14 +9,14 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fleetbench.contract.answers import RunReceipt
 from fleetbench.contract.wire import RunReport
 from fleetbench.registry import crud, export
-from fleetbench.registry.deps import AuthenticatedFirst, AuthenticateFirst, ReadAccess, SessionDep
+from fleetbench.registry.deps import NodeAuth, ReadAccess, SessionDep
 from fleetbench.registry.metrics import MetricsDep
 from fleetbench.registry.params import INT32_MAX, ModelQuery, NodeQuery, SinceQuery
 from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE, refused
 from fleetbench.registry.schemas import RunDetail, RunsPublic, run_detail, run_public
 
 router = APIRouter(prefix="/runs", tags=["runs"])
-ingest_router = APIRouter(prefix="/runs", tags=["runs"], route_class=AuthenticateFirst)
+ingest_router = APIRouter(prefix="/runs", tags=["runs"])
 
 
 @ingest_router.post(
@@ -34,7 +34,7 @@ ingest_router = APIRouter(prefix="/runs", tags=["runs"], route_class=Authenticat
 )
 async def ingest_run(
     report: RunReport,
-    node: AuthenticatedFirst,
+    node: NodeAuth,
     request: Request,
     response: Response,
     metrics: MetricsDep,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Request, status
 
@@ -27,15 +27,20 @@ router = APIRouter(prefix="/tokens", tags=["tokens"])
 
 TokenId = Annotated[int, Path(ge=1, le=INT32_MAX)]
 BODY = {**BAD_BODY, **TOO_LARGE}
+ROTATED: dict[int | str, dict[str, Any]] = {
+    409: {"description": "the token was rotated before: rotate its replacement"}
+}
 
 
 def _created(token: Token, secret: str) -> TokenCreated:
     return TokenCreated(**token_public(token).model_dump(), token=secret)
 
 
-def _forget(request: Request, token_id: int) -> None:
+def _forget_tokens(request: Request) -> None:
+    """Nothing this process found valid stands (the others learn it from the token epoch
+    within a second, registry.authentication)."""
     process: ProcessState = request.app.state.process
-    process.known_tokens.forget(token_id)  # other processes let it go within their cache's ttl
+    process.known_tokens.forget_all()
 
 
 @router.get("", response_model=TokensPublic)
@@ -65,30 +70,36 @@ def create_token(body: TokenRequest, session: SessionDep, _: AdminAuth) -> Token
 def revoke_token(
     token_id: TokenId, request: Request, session: SessionDep, _: AdminAuth
 ) -> TokenPublic:
-    """Revokes a token: refused at once by this process, by the others within 30 s."""
+    """Revokes a token: refused at once by this process, by every other within a second."""
     with write_transaction(session):
         token = tokens.revoke_token(session, token_id=token_id)
         if token is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no token {token_id}")
         public = token_public(token)
         session.commit()
-    _forget(request, token_id)
+    _forget_tokens(request)
     return public
 
 
-@router.post("/{token_id}/rotate", response_model=TokenCreated, responses={**NOT_FOUND, **BODY})
+@router.post(
+    "/{token_id}/rotate", response_model=TokenCreated, responses={**NOT_FOUND, **ROTATED, **BODY}
+)
 def rotate_token(
     token_id: TokenId, body: Rotation, request: Request, session: SessionDep, _: AdminAuth
 ) -> TokenCreated:
     """A new token of the same scope, node and name; the old one keeps working for
-    `grace_hours`, so runs spooled with it are still delivered."""
+    `grace_hours`, so runs spooled with it are still delivered. A token is rotated once
+    (409 again: rotate its replacement)."""
     with write_transaction(session):
-        rotated = tokens.rotate_token(
-            session, token_id=token_id, grace=timedelta(hours=body.grace_hours)
-        )
+        try:
+            rotated = tokens.rotate_token(
+                session, token_id=token_id, grace=timedelta(hours=body.grace_hours)
+            )
+        except tokens.AlreadyRotated as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
         if rotated is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no active token {token_id}")
         created = _created(rotated[1], rotated[2])
         session.commit()
-    _forget(request, token_id)
+    _forget_tokens(request)
     return created

@@ -1,6 +1,8 @@
-"""The dashboard's routes: static HTML pages, their scripts and styles, and plotly.js from
-the `plotly` package's own copy (no CDN). Every page fetches its data from `/v1` in the
-browser, so these routes read no database and need no token."""
+"""The dashboard's routes: static HTML pages, their scripts and styles, plotly.js from the
+`plotly` package's own copy, and the API's docs (/docs: Swagger UI from the
+`fastapi-offline` package's copy); no CDN, every page under one policy. Every page fetches
+its data from `/v1` (the docs, /openapi.json) in the browser, so these routes read no
+database and need no token."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 from fastapi import APIRouter, HTTPException, status
 from fastapi.responses import FileResponse
 
-__all__ = ["STATIC_DIR", "plotly_js_path", "router"]
+__all__ = ["STATIC_DIR", "SWAGGER_UI_FILES", "plotly_js_path", "router", "swagger_ui_path"]
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -30,20 +32,50 @@ _PAGE_HEADERS = {
 _ASSET = re.compile(r"^[a-z][a-z0-9-]*\.(js|css)$")
 _MEDIA_TYPES = {"js": "text/javascript; charset=utf-8", "css": "text/css; charset=utf-8"}
 
+# Swagger UI's files the docs page loads (fastapi-offline ships them in its static/)
+SWAGGER_UI_FILES = {
+    "swagger-ui-bundle.js": _MEDIA_TYPES["js"],
+    "swagger-ui.css": _MEDIA_TYPES["css"],
+}
+_PACKAGED_ASSET_HEADERS = {
+    "Cache-Control": "public, max-age=86400",
+    "X-Content-Type-Options": "nosniff",
+}
+
 router = APIRouter(include_in_schema=False)
+
+
+def _packaged_file(package: str, *path: str) -> Path | None:
+    """A file inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location).joinpath(*path)
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 @cache
 def plotly_js_path() -> Path | None:
-    """plotly.min.js inside the installed `plotly` package (found without importing it)."""
-    spec = importlib.util.find_spec("plotly")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "package_data" / "plotly.min.js"
-        if candidate.is_file():
-            return candidate
-    return None
+    """plotly.min.js inside the installed `plotly` package."""
+    return _packaged_file("plotly", "package_data", "plotly.min.js")
+
+
+@cache
+def swagger_ui_path(name: str) -> Path | None:
+    """One of SWAGGER_UI_FILES inside the installed `fastapi-offline` package."""
+    return _packaged_file("fastapi_offline", "static", name) if name in SWAGGER_UI_FILES else None
+
+
+def _packaged_asset(path: Path | None, name: str, package: str) -> FileResponse:
+    if path is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, detail=f"{name} not found: install `{package}`"
+        )
+    media_type = _MEDIA_TYPES[path.suffix.removeprefix(".")]
+    return FileResponse(path, media_type=media_type, headers=_PACKAGED_ASSET_HEADERS)
 
 
 def _page(name: str) -> FileResponse:
@@ -103,18 +135,23 @@ def series_page() -> FileResponse:
     return _page("series.html")
 
 
+@router.get("/docs")
+def api_docs_page() -> FileResponse:
+    """The API's interactive docs: Swagger UI drawing /openapi.json (FastAPI's own /docs
+    loads it from a CDN, under no policy)."""
+    return _page("docs.html")
+
+
 @router.get("/static/plotly.min.js")
 def plotly_js() -> FileResponse:
-    path = plotly_js_path()
-    if path is None:
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND, detail="plotly.min.js not found: install `plotly`"
-        )
-    return FileResponse(
-        path,
-        media_type=_MEDIA_TYPES["js"],
-        headers={"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff"},
-    )
+    return _packaged_asset(plotly_js_path(), "plotly.min.js", "plotly")
+
+
+@router.get("/docs/swagger-ui/{name}")
+def swagger_ui(name: str) -> FileResponse:
+    if name not in SWAGGER_UI_FILES:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no asset {name!r}")
+    return _packaged_asset(swagger_ui_path(name), name, "fastapi-offline")
 
 
 @router.get("/static/{name}")

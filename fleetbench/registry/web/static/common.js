@@ -103,10 +103,10 @@ export function replace(target, ...children) {
 }
 
 /** A message in place of data: kind is "error", "empty" or "info". */
-export function message(target, kind, text) {
+export function message(target, kind, text, { askToken = false } = {}) {
   const box = h("div", { class: `message ${kind}`, role: kind === "error" ? "alert" : "status" });
   box.appendChild(h("p", {}, text));
-  if (kind === "error" && text.includes("requires a token")) box.appendChild(tokenForm());
+  if (askToken || (kind === "error" && text.includes("requires a token"))) box.appendChild(tokenForm());
   return replace(target, box);
 }
 

@@ -23,9 +23,11 @@ function selector(plan) {
   return [...named, ...labelled];
 }
 
+// Without a reader or admin token the registry leaves out paths, binaries and server URLs.
 function model(plan) {
-  if (plan.kind === "serving") return `${plan.model.name} (served at ${plan.url})`;
-  const where = plan.model.path ?? `search ${plan.model.search_dirs.join(", ")}`;
+  if (plan.kind === "serving") return `${plan.model.name} (served at ${plan.url ?? "a hidden URL"})`;
+  const searched = plan.model.search_dirs.length ? `search ${plan.model.search_dirs.join(", ")}` : null;
+  const where = plan.model.path ?? searched ?? "path hidden";
   const sha = plan.model.sha256 ? ` · sha256 ${plan.model.sha256.slice(0, 12)}…` : "";
   return `${plan.model.name ?? where}${plan.model.name ? ` (${where})` : ""}${sha}`;
 }
@@ -106,6 +108,14 @@ async function main() {
     plans.data.map((plan) => planRow(plan, byPlan.get(plan.name) ?? [])),
   );
   table.hidden = false;
+  if (plans.paths_hidden) {
+    message(
+      statusBox,
+      "info",
+      "Model paths, binaries and server URLs are shown to a reader or admin token.",
+      { askToken: true },
+    );
+  }
   done();
 }
 
