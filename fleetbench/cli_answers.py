@@ -1,15 +1,19 @@
 """How both command lines give a question's answer: the exit statuses a script or a CI gate
-reads, the options every question takes, and consoles and tables that never cut a number."""
+reads, the options every question takes, and consoles and tables that never cut a number
+nor show a control character of what others wrote."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.measure import Measurement
 from rich.segment import Segments
 from rich.table import Table
+from rich.text import Text
+
+from fleetbench.printable import printable
 
 __all__ = [
     "ANSWERED_EXIT",
@@ -52,14 +56,25 @@ _PIPE_WIDTH = 1000
 _UNBOUNDED = 1_000_000
 
 
+class _EscapingConsole(Console):
+    """A console that shows the control characters of every string it is given escaped
+    (fleetbench.printable): a GPU name, a registry's error or a plan's name, all written by
+    others, never clear the screen, recolour it or forge a line. Its own styles are
+    segments, not strings, and still apply."""
+
+    def render_str(self, text: str, **options: Any) -> Text:
+        return super().render_str(printable(text), **options)
+
+
 def console(*, stderr: bool = False) -> Console:
-    """A console as wide as the terminal, or, in a pipe or a log, as what it prints. No
-    markup: what it prints (a model name, an engine's error, `fleetbench[llama]`) is shown as
-    written, never read as style tags."""
-    terminal = Console(stderr=stderr, markup=False)
+    """A console as wide as the terminal, or, in a pipe or a log, as what it prints, that
+    shows each string it prints on the lines it takes, its control characters escaped
+    (print multi-line text a line at a time). No markup: what it prints (a model name, an
+    engine's error, `fleetbench[llama]`) is shown as written, never read as style tags."""
+    terminal = _EscapingConsole(stderr=stderr, markup=False)
     if terminal.is_terminal:
         return terminal
-    return Console(stderr=stderr, width=_PIPE_WIDTH, markup=False)
+    return _EscapingConsole(stderr=stderr, width=_PIPE_WIDTH, markup=False)
 
 
 def print_table(out: Console, table: Table) -> None:

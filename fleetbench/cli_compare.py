@@ -25,6 +25,7 @@ from fleetbench.contract.answers import (
     CompareVerdict,
     PointRatio,
 )
+from fleetbench.printable import printable
 
 __all__ = [
     "CLASS_COLUMNS",
@@ -111,19 +112,21 @@ def class_rows(answer: CompareAnswer) -> list[tuple[str, ...]]:
 
 
 def _markdown_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    escaped = [[cell.replace("|", "\\|") for cell in row] for row in rows]
+    escaped = [[printable(cell).replace("|", "\\|") for cell in row] for row in rows]
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in escaped]
 
 
 def markdown(answer: CompareAnswer) -> str:
-    """The verdict, each hardware class's and each point's ratio, as Markdown."""
-    before = ", ".join(answer.from_builds) or answer.from_build
-    after = ", ".join(answer.to_builds) or answer.to_build
+    """The verdict, each hardware class's and each point's ratio, as Markdown; what the
+    registry and the nodes wrote in it on the lines it belongs to, its control characters
+    escaped (fleetbench.printable)."""
+    before = printable(", ".join(answer.from_builds) or answer.from_build)
+    after = printable(", ".join(answer.to_builds) or answer.to_build)
     lines = [
-        f"## {answer.model}: {before} -> {after} ({answer.kind})",
+        f"## {printable(answer.model)}: {before} -> {after} ({answer.kind})",
         "",
-        f"**Verdict: {answer.verdict}**: {answer.reason}",
+        f"**Verdict: {answer.verdict}**: {printable(answer.reason)}",
         "",
         *_markdown_table(CLASS_COLUMNS, class_rows(answer)),
         "",
@@ -133,7 +136,7 @@ def markdown(answer: CompareAnswer) -> str:
         lines += ["", f"The {len(answer.nodes)} worst of {answer.nodes_compared} nodes compared."]
     if answer.not_compared:
         lines += ["", "Not compared:", ""]
-        lines += [f"- {n.node}: {n.reason}" for n in answer.not_compared]
+        lines += [f"- {printable(n.node)}: {printable(n.reason)}" for n in answer.not_compared]
     return "\n".join(lines) + "\n"
 
 
@@ -167,8 +170,9 @@ def print_compare(out: Console, answer: CompareAnswer, *, as_json: bool, as_mark
     nodes not compared and the verdict, each on one line (a log's reader greps them)."""
     if as_json:
         out.print_json(answer.model_dump_json())
-    elif as_markdown:
-        out.out(markdown(answer), end="", highlight=False)
+    elif as_markdown:  # a line at a time: the console escapes a string's line breaks
+        for line in markdown(answer).splitlines():
+            out.out(line, highlight=False)
     else:
         for table in _tables(answer):
             print_table(out, table)

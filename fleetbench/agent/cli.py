@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -56,11 +57,28 @@ from fleetbench.cli_answers import print_table
 from fleetbench.cli_usage import help_of, options_of, validated
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
+from fleetbench.printable import EscapingFormatter
 
 _AUTO = SweepSpec.model_construct()  # the defaults of repeats = "auto", for the help
 
 # rich_markup_mode=None: the helps' "[default: ...]" shown as written, not read as markup
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+
+
+def _log_to_stderr(level: int, line: str, *, force: bool = False) -> None:
+    """Logs to stderr in `line`'s format, each record on one line whatever its message
+    holds (a plan's name, a registry's error: fleetbench.printable); unless `force`, only
+    where logging is not set up yet (a test's own handlers are kept)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapingFormatter(line))
+    logging.basicConfig(level=level, handlers=[handler], force=force)
+
+
+@app.callback()
+def _every_command() -> None:
+    # What a command logs (the registry left fields of a run out) is shown as Python's own
+    # last-resort handler shows it, but escaped.
+    _log_to_stderr(logging.WARNING, "%(message)s")
 
 
 @app.command("import")
@@ -316,13 +334,12 @@ def daemon(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the configured sweeps on their schedules and deliver every run, until stopped."""
-    import logging
-
     from fleetbench.agent.daemon import ConfigError, Daemon, load_config
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    _log_to_stderr(
+        logging.DEBUG if verbose else logging.INFO,
+        "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,  # in place of every command's
     )
     try:
         loaded = load_config(config)

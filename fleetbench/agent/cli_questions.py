@@ -8,12 +8,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from rich.table import Table
 
 from fleetbench.agent.cli_options import RegistryOption, command_settings
 from fleetbench.agent.display import capacity_table, fail, out, placement_table
-from fleetbench.agent.errors import ClientError, validation_problems
+from fleetbench.agent.errors import ClientError
 from fleetbench.agent.handover import registry_client
 from fleetbench.cli_answers import (
     ANSWERED_EXIT,
@@ -81,7 +81,8 @@ def _asked(
 ) -> Answer:
     """The registry's answer; else one line saying why there is none (and the token a closed
     registry wants), exiting 2 where the registry refused the question as asked (a model it
-    does not know: 404), 4 where it gave no answer."""
+    does not know: 404), 4 where it gave no answer (or not one read here: a registry of
+    another version, a proxy's page)."""
     settings = command_settings()
     url = registry or settings.registry_url
     with registry_client(url, token or settings.current_token()) as client:
@@ -93,11 +94,6 @@ def _asked(
             hint = "; this registry's reads are closed: pass --token with a reader token"
             code = USAGE_EXIT if status in _REFUSED_AS_ASKED else NO_ANSWER_EXIT
             raise fail(str(exc) + (hint if closed else ""), code=code) from exc
-        except ValidationError as exc:  # a registry of another version: no answer read
-            problems = validation_problems(exc)
-            raise fail(
-                f"{url} answered in a shape unknown here: {problems}", NO_ANSWER_EXIT
-            ) from exc
 
 
 def _print_answer(answer: Answer, table: Callable[[Answer], Table], *, as_json: bool) -> None:

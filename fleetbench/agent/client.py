@@ -1,19 +1,39 @@
 """RegistryClient: the agent's only way to the registry. One attempt per call (connection
 retries aside); retry policy belongs to the caller. httpx errors become ClientErrors, which
-carry the registry's Retry-After when it sent one."""
+carry the registry's Retry-After when it sent one. Each request ends by a deadline and
+reads no more of the answer than a limit, follows no redirect, and takes nothing but the
+answer it expects: what a proxy or a wrong URL answers instead is an UnexpectedAnswer
+saying what came (bounded_http)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
-from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
+from fleetbench.agent.bounded_http import (
+    AnswerTooLarge,
+    DeadlineClock,
+    DeadlinePassed,
+    deadline_transport,
+    read_bounded,
+)
+from fleetbench.agent.errors import (
+    ClientError,
+    RegistryUnavailable,
+    RequestRejected,
+    UnexpectedAnswer,
+    validation_problems,
+)
 from fleetbench.contract.answers import (
     CapacityAnswer,
     CompareAnswer,
@@ -29,10 +49,35 @@ __all__ = ["RegistryClient"]
 
 log = logging.getLogger("fleetbench.client")
 
-DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)  # each wait
+DEADLINE_S = 60.0  # a whole request, its answer read to the end
+# The most of an answer read: a receipt, a status or an error is a few hundred bytes; the
+# plans and the questions' answers list up to thousands of rows (a node's 1000 plans, a
+# compare of a whole fleet) and take LARGE_ANSWER_BYTES. Past it no registry answered.
+ANSWER_BYTES = 2**20
+LARGE_ANSWER_BYTES = 32 * 2**20
+_ERROR_BYTES = 64 * 2**10  # of a 4xx or 5xx answer: its detail, shown cut to 2000 characters
 # The longest Retry-After taken, as the spool's own backoff: a proxy's "come back next year"
 # must not park a node's results for that long.
 RETRY_AFTER_CAP_S = 3600.0
+
+
+Answer = TypeVar("Answer", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """An answer of the registry's, read."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
 
 
 class RegistryClient:
@@ -47,26 +92,32 @@ class RegistryClient:
         *,
         token: str | None = None,
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        deadline_s: float = DEADLINE_S,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._deadline_s = deadline_s
+        self._clock = DeadlineClock()  # a transport given (a test's) has no sockets to cut
+        if transport is None:
+            transport, self._clock = deadline_transport(retries=2)
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers=headers,
             timeout=timeout,
-            transport=transport or httpx.HTTPTransport(retries=2),
+            transport=transport,
+            follow_redirects=False,  # httpx's default, said: a 3xx is an UnexpectedAnswer
         )
 
     def submit_run(self, report: RunReport) -> RunReceipt:
         """Sends the report. An older registry stores what it knows of it and names the
         fields it left out, which are logged: the run is stored all the same."""
-        response = self._request(
+        answer = self._request(
             "POST",
             "/v1/runs",
             content=report.model_dump_json(),
             headers={"Content-Type": "application/json"},
         )
-        receipt = RunReceipt.model_validate_json(response.content)
+        receipt = self._read(answer, RunReceipt)
         if receipt.ignored_fields:
             log.warning(
                 "registry at %s stored run %s without %s, which it does not know: "
@@ -102,8 +153,8 @@ class RegistryClient:
             "min_tps_per_user": min_tps_per_user,
             **{k: v for k, v in optional.items() if v is not None},
         }
-        response = self._request("GET", "/v1/placement", params=params)
-        return PlacementAnswer.model_validate_json(response.content)
+        answer = self._request("GET", "/v1/placement", params=params, limit=LARGE_ANSWER_BYTES)
+        return self._read(answer, PlacementAnswer)
 
     def capacity(
         self,
@@ -130,8 +181,8 @@ class RegistryClient:
             "min_tps_per_user": min_tps_per_user,
             **{k: v for k, v in optional.items() if v is not None},
         }
-        response = self._request("GET", "/v1/capacity", params=params)
-        return CapacityAnswer.model_validate_json(response.content)
+        answer = self._request("GET", "/v1/capacity", params=params, limit=LARGE_ANSWER_BYTES)
+        return self._read(answer, CapacityAnswer)
 
     def compare(
         self,
@@ -150,19 +201,21 @@ class RegistryClient:
             "to_build": to_build,
             **{k: v for k, v in optional.items() if v is not None},
         }
-        response = self._request("GET", "/v1/compare", params=params)
-        return CompareAnswer.model_validate_json(response.content)
+        answer = self._request("GET", "/v1/compare", params=params, limit=LARGE_ANSWER_BYTES)
+        return self._read(answer, CompareAnswer)
 
     def plans(self, etag: str | None = None) -> tuple[str | None, NodePlans | None]:
         """This node's plans and their ETag; (etag, None) when they are unchanged since
         `etag` (a 304)."""
         headers = {"If-None-Match": etag} if etag else {}
         params = {"kind": list(KINDS)}  # every kind this agent runs
-        response = self._request("GET", "/v1/agent/plans", headers=headers, params=params)
-        tag = response.headers.get("ETag")
-        if response.status_code == 304:
+        answer = self._request(
+            "GET", "/v1/agent/plans", headers=headers, params=params, limit=LARGE_ANSWER_BYTES
+        )
+        tag = answer.headers.get("ETag")
+        if answer.status_code == 304:
             return tag or etag, None
-        return tag, NodePlans.model_validate_json(response.content)
+        return tag, self._read(answer, NodePlans)
 
     def report_status(self, status: NodeStatus) -> None:
         self._request(
@@ -176,29 +229,75 @@ class RegistryClient:
         """Whether the registry answers `GET /healthz` with 200 {"status": "ok"} (its process
         and its database are up). Never raises: no answer is not healthy."""
         try:
-            response = self._http.get("/healthz")
-            body = response.json() if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            body = self._request("GET", "/healthz").json()
+        except (ClientError, ValueError):
             return False
         return isinstance(body, dict) and body.get("status") == "ok"
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, *, limit: int = ANSWER_BYTES, **kwargs: Any
+    ) -> _Answer:
+        """The registry's answer, read whole (at most `limit` bytes) by the deadline: a 2xx,
+        or a 304; anything else raises a ClientError saying what came."""
+        deadline = time.monotonic() + self._deadline_s
+        self._clock.deadline = deadline
         try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise RegistryUnavailable(
-                f"registry at {self._http.base_url} unreachable: {exc}"
+            with self._http.stream(method, path, **kwargs) as response:
+                answer = _Answer(response.status_code, response.headers, b"")
+                if answer.status_code >= 400:  # its detail alone is shown, cut short
+                    body = read_bounded(response, _ERROR_BYTES, deadline, cut=True)
+                elif answer.status_code >= 300 and answer.status_code != 304:
+                    raise UnexpectedAnswer(
+                        f"{self._who} answered {answer.status_code}, a redirect to "
+                        f"{answer.headers.get('Location', 'nowhere')}: the agent follows "
+                        "none; give the registry's own URL",
+                        status_code=answer.status_code,
+                    )
+                else:
+                    body = read_bounded(response, limit, deadline)
+        except AnswerTooLarge as exc:
+            raise UnexpectedAnswer(
+                f"{self._who} answered {answer.status_code} with {exc}, more than any answer "
+                "of a registry's to this",
+                status_code=answer.status_code,
             ) from exc
-        retry_after = _retry_after(response.headers.get("Retry-After"))
-        if response.status_code >= 500:
+        except (httpx.TransportError, DeadlinePassed) as exc:
+            if time.monotonic() >= deadline:
+                raise RegistryUnavailable(
+                    f"{self._who} did not answer in {self._deadline_s:g} s"
+                ) from exc
+            raise RegistryUnavailable(f"{self._who} unreachable: {exc}") from exc
+        finally:
+            self._clock.deadline = None
+        answer = dataclasses.replace(answer, content=body)
+        retry_after = _retry_after(answer.headers.get("Retry-After"))
+        if answer.status_code >= 500:
             raise RegistryUnavailable(
-                f"registry answered {response.status_code}: {response.text[:500]}",
-                status_code=response.status_code,
+                f"registry answered {answer.status_code}: {answer.text()[:500]}",
+                status_code=answer.status_code,
                 retry_after=retry_after,
             )
-        if response.status_code >= 400:
-            raise RequestRejected(response.status_code, _detail(response), retry_after=retry_after)
-        return response
+        if answer.status_code >= 400:
+            raise RequestRejected(answer.status_code, _detail(answer), retry_after=retry_after)
+        return answer
+
+    @property
+    def _who(self) -> str:
+        return f"registry at {self._http.base_url}"
+
+    def _read(self, answer: _Answer, model: type[Answer]) -> Answer:
+        """The answer as `model`, or an UnexpectedAnswer naming what came instead (a proxy's
+        page, a registry of another version)."""
+        try:
+            return model.model_validate_json(answer.content)
+        except ValidationError as exc:
+            kind = answer.headers.get("Content-Type", "no Content-Type")
+            raise UnexpectedAnswer(
+                f"{self._who} answered {answer.status_code} with {kind} in a shape unknown "
+                f"here, not a {model.__name__} ({validation_problems(exc)}); is that the "
+                "registry's URL?",
+                status_code=answer.status_code,
+            ) from exc
 
     def close(self) -> None:
         self._http.close()
@@ -230,13 +329,16 @@ def _retry_after(value: str | None) -> float | None:
     return min(max(seconds, 0.0), RETRY_AFTER_CAP_S) if math.isfinite(seconds) else None
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(answer: _Answer) -> str:
     try:
-        detail = response.json().get("detail", response.text)
-    except ValueError:
-        return response.text[:2000]
+        detail = answer.json().get("detail", answer.text())
+    except (ValueError, AttributeError):  # not JSON, or JSON but no object
+        return answer.text()[:2000]
     if isinstance(detail, list):  # FastAPI's validation errors: name each field
         return "; ".join(
-            f"{'.'.join(str(p) for p in item.get('loc', []))}: {item.get('msg')}" for item in detail
+            f"{'.'.join(str(p) for p in item.get('loc', []))}: {item.get('msg')}"
+            if isinstance(item, dict)
+            else str(item)
+            for item in detail
         )
     return str(detail)

@@ -8,8 +8,9 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -36,6 +37,15 @@ def _default_spool() -> Path:
 def _default_cache() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "fleetbench"
+
+
+def _absolute(path: Path) -> Path:
+    if not path.is_absolute():  # else it would mean whatever the daemon's directory is
+        raise ValueError(f"{path} is not an absolute path")
+    return path
+
+
+AbsolutePath = Annotated[Path, AfterValidator(_absolute)]
 
 
 class SettingsError(ValueError):
@@ -88,6 +98,12 @@ class AgentSettings(BaseSettings):
         default_factory=list,
         description="the llama-batched-bench binaries a plan may run here (none: a plan "
         "that names one is skipped): the registry never chooses what a node executes",
+    )
+    plan_model_dirs: list[AbsolutePath] = Field(
+        default_factory=list,
+        description="the directories a plan may load its model from, its path and search_dirs "
+        "alike, symlinks and .. resolved (none: a plan that names a model is skipped): the "
+        "registry never chooses which of a node's files is read",
     )
     plan_serve_urls: list[ServerUrl] = Field(
         default_factory=list,
@@ -147,11 +163,15 @@ def load_settings(toml: Path | None = None) -> AgentSettings:
 
 
 def _source(location: Location) -> str:
-    """The variable a bad value came from, or else the [agent] key."""
-    key = "_".join(str(p) for p in location)
-    variable = _PREFIX + key.upper()
+    """The variable a bad value came from, or else the [agent] key; an item of a list
+    after it (`FLEETBENCH_PLAN_MODEL_DIRS[0]`, `agent.plan_model_dirs[0]`)."""
+    if not location:  # about the settings together (token and token_file)
+        return "agent"
+    field, *within = location
+    variable = _PREFIX + str(field).upper()
     given = {k.upper(): k for k, v in os.environ.items() if v}  # empty ones are ignored
-    return given.get(variable, "agent." + key)
+    item = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in within)
+    return given.get(variable, f"agent.{field}") + item
 
 
 def open_spool(settings: AgentSettings) -> Spool:

@@ -216,6 +216,7 @@ class Daemon:
                 plan,
                 sha256_cache=self.sha256_cache,
                 allowed_binaries=self.settings.plan_binaries,
+                allowed_model_dirs=self.settings.plan_model_dirs,
                 allowed_servers=self.settings.plan_serve_urls,
             )
             for plan in plans.plans

@@ -18,6 +18,7 @@ from fleetbench.cli_answers import console
 from fleetbench.contract.answers import BLIND_ABOVE_PCT, CapacityAnswer, PlacementAnswer
 from fleetbench.contract.build_label import build_label
 from fleetbench.contract.wire import Point, RunReport, ServingPoint
+from fleetbench.printable import printable
 
 __all__ = [
     "SPOOL_UNWRITABLE_EXIT",
@@ -40,7 +41,9 @@ SPOOL_UNWRITABLE_EXIT = 3
 
 
 def error_line(message: str) -> Text:
-    return Text.assemble(("error:", "red"), " ", message)
+    """`error: MESSAGE`, its control characters escaped (a Text is no string the console
+    escapes)."""
+    return Text.assemble(("error:", "red"), " ", printable(message))
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -4,6 +4,7 @@ FleetbenchError
  ├── EngineUnavailable      the engine asked for is not installed here (an extra left out)
  ├── ClientError            talking to the registry failed
  │    ├── RegistryUnavailable   no answer, a timeout or a 5xx: try again later
+ │    │    └── UnexpectedAnswer     not the registry's answer: a redirect, a page, too large
  │    └── RequestRejected       a 4xx: the registry will not take the request as it is
  └── SpoolError             the local spool cannot be read
       └── SpoolUnwritable       ... or cannot be written (a full disk, a read-only file)
@@ -27,6 +28,7 @@ __all__ = [
     "RequestRejected",
     "SpoolError",
     "SpoolUnwritable",
+    "UnexpectedAnswer",
     "validation_problems",
 ]
 
@@ -40,8 +42,10 @@ def dotted(location: Location) -> str:
 
 def validation_problems(exc: ValidationError, key: Callable[[Location], str] = dotted) -> str:
     """A validation error in one line: each problem after the key it is about, as `key`
-    names it (a CLI option, an agent.toml key, a variable)."""
-    return "; ".join(f"{key(e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
+    names it (a CLI option, an agent.toml key, a variable), or alone where it is about no
+    key (JSON that does not parse)."""
+    named = ((key(e["loc"]), e["msg"]) for e in exc.errors(include_url=False))
+    return "; ".join(f"{name}: {problem}" if name else problem for name, problem in named)
 
 
 class FleetbenchError(Exception):
@@ -69,6 +73,14 @@ class RegistryUnavailable(ClientError):
         super().__init__(message)
         self.status_code = status_code
         self.retry_after = retry_after
+
+
+class UnexpectedAnswer(RegistryUnavailable):
+    """What answered is not the registry's answer: a redirect (followed by none), a page
+    or JSON of another shape (a proxy, a wrong URL, another version), or more than any
+    answer's bytes. Tried again later, as for a registry that is down: a proxy may be
+    mended, and the runs wait in the spool meanwhile. `status_code` is the status it came
+    with."""
 
 
 class RequestRejected(ClientError):

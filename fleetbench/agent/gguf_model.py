@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import struct
 from collections.abc import Mapping
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, BinaryIO
 
 from pydantic import ValidationError
@@ -78,8 +80,11 @@ class ModelFileError(ValueError):
 
 def sha256_of(path: Path, *, cache: Path | None = None) -> str:
     """The file's SHA-256. With `cache` (a JSON file), a file whose path, size and mtime
-    are unchanged is not read again: a 20 GB model is hashed once, not every night."""
+    are unchanged is not read again: a 20 GB model is hashed once, not every night. Only a
+    regular file is read, and no more of it than its size says: a FIFO, a device or a
+    /proc file (endless, or blocking) raises OSError instead of holding the caller."""
     stat = path.stat()
+    _regular(path, stat.st_mode)
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     known: dict[str, str] = {}
     if cache is not None:
@@ -90,9 +95,13 @@ def sha256_of(path: Path, *, cache: Path | None = None) -> str:
         if key in known:
             return known[key]
     digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
+    # Non-blocking: a FIFO swapped in since the stat above opens without waiting for a writer.
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        _regular(path, os.fstat(f.fileno()).st_mode)
+        left = stat.st_size
+        while left > 0 and (chunk := f.read(min(_HASH_CHUNK, left))):
             digest.update(chunk)
+            left -= len(chunk)
     if cache is not None:
         prefix = f"{path.resolve()}|"
         kept = {k: v for k, v in known.items() if not k.startswith(prefix)}  # stale entries
@@ -104,6 +113,11 @@ def sha256_of(path: Path, *, cache: Path | None = None) -> str:
         except OSError:  # a full disk: the digest is right, it is only not remembered
             temporary.unlink(missing_ok=True)
     return digest.hexdigest()
+
+
+def _regular(path: Path, mode: int) -> None:
+    if not S_ISREG(mode):
+        raise OSError(f"{path} is not a regular file")
 
 
 def describe_gguf(

@@ -1,8 +1,9 @@
 """The registry's sweep plans on a node (fleetbench.contract.plans): pulled with the ETag of
 the last answer, kept on disk so a registry outage changes nothing (a daemon started while
 the registry is down runs the plans it last had), and turned into the daemon's sweeps, or
-into skips with the reason (model missing, sha256 mismatch, not enough memory, an engine or
-schedule this node cannot run, a server it does not let plans load-test).
+into skips with the reason (a model outside the directories the node lets plans load, model
+missing, sha256 mismatch, not enough memory, an engine or schedule this node cannot run, a
+server it does not let plans load-test).
 
 The daemon runs a plan's sweep exactly as a `[[sweep]]` table's: the same lock, jitter,
 busy guard and spool (agent.daemon).
@@ -100,8 +101,27 @@ def _node_memory_bytes() -> int:
     return int(psutil.virtual_memory().total) + sum(int(gpu.total) for gpu in gpus)
 
 
-def _find_model(model: PlanModel, sha256_cache: Path) -> tuple[Path | None, str | None]:
-    """(the model file, None), or (None, why it is not here)."""
+def _loadable(place: str, allowed_dirs: Collection[Path]) -> bool:
+    """Whether `place`, every symlink and `..` in it resolved (as the kernel would, from
+    the working directory), lies in one of `allowed_dirs` (resolved alike). Nothing is
+    opened, and what the place holds is never said."""
+    real = Path(os.path.realpath(place))
+    return any(real.is_relative_to(os.path.realpath(directory)) for directory in allowed_dirs)
+
+
+def _find_model(
+    model: PlanModel, sha256_cache: Path, allowed_dirs: Collection[Path]
+) -> tuple[Path | None, str | None]:
+    """(the model file, None), or (None, why it is not here). A place outside the
+    directories the node allows is refused before anything there is looked at: whoever
+    writes plans learns nothing of a node's other files (that one exists, its size, its
+    digest), nor has it read."""
+    for place in [*([model.path] if model.path is not None else []), *model.search_dirs]:
+        if not _loadable(place, allowed_dirs):
+            return None, (
+                f"{place} is not in a directory this node lets plans load models from "
+                "(agent.plan_model_dirs)"
+            )
 
     def digest(path: Path) -> str:
         return sha256_of(path, cache=sha256_cache)
@@ -114,7 +134,9 @@ def _find_model(model: PlanModel, sha256_cache: Path) -> tuple[Path | None, str 
             return None, f"sha256 mismatch: {path} is {found}, the plan names {model.sha256}"
         return path, None
     for directory in map(Path, model.search_dirs):
-        for candidate in sorted(directory.glob("*.gguf")) if directory.is_dir() else []:
+        found_there = sorted(directory.glob("*.gguf")) if directory.is_dir() else []
+        # a symlink there may lead out of the allowed directories: not followed out
+        for candidate in (c for c in found_there if _loadable(str(c), allowed_dirs)):
             try:
                 if digest(candidate) == model.sha256:
                     return candidate, None
@@ -129,19 +151,24 @@ def resolve_plan(
     *,
     sha256_cache: Path,
     allowed_binaries: Collection[Path] = (),
+    allowed_model_dirs: Collection[Path] = (),
     allowed_servers: Collection[str] = (),
     memory_bytes: int | None = None,
 ) -> PlannedSweep:
     """The sweep this node runs for the plan, or why it cannot (never raises). A plan
     runs llama-batched-bench only from a path this node allows (`plan_binaries`), never one
-    found on PATH, and load-tests only a server this node allows (`plan_serve_urls`):
-    whoever writes plans must not choose what every node executes, nor where it sends load."""
+    found on PATH, loads a model only from a directory this node allows (`plan_model_dirs`),
+    and load-tests only a server this node allows (`plan_serve_urls`): whoever writes plans
+    must not choose what every node executes, which of its files it reads, nor where it
+    sends load."""
     sweep: SweepConfig | ServeSweepConfig | None
     if plan.kind == "serving":
         sweep, skipped = _serving_sweep_for(plan, allowed_servers)
         return PlannedSweep(plan, sweep, skipped)
     try:
-        sweep, skipped = _sweep_for(plan, sha256_cache, allowed_binaries, memory_bytes)
+        sweep, skipped = _sweep_for(
+            plan, sha256_cache, allowed_binaries, allowed_model_dirs, memory_bytes
+        )
     except OSError as exc:  # a file unreadable, or gone between two looks
         sweep, skipped = None, f"model unreadable: {exc}"
     return PlannedSweep(plan, sweep, storable_text(skipped, REASON_LENGTH) if skipped else None)
@@ -175,6 +202,7 @@ def _sweep_for(
     plan: PlanVersion,
     sha256_cache: Path,
     allowed_binaries: Collection[Path],
+    allowed_model_dirs: Collection[Path],
     memory_bytes: int | None,
 ) -> tuple[SweepConfig | None, str | None]:
     binary = Path(plan.binary) if plan.binary else None
@@ -191,7 +219,7 @@ def _sweep_for(
         return None, (
             f"a canary plan for {BINDING} {plan.binding_version}: this node has {binding_version()}"
         )
-    path, missing = _find_model(plan.model, sha256_cache)
+    path, missing = _find_model(plan.model, sha256_cache, allowed_model_dirs)
     if path is None:
         return None, missing
     memory = memory_bytes if memory_bytes is not None else _node_memory_bytes()

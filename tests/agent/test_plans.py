@@ -41,13 +41,17 @@ def _nodes(registry: LiveRegistry) -> dict[str, dict[str, Any]]:
         return {n["name"]: n for n in client.get("/v1/nodes").json()["data"]}
 
 
-def _daemon(tmp_path: Path, registry: LiveRegistry, node: str, **labels: str) -> Daemon:
+def _daemon(
+    tmp_path: Path, registry: LiveRegistry, node: str, model_dirs: list[Path], **labels: str
+) -> Daemon:
+    """A node of the registry whose plans may load models from `model_dirs`."""
     daemon = a_daemon(
         tmp_path / node,
         node=node,
         registry_url=registry.url,
         token=registry.token(node, **labels),
         jitter_s=0,
+        plan_model_dirs=model_dirs,
     )
     daemon.schedule()  # the scheduler, not started: the test calls the jobs
     return daemon
@@ -61,8 +65,8 @@ def test_nodes_pull_the_plans_their_labels_pick_and_each_change_at_the_next_poll
     for pool in ("a", "b"):
         saved = _save(live_registry, admin, f"pool-{pool}", labels={"pool": pool}, model=model)
         assert saved.status_code == 201, saved.text
-    east = _daemon(tmp_path, live_registry, "east", pool="a")
-    west = _daemon(tmp_path, live_registry, "west", pool="b")
+    east = _daemon(tmp_path, live_registry, "east", [tiny_llama.parent], pool="a")
+    west = _daemon(tmp_path, live_registry, "west", [tiny_llama.parent], pool="b")
     for daemon in (east, west):
         daemon.poll_plans()
     assert list(east.planned) == ["pool-a"] and list(west.planned) == ["pool-b"]
@@ -91,7 +95,7 @@ def test_nodes_pull_the_plans_their_labels_pick_and_each_change_at_the_next_poll
     assert _save(live_registry, admin, "both", **both).status_code == 200  # the same: no v2
     changed = _save(live_registry, admin, "both", **{**both, "cron": "30 4 * * *"})
     assert (changed.status_code, changed.json()["version"]) == (201, 2)
-    assert changed.json()["created_by"] == "ops"
+    assert changed.json()["created_by"].startswith("ops (token ")
     for daemon in (east, west):
         daemon.poll_plans()
         assert daemon.planned["both"].plan.version == 2
@@ -119,7 +123,7 @@ def test_an_admins_sweep_now_runs_the_plan_once_and_delivers_the_run(
     admin = live_registry.scoped_token("admin")
     plan = {"model": {"path": str(tiny_llama), "name": "tiny"}, "settings": TINY_GRID}
     assert _save(live_registry, admin, "nightly", **plan).status_code == 201
-    node = _daemon(tmp_path, live_registry, "gpu-1")
+    node = _daemon(tmp_path, live_registry, "gpu-1", [tiny_llama.parent])
     node.poll_plans()
     with live_registry.client(admin) as client:
         asked = client.post("/v1/plans/sweep-now/gpu-1")
@@ -150,7 +154,7 @@ def test_a_node_without_the_model_reports_why_it_skips(
     }
     for name, model in models.items():
         assert _save(live_registry, admin, name, model=model).status_code == 201
-    node = _daemon(tmp_path, live_registry, "edge")
+    node = _daemon(tmp_path, live_registry, "edge", [tiny_llama.parent, tmp_path])
     node.poll_plans()
     skipped = {p["name"]: p["skipped"] for p in _nodes(live_registry)["edge"]["plans"]}
     assert (
@@ -176,7 +180,12 @@ def test_a_model_larger_than_the_node_is_skipped_for_memory(tiny_llama: Path) ->
             "cron": "0 3 * * *",
         }
     )
-    planned = resolve_plan(plan, sha256_cache=tiny_llama.with_suffix(".json"), memory_bytes=1024)
+    planned = resolve_plan(
+        plan,
+        sha256_cache=tiny_llama.with_suffix(".json"),
+        allowed_model_dirs=[tiny_llama.parent],
+        memory_bytes=1024,
+    )
     assert planned.sweep is None
     assert (planned.skipped or "").startswith("not enough memory: the model file is")
 
@@ -187,7 +196,7 @@ def test_a_node_started_while_the_registry_is_down_runs_its_cached_plans(
     with running_registry(RegistrySettings(database_url=database_url)) as registry:
         admin = registry.scoped_token("admin")
         assert _save(registry, admin, "nightly", model={"path": str(tiny_llama)}).status_code == 201
-        first = _daemon(tmp_path, registry, "rack-7")
+        first = _daemon(tmp_path, registry, "rack-7", [tiny_llama.parent])
         first.poll_plans()
         token = first.settings.current_token()
     # the registry is gone; the node restarts
@@ -196,6 +205,7 @@ def test_a_node_started_while_the_registry_is_down_runs_its_cached_plans(
         node="rack-7",
         registry_url=f"http://127.0.0.1:{free_port()}",
         token=token,
+        plan_model_dirs=[tiny_llama.parent],
     )
     restarted.schedule()
     assert restarted.scheduler.get_job("sweep:plan:nightly") is not None  # before any poll
@@ -253,7 +263,9 @@ def test_a_plan_saved_once_is_run_by_every_matching_agent_process(
     for name in names:
         home = tmp_path / name
         home.mkdir()
-        (home / "agent.toml").write_text("[agent]\njitter_s = 0\nplan_poll_s = 1\n")
+        (home / "agent.toml").write_text(
+            f"[agent]\njitter_s = 0\nplan_poll_s = 1\nplan_model_dirs = ['{tiny_llama.parent}']\n"
+        )
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_")}
         env = {
             **inherited,
@@ -384,7 +396,9 @@ def test_a_plan_runs_only_the_binaries_the_node_allows(tiny_llama: Path, tmp_pat
     on_path = resolve_plan(plan(engine="llama-batched-bench"), sha256_cache=cache)
     assert (on_path.skipped or "").startswith("binary llama-batched-bench (on PATH) is not one")
     allowed = [Path("/opt/llama/llama-batched-bench")]
-    taken = resolve_plan(named, sha256_cache=cache, allowed_binaries=allowed)
+    taken = resolve_plan(
+        named, sha256_cache=cache, allowed_binaries=allowed, allowed_model_dirs=[tiny_llama.parent]
+    )
     assert taken.skipped is None
     assert taken.sweep is not None and taken.sweep.binary == allowed[0]
 
@@ -406,7 +420,9 @@ def test_an_unreadable_model_is_a_skip_not_a_crash(
             "cron": "0 3 * * *",
         }
     )
-    planned = resolve_plan(plan, sha256_cache=tmp_path / "sha256.json")
+    planned = resolve_plan(
+        plan, sha256_cache=tmp_path / "sha256.json", allowed_model_dirs=[tiny_llama.parent]
+    )
     assert planned.sweep is None
     assert planned.skipped == f"model unreadable: [Errno 13] Permission denied: '{tiny_llama}'"
 
@@ -437,7 +453,9 @@ def test_a_canary_plan_runs_only_where_its_binding_version_is_installed(
     assert elsewhere.skipped == (
         f"a canary plan for llama-cpp-python 0.0.1: this node has {installed}"
     )
-    here = resolve_plan(canary(installed), sha256_cache=cache)
+    here = resolve_plan(
+        canary(installed), sha256_cache=cache, allowed_model_dirs=[tiny_llama.parent]
+    )
     assert here.skipped is None and here.sweep is not None
     # a plan without one keeps the body it had before the field existed
     plain = canary(installed).model_copy(update={"binding_version": None})

@@ -73,6 +73,7 @@ async def _request(target: _Target, prompt: Prompt) -> RequestRecord:
 
 
 _STALE_RETRIES = 4
+_ERROR_BYTES = 2**16  # read of an answer that is not the stream
 _GIVE_UP = 3  # failed requests in a row after which a user of a timed level stops
 # A kept-alive connection found closed fails at once; a server that took the request and
 # then fell over takes longer, and is an error of its own, never sent again.
@@ -90,10 +91,16 @@ async def _attempt(target: _Target, prompt: Prompt) -> RequestRecord:
     finished = answered = False
     try:
         async with asyncio.timeout(limits.request_s):
-            async with target.session.post(target.url, json=body) as response:
+            # a redirect is an answer like any other: the server may not send the load
+            # (nor its prompts) to another address
+            async with target.session.post(
+                target.url, json=body, allow_redirects=False
+            ) as response:
                 answered = True
                 if response.status != 200:
-                    await response.read()
+                    # some of its error, so that a short one leaves the connection reusable;
+                    # never all of what a server may send
+                    await response.content.read(_ERROR_BYTES)
                     record.error = f"http {response.status}"
                     return record
                 # Read to the end of the stream, past its last event: a connection left
@@ -109,6 +116,11 @@ async def _attempt(target: _Target, prompt: Prompt) -> RequestRecord:
                     now = time.perf_counter()
                     if event.error is not None:
                         record.error = storable_text(f"server error: {event.error}", 200)
+                        return record
+                    if event.count is not None and event.count > gen_tokens:
+                        # no server counts past what it was asked for; timestamping a
+                        # billion tokens would fill the agent's memory
+                        record.error = "more tokens than asked for"
                         return record
                     seen = len(record.token_times)
                     new = max(0, event.count - seen) if event.count is not None else int(event.text)

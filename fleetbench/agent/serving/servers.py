@@ -6,16 +6,20 @@ serving requests now: llama-server's /slots, else the requests in flight its Pro
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from fleetbench.agent.bounded_http import AnswerTooLarge, read_bounded
 
 __all__ = [
     "ServerInfo",
     "identify",
     "identify_at",
     "in_flight",
+    "json_answer",
     "metrics_in_flight",
     "server_client",
 ]
@@ -31,26 +35,40 @@ class ServerInfo:
     ctx_per_slot: int | None = None
 
 
-def _json(client: httpx.Client, path: str) -> Any:
-    """The JSON at `path`, or None for any answer that is not; no answer at all raises
-    httpx.TransportError (the server is not there)."""
-    response = client.get(path)
-    if response.status_code != 200:
-        return None
+# The most of a server's answer read: /props with its chat template, /slots of hundreds of
+# slots, /metrics, /tokenize's ids are kilobytes; past it the answer is no one's of these.
+ANSWER_BYTES = 8 * 2**20
+
+
+def json_answer(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    """The JSON of a 200 answer at `path`, or None for any answer that is not (another
+    status, a redirect, which is never followed, more than ANSWER_BYTES); no answer at all
+    raises httpx.TransportError (the server is not there)."""
+    body = _body(client, method, path, **kwargs)
     try:
-        return response.json()
+        return json.loads(body) if body is not None else None
     except ValueError:
         return None
+
+
+def _body(client: httpx.Client, method: str, path: str, **kwargs: Any) -> bytes | None:
+    with client.stream(method, path, **kwargs) as response:
+        if response.status_code != 200:
+            return None
+        try:
+            return read_bounded(response, ANSWER_BYTES)
+        except AnswerTooLarge:
+            return None
 
 
 def identify(client: httpx.Client) -> ServerInfo:
     """What the server says of itself (anything it says that is not what it should be is
     not known). Raises httpx.TransportError when it does not answer."""
-    props = _json(client, "/props")
+    props = json_answer(client, "GET", "/props")
     if isinstance(props, dict) and "build_info" in props:
         settings = props.get("default_generation_settings")
         n_ctx = _count(settings.get("n_ctx")) if isinstance(settings, dict) else None
-        slots = _json(client, "/slots")
+        slots = json_answer(client, "GET", "/slots")
         per_slot = (
             [_count(s.get("n_ctx")) for s in slots if isinstance(s, dict)]
             if isinstance(slots, list)
@@ -64,19 +82,20 @@ def identify(client: httpx.Client) -> ServerInfo:
             slots=_count(props.get("total_slots")),
             ctx_per_slot=min((n for n in per_slot if n is not None), default=n_ctx),
         )
-    version = _json(client, "/version")
+    version = json_answer(client, "GET", "/version")
     if isinstance(version, dict) and "version" in version:
         return ServerInfo(kind="vllm", build=str(version["version"]))
-    ollama = _json(client, "/api/version")
+    ollama = json_answer(client, "GET", "/api/version")
     if isinstance(ollama, dict) and "version" in ollama:
         return ServerInfo(kind="ollama", build=str(ollama["version"]))
     return ServerInfo(kind="openai-compatible")
 
 
 def server_client(url: str, timeout_s: float = 5.0) -> httpx.Client:
-    """A client of the server at `url`: bounded waits, and no proxy from the environment
-    between the agent and a server on the node."""
-    return httpx.Client(base_url=url, timeout=timeout_s, trust_env=False)
+    """A client of the server at `url`: bounded waits, no redirect followed (a server must
+    not send the agent elsewhere), and no proxy from the environment between the agent and
+    a server on the node."""
+    return httpx.Client(base_url=url, timeout=timeout_s, trust_env=False, follow_redirects=False)
 
 
 def identify_at(url: str) -> ServerInfo | None:
@@ -105,13 +124,11 @@ _IN_FLIGHT = ("llamacpp:requests_processing", "vllm:num_requests_running")
 def in_flight(client: httpx.Client) -> int | None:
     """How many requests the server is processing now: llama-server's busy slots, else the
     gauges of its /metrics (None: it tells neither)."""
-    slots = _json(client, "/slots")
+    slots = json_answer(client, "GET", "/slots")
     if isinstance(slots, list):
         return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))
-    response = client.get("/metrics")
-    if response.status_code != 200:
-        return None
-    return metrics_in_flight(response.text)
+    metrics = _body(client, "GET", "/metrics")
+    return metrics_in_flight(metrics.decode("utf-8", "replace")) if metrics is not None else None
 
 
 def metrics_in_flight(text: str) -> int | None:

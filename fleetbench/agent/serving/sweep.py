@@ -23,6 +23,7 @@ from fleetbench.agent.serving.servers import (
     identify,
     identify_at,
     in_flight,
+    json_answer,
     server_client,
 )
 from fleetbench.agent.serving.slo import LevelFailed, SearchResult, search
@@ -64,11 +65,8 @@ def _prompts(
     rng = random.Random(seed)
     if server.kind == "llama-server":
         text = " ".join(rng.choice(_WORDS) for _ in range(200))  # a pool to draw ids from
-        answer = client.post("/tokenize", json={"content": text})
-        try:
-            pool = answer.json().get("tokens") if answer.status_code == 200 else None
-        except (ValueError, AttributeError):
-            pool = None
+        answer = json_answer(client, "POST", "/tokenize", json={"content": text})
+        pool = answer.get("tokens") if isinstance(answer, dict) else None
         if isinstance(pool, list) and pool and all(isinstance(t, int) for t in pool):
             return lambda: rng.choices(pool, k=prompt_tokens), True
     return lambda: " ".join(rng.choice(_WORDS) for _ in range(prompt_tokens)), False
