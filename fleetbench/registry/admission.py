@@ -1,9 +1,10 @@
 """Admission: how many requests one registry process works on at once, and which it sheds.
 
-Requests that use the database go through one of two lanes: reads (GET, HEAD) and writes
-(everything else), so that a flood of reports never delays a dashboard. A lane admits at most
-its limit at once; beyond that, up to `max_queued` wait their turn, first come first served,
-for at most `max_wait` seconds. A request that finds the queue full, or waits too long, is
+Requests that use the database go through one of two lanes: reads (GET, HEAD, and OPTIONS,
+which no route takes and whose body is never read) and writes (everything else), so that a
+flood of reports never delays a dashboard. A lane admits at most its limit at once; beyond
+that, up to `max_queued` wait their turn, first come first served, for at most `max_wait`
+seconds. A request that finds the queue full, or waits too long, is
 answered 503 with a Retry-After (with jitter, so shed clients do not return in step) without
 touching the database: a fleet's agents retrying together after an outage get their answer in
 milliseconds, and their spools try again later.
@@ -18,7 +19,8 @@ aside), nor /livez, which asks no database.
 A write takes its slot only once its token is known valid and its whole body is in hand:
 a request without a valid token is answered 401 before a byte of its body is read, and a
 body must arrive within `body_timeout_s` (408 after), with at most `uploads_per_token`
-bodies arriving at once per token (429 beyond). So connections that send a body slowly,
+bodies arriving at once per token (429 beyond); the token is checked again once the slot is
+taken, so that one revoked meanwhile writes nothing. So connections that send a body slowly,
 with or without a token, hold a socket and at most the body's bound in memory, never a
 slot the fleet's reports need.
 """
@@ -37,11 +39,10 @@ from fastapi.security.utils import get_authorization_scheme_param
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fleetbench.registry.body_limit import BODILESS_METHODS
 from fleetbench.registry.tokens import Principal
 
 __all__ = ["Admission", "Lane", "LaneLimits", "UploadLimits", "busy"]
-
-_READ_METHODS = frozenset({"GET", "HEAD"})
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ class Admission:
         path: str = scope["path"]
         if not (path.startswith("/v1/") or path == "/metrics"):
             return None
-        return self.reads if scope["method"] in _READ_METHODS else self.writes
+        return self.reads if scope["method"] in BODILESS_METHODS else self.writes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         lane = self.lane(scope) if scope["type"] == "http" else None
@@ -168,7 +169,6 @@ class Admission:
                 return
             if body is None:  # the client went away
                 return
-            scope.setdefault("state", {})["principal"] = principal
             receive = _replay(body, receive)
         if not await lane.enter():
             if self.on_shed is not None:
@@ -177,6 +177,15 @@ class Admission:
             await _answer(send, 503, detail, {"Retry-After": str(retry_after)})
             return
         try:
+            if lane is self.writes:
+                # Again, now that the body is in: a token revoked while it arrived (up to
+                # body_timeout_s) is refused. From memory, as a rule: it was just found.
+                try:
+                    principal = await self.authenticate(_bearer(scope), _client(scope))
+                except HTTPException as exc:
+                    await _answer(send, exc.status_code, exc.detail, exc.headers)
+                    return
+                scope.setdefault("state", {})["principal"] = principal
             await self.app(scope, receive, send)
         finally:
             lane.leave()

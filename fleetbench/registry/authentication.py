@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 
 from fastapi import HTTPException, status
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -47,13 +47,16 @@ def refused() -> HTTPException:
 
 class KnownTokens:
     """Tokens found valid (at most `size`), by digest, trusted while the token epoch was
-    read within `fresh_s` seconds. `generation` names what the entries were found under:
-    the epoch read last and the revokes made in this process."""
+    read within `fresh_s` seconds, and each for `ttl_s` at most: a token changed without a
+    revoke (by hand in the database, a restored backup) is read again within a minute.
+    `generation` names what the entries were found under: the epoch read last and the
+    revokes made in this process."""
 
-    def __init__(self, *, size: int = 10_000, fresh_s: float = 0.75) -> None:
+    def __init__(self, *, size: int = 10_000, fresh_s: float = 0.75, ttl_s: float = 60) -> None:
         self.size = size
         self.fresh_s = fresh_s
-        self._found: OrderedDict[str, Principal] = OrderedDict()
+        self.ttl_s = ttl_s
+        self._found: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
         self._epoch: int | None = None
         self._forgotten = 0
         self._read_at: float | None = None  # when the last epoch read that answered began
@@ -64,18 +67,21 @@ class KnownTokens:
         return self._epoch, self._forgotten
 
     def get(self, digest: str) -> Principal | None:
+        now = time.monotonic()
         with self._lock:
-            if self._read_at is None or time.monotonic() - self._read_at > self.fresh_s:
+            if self._read_at is None or now - self._read_at > self.fresh_s:
                 return None
             found = self._found.get(digest)
-        return found if found is not None and found.valid_at(datetime.now(UTC)) else None
+        if found is None or now - found[0] > self.ttl_s:
+            return None
+        return found[1] if found[1].valid_at(datetime.now(UTC)) else None
 
     def put(self, digest: str, principal: Principal, generation: tuple[int | None, int]) -> None:
         """Keeps what a look-up found, unless a revoke happened since it began."""
         with self._lock:
             if generation != self.generation:
                 return
-            self._found[digest] = principal
+            self._found[digest] = (time.monotonic(), principal)
             self._found.move_to_end(digest)
             while len(self._found) > self.size:
                 self._found.popitem(last=False)
@@ -173,8 +179,8 @@ class FailedLogins:
 
 class Authenticator:
     """Tokens to principals: from memory when it may be trusted, else one short session on
-    a worker thread, admitted through `lane` (a flood of unknown tokens waits there, not
-    in the lanes of reads and reports)."""
+    a worker thread, admitted through `lane`: a flood of unknown tokens on writes waits
+    there, never among the writes; on reads it waits there holding the read's slot."""
 
     def __init__(
         self,
@@ -220,7 +226,11 @@ class Authenticator:
         try:
             with self._sessions() as session:
                 return tokens.authenticate(session, digest)
-        except (OperationalError, PoolTimeout) as exc:
+        except (DBAPIError, PoolTimeout) as exc:
+            if isinstance(exc, DBAPIError) and not (
+                exc.connection_invalidated or isinstance(exc, OperationalError)
+            ):
+                raise
             log.warning("a token not looked up: database unavailable: %s", exc)
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE,

@@ -8,7 +8,10 @@ import json
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BodySizeLimit"]
+__all__ = ["BODILESS_METHODS", "BodySizeLimit"]
+
+# Methods whose body, if one is sent, nothing in the registry reads.
+BODILESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class BodySizeLimit:
@@ -22,7 +25,7 @@ class BodySizeLimit:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        if scope["type"] != "http" or scope["method"] in BODILESS_METHODS:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")

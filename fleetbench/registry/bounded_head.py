@@ -21,8 +21,9 @@ _TOO_LARGE = b"Request header fields too large"
 
 class BoundedHeadProtocol(HttpToolsProtocol):
     """The bound is the config's h11_max_incomplete_event_size, h11's name for the same
-    thing. The bytes counted are those received while a head is incomplete: a head ends
-    within one read of passing the bound (asyncio reads 256 KiB at most)."""
+    thing. The bytes counted are those of the reads after which a head is incomplete: a head
+    is refused within one read of passing the bound (asyncio reads 256 KiB at most), or two
+    where it began in the read that ended the body before it."""
 
     def __init__(
         self,
@@ -34,6 +35,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         self.max_head_bytes = config.h11_max_incomplete_event_size or DEFAULT_MAX_HEAD_BYTES
         self._in_head = False
+        self._in_body = False
         self._head_bytes = 0
 
     def on_message_begin(self) -> None:
@@ -43,11 +45,19 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._in_body = True
         super().on_headers_complete()
 
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        super().on_message_complete()
+
     def data_received(self, data: bytes) -> None:
+        # Not counted: a read that ends a request's body and begins the next one's head
+        # (pipelining), which is not all head.
+        ending_a_body = self._in_body
         super().data_received(data)
-        if not self._in_head or self.transport.is_closing():
+        if not self._in_head or ending_a_body or self.transport.is_closing():
             return
         self._head_bytes += len(data)
         if self._head_bytes > self.max_head_bytes:

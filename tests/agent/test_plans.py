@@ -22,6 +22,7 @@ from fleetbench.agent.plans import resolve_plan
 from fleetbench.agent.runners.llama_cpp_python import binding_version
 from fleetbench.contract.plans import PlanVersion
 from fleetbench.registry.config import RegistrySettings
+from fleetbench.registry.routes.nodes import SKIP_HIDDEN
 from tests.factories import LiveRegistry, a_daemon, free_port, running_registry
 
 TINY_GRID = {"npp": [8], "ntg": [4], "npl": [1], "repeats": 1}
@@ -37,7 +38,8 @@ def _save(registry: LiveRegistry, admin: str, name: str, **body: Any) -> httpx.R
 
 
 def _nodes(registry: LiveRegistry) -> dict[str, dict[str, Any]]:
-    with registry.client() as client:
+    """The nodes as a reader token sees them (skips with their reasons)."""
+    with registry.client(registry.scoped_token("reader")) as client:
         return {n["name"]: n for n in client.get("/v1/nodes").json()["data"]}
 
 
@@ -156,6 +158,9 @@ def test_a_node_without_the_model_reports_why_it_skips(
         assert _save(live_registry, admin, name, model=model).status_code == 201
     node = _daemon(tmp_path, live_registry, "edge", [tiny_llama.parent, tmp_path])
     node.poll_plans()
+    with live_registry.client() as anyone:  # without a token: skipped, but not why
+        [edge] = [n for n in anyone.get("/v1/nodes").json()["data"] if n["name"] == "edge"]
+    assert {p["skipped"] for p in edge["plans"] if p["skipped"]} == {SKIP_HIDDEN}
     skipped = {p["name"]: p["skipped"] for p in _nodes(live_registry)["edge"]["plans"]}
     assert (
         skipped["missing"]

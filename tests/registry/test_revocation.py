@@ -66,14 +66,9 @@ def test_a_revoke_through_one_process_is_refused_by_another_within_a_second(
         token_id = _token_id(a, "dashboard")
         with a.client(admin) as client:
             assert client.post(f"/v1/tokens/{token_id}/revoke").status_code == 200
-        revoked_at = time.monotonic()
-        seen = []
-        while (waited := time.monotonic() - revoked_at) < WITHIN_S:
-            seen.append((waited, _nodes(b.url, reader)))
+        time.sleep(WITHIN_S)
         refused = _nodes(b.url, reader)
     assert refused == 401
-    first_refused = min(w for w, status in [*seen, (WITHIN_S, refused)] if status == 401)
-    assert first_refused <= WITHIN_S
 
 
 def test_a_revoke_from_the_command_line_is_refused_by_a_serving_process(

@@ -86,6 +86,14 @@ def slow_bodies(url: str, heads: list[bytes]) -> Iterator[SlowSender]:
         sender.stop()
 
 
+def _warm(registry: LiveRegistry, tokens: list[str]) -> None:
+    """Each token used once, so that the attack's heads find it known (a first look-up on
+    a loaded machine can outlast the test's short queue wait)."""
+    for token in tokens:
+        with registry.client(token) as client:
+            assert client.get("/v1/agent/plans").status_code == 200
+
+
 def _reports_meanwhile(registry: LiveRegistry, count: int) -> list[int]:
     token = registry.token("honest")
     with registry.client(token) as client:
@@ -124,10 +132,9 @@ def test_slow_bodies_with_valid_tokens_are_cut_off_and_hold_no_slot(
     meanwhile, and each trickle is answered 408 once the body time limit has passed."""
     settings = _settings(registry_settings, body_timeout_s=3.0)
     with running_registry(settings) as registry:
-        heads = [
-            _head(registry.url, method, path, registry.token(f"slow-{i}"), 100_000)
-            for i in range(3 * SLOTS)
-        ]
+        slow_tokens = [registry.token(f"slow-{i}") for i in range(3 * SLOTS)]
+        _warm(registry, slow_tokens)
+        heads = [_head(registry.url, method, path, token, 100_000) for token in slow_tokens]
         with slow_bodies(registry.url, heads) as attack:
             time.sleep(0.5)
             reported = _reports_meanwhile(registry, 5)
@@ -146,6 +153,7 @@ def test_one_token_sends_a_few_bodies_at_once(registry_settings: RegistrySetting
     settings = _settings(registry_settings, max_uploads_per_token=2, body_timeout_s=2.0)
     with running_registry(settings) as registry:
         token = registry.token("greedy")
+        _warm(registry, [token])
         heads = [_head(registry.url, "POST", "/v1/runs", token, 100_000)] * 3
         with slow_bodies(registry.url, heads) as attack:
             deadline = time.monotonic() + 20
@@ -178,3 +186,47 @@ def test_an_admin_write_with_a_wrong_token_is_refused_before_its_body(
                 break
             answer += part
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+
+def _answer_of(sock: socket.socket) -> bytes:
+    answer = b""
+    while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+        if not (part := sock.recv(65536)):
+            break
+        answer += part
+    return answer
+
+
+def test_a_token_revoked_while_its_body_arrives_writes_nothing(
+    live_registry: LiveRegistry,
+) -> None:
+    """An admin token's plan, its body half sent when the token is revoked: the rest
+    arrives, and the plan is refused (401), not stored."""
+    leaked = live_registry.scoped_token("admin", name="leaked")
+    ops = live_registry.scoped_token("admin", name="ops")
+    body = b'{"model": {"path": "/models/m.gguf"}, "cron": "0 3 * * *"}'
+    address = urlsplit(live_registry.url)
+    with live_registry.client(ops) as client:
+        [leaked_id] = [
+            t["id"] for t in client.get("/v1/tokens").json()["data"] if t["name"] == "leaked"
+        ]
+        with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+            sock.sendall(_head(live_registry.url, "PUT", "/v1/plans/x", leaked, len(body)))
+            sock.sendall(body[:10])
+            assert client.post(f"/v1/tokens/{leaked_id}/revoke").status_code == 200
+            sock.sendall(body[10:])
+            answer = _answer_of(sock)
+        plans = client.get("/v1/plans").json()
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    assert plans["count"] == 0
+
+
+def test_an_options_body_is_never_read(live_registry: LiveRegistry) -> None:
+    """No route takes OPTIONS: its body, however large it says it is, is not waited for
+    (before, the write lane read it whole into memory)."""
+    address = urlsplit(live_registry.url)
+    token = live_registry.token("gpu-1")
+    with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+        sock.sendall(_head(live_registry.url, "OPTIONS", "/v1/runs", token, 10_000_000) + b"{")
+        answer = _answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 405"), answer[:200]

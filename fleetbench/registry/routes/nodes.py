@@ -6,7 +6,7 @@ from fastapi import APIRouter, HTTPException, Response, status
 
 from fleetbench.registry import crud
 from fleetbench.registry.config import RegistrySettings
-from fleetbench.registry.deps import ReadAccess, SessionDep, SettingsDep
+from fleetbench.registry.deps import PathsShown, ReadAccess, SessionDep, SettingsDep
 from fleetbench.registry.health import missed_schedule, node_health
 from fleetbench.registry.params import NodePath
 from fleetbench.registry.responses import NOT_FOUND
@@ -15,7 +15,19 @@ from fleetbench.registry.schemas import NodeDetail, NodePublic, NodesPublic
 router = APIRouter(prefix="/nodes", tags=["nodes"], dependencies=[ReadAccess])
 
 
-def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, object]:
+# A plan's skip says what the node found of a path (`model missing: /models/x.gguf ...`).
+SKIP_HIDDEN = "skipped: a reader or admin token shows why"
+
+
+def _plans(states: list[dict[str, object]], shown: bool) -> list[dict[str, object]]:
+    if shown:
+        return states
+    return [s | {"skipped": SKIP_HIDDEN} if s.get("skipped") else s for s in states]
+
+
+def _public(
+    summary: crud.NodeSummary, settings: RegistrySettings, shown: bool
+) -> dict[str, object]:
     now = datetime.now(UTC)
     missed = missed_schedule(
         summary.next_run_at, now=now, grace=timedelta(minutes=settings.missed_after_minutes)
@@ -31,7 +43,7 @@ def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, 
         "engine": summary.engine,
         "last_status": summary.last_status,
         "open_regressions": summary.open_regressions,
-        "plans": status.get("plans", []),
+        "plans": _plans(status.get("plans", []), shown),
         "status_reported_at": summary.status_reported_at,
         "next_run_at": summary.next_run_at,
         "missed_schedule": missed,
@@ -51,21 +63,25 @@ def _public(summary: crud.NodeSummary, settings: RegistrySettings) -> dict[str, 
 
 
 @router.get("", response_model=NodesPublic)
-def read_nodes(session: SessionDep, settings: SettingsDep) -> Response:
+def read_nodes(session: SessionDep, settings: SettingsDep, shown: PathsShown) -> Response:
     """Every node: its hardware and engine build, when it last ran, its plans (the version
-    it runs of each, skips and why), when it runs next, whether it missed its schedule,
-    its health."""
-    nodes = [NodePublic.model_validate(_public(s, settings)) for s in crud.list_nodes(session)]
+    it runs of each, skips and why: why, to a reader or admin token), when it runs next,
+    whether it missed its schedule, its health."""
+    summaries = crud.list_nodes(session)
+    nodes = [NodePublic.model_validate(_public(s, settings, shown)) for s in summaries]
     # Serialized here: FastAPI would validate and dump the list a second time.
     page = NodesPublic(data=nodes, count=len(nodes))
     return Response(page.model_dump_json(), media_type="application/json")
 
 
 @router.get("/{name:path}", response_model=NodeDetail, responses=NOT_FOUND)
-def read_node(name: NodePath, session: SessionDep, settings: SettingsDep) -> NodeDetail:
+def read_node(
+    name: NodePath, session: SessionDep, settings: SettingsDep, shown: PathsShown
+) -> NodeDetail:
     """One node with the hardware fingerprints it has had, newest first."""
     found = crud.get_node(session, name)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {name!r} not found")
     summary, fingerprints = found
-    return NodeDetail.model_validate({**_public(summary, settings), "fingerprints": fingerprints})
+    public = _public(summary, settings, shown)
+    return NodeDetail.model_validate({**public, "fingerprints": fingerprints})
