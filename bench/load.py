@@ -297,7 +297,7 @@ async def slow_body(base_url: str, token: str | None, deadline: float, tally: Ta
                     await writer.drain()
             if answer:
                 tally.slow[answer.split(b" ", 2)[1].decode()] += 1
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(SLOW_BYTE_EVERY_S)  # as slow to come back
         except OSError as exc:
             tally.slow[type(exc).__name__] += 1
         finally:
