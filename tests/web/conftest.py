@@ -46,8 +46,11 @@ def empty_database_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'registry.db'}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Chromium, for one test module: Playwright's sync API keeps an event loop running in
+    the thread until it stops, and the test modules a worker runs after this one call
+    asyncio.run (the serving load generator, webhooks)."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: scripts/test.sh installs Debian's chromium")
     with sync_playwright() as playwright:
