@@ -84,7 +84,7 @@ def test_llama_server_without_slots_is_asked_through_its_metrics(
         (1, 8, 128),
         (2, 8, 128),
         (4, 8, 128),
-    ]
+    ], [p.errors for p in outcome.points]
 
 
 def test_a_llama_server_killed_mid_sweep_keeps_the_points_before_and_records_the_rest(
