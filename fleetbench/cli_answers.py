@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetbench.printable import printable
+from fleetbench.version import VERSION
 
 __all__ = [
     "ANSWERED_EXIT",
@@ -26,6 +27,7 @@ __all__ = [
     "console",
     "exit_status_help",
     "print_table",
+    "version_option",
 ]
 
 # The exit statuses of `placement`, `capacity` and `compare` on either command line.
@@ -38,6 +40,19 @@ UNKNOWN_EXIT = 3  # compare: not known yet (too few runs, a build no node ran)
 NO_ANSWER_EXIT = 4
 
 ModelOption = Annotated[str, typer.Option(help="display name or GGUF sha256")]
+
+
+def version_option(program: str) -> Any:
+    """`--version`: prints `program VERSION` and exits, before any command runs."""
+
+    def show(asked: bool) -> None:
+        if asked:
+            typer.echo(f"{program} {VERSION}")
+            raise typer.Exit
+
+    return typer.Option("--version", callback=show, is_eager=True, help="print the version")
+
+
 JsonOption = Annotated[bool, typer.Option("--json", help="print the answer as JSON")]
 
 

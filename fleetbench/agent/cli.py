@@ -53,7 +53,7 @@ from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
 from fleetbench.agent.runners.repeats import MIN_AUTO_REPEATS
 from fleetbench.agent.sweep import measure_run, memory_line, sweep_lock
-from fleetbench.cli_answers import print_table
+from fleetbench.cli_answers import print_table, version_option
 from fleetbench.cli_usage import help_of, options_of, validated
 from fleetbench.contract.accelerator import run_off_accelerator
 from fleetbench.contract.wire import FailedPoint, ModelInfo, Point
@@ -75,7 +75,9 @@ def _log_to_stderr(level: int, line: str, *, force: bool = False) -> None:
 
 
 @app.callback()
-def _every_command() -> None:
+def _every_command(
+    _version: Annotated[bool, version_option("fleetbench-agent")] = False,
+) -> None:
     # What a command logs (the registry left fields of a run out) is shown as Python's own
     # last-resort handler shows it, but escaped.
     _log_to_stderr(logging.WARNING, "%(message)s")

@@ -22,7 +22,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from fleetbench import cli_compare
-from fleetbench.cli_answers import NO_ANSWER_EXIT, USAGE_EXIT, JsonOption, ModelOption, console
+from fleetbench.cli_answers import (
+    NO_ANSWER_EXIT,
+    USAGE_EXIT,
+    JsonOption,
+    ModelOption,
+    console,
+    version_option,
+)
 from fleetbench.cli_usage import bad_parameter, options_of
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.plans import PlanBody
@@ -55,6 +62,14 @@ plan_app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(plan_app, name="plan")
+
+
+@app.callback()
+def _every_command(
+    _version: Annotated[bool, version_option("fleetbench-registry")] = False,
+) -> None:
+    pass
+
 
 # The option that sets each of TokenRequest's fields, to name in a usage error.
 _TOKEN_OPTIONS = options_of(TokenRequest, {"expires_in_days": "expires_days"})

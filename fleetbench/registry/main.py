@@ -41,6 +41,7 @@ from fleetbench.registry.routes import (
 )
 from fleetbench.registry.state import ProcessState
 from fleetbench.registry.web import pages as web_pages
+from fleetbench.version import VERSION
 
 __all__ = ["create_app"]
 
@@ -103,7 +104,7 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
 
     app = FastAPI(
         title="fleetbench registry",
-        version="0.1.0",
+        version=VERSION,
         description=DESCRIPTION,
         lifespan=lifespan,
         # the API's docs are the dashboard's page /docs, served from here under its CSP
@@ -196,15 +197,15 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
     @app.get("/readyz", tags=["health"], responses={503: API_RESPONSES[503]})
     @app.get("/healthz", tags=["health"], responses={503: API_RESPONSES[503]})
     def readyz(session: SessionDep) -> dict[str, str]:
-        """The process answers and its database does (/healthz is the same question). Why
-        not is in the registry's log only: the error names the database's host, port and
-        name."""
+        """The process answers and its database does (/healthz is the same question), with
+        the registry's version. Why not is in the registry's log only: the error names the
+        database's host, port and name."""
         try:
             session.execute(text("SELECT 1"))
         except SQLAlchemyError as exc:
             log.warning("healthz: database unavailable: %s", exc)
             raise HTTPException(503, detail="the registry's database is unavailable") from exc
-        return {"status": "ok"}
+        return {"status": "ok", "version": VERSION}
 
     return app
 
