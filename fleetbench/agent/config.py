@@ -57,7 +57,9 @@ class AgentSettings(BaseSettings):
 
     # who this node is and where its runs go
     node: str = Field(
-        default_factory=socket.gethostname, min_length=1, description="this node's name"
+        default_factory=socket.gethostname,
+        min_length=1,
+        description="this node's name; default: the hostname",
     )
     registry_url: str = Field(default=DEFAULT_REGISTRY_URL, description="the registry's base URL")
     token: SecretStr | None = Field(default=None, description="this node's registry token")
@@ -67,28 +69,50 @@ class AgentSettings(BaseSettings):
         "a rotated token is taken up without a restart",
     )
     spool: Path = Field(
-        default_factory=_default_spool, description="where finished runs wait for delivery"
+        default_factory=_default_spool,
+        description="where finished runs wait for delivery; default: "
+        "$XDG_STATE_HOME/fleetbench/spool.db (~/.local/state/...)",
     )
     spool_retention_days: float = Field(
         default=7, gt=0, description="delivered runs are pruned from the spool after this long"
     )
     set_aside_after_5xx: int = Field(
-        default=5, ge=1, description="5xx answers for one run, while others are delivered"
+        default=5,
+        ge=1,
+        description="a run is set aside (kept, no longer sent) after this many 5xx answers "
+        "while others are delivered",
     )
-    set_aside_after_attempts: int = Field(default=20, ge=1)
-    set_aside_after_hours: float = Field(
-        default=24, gt=0, description="... or failing this long and that many attempts"
+    set_aside_after_attempts: int = Field(
+        default=20, ge=1, description="... or after this many failed attempts ..."
     )
+    set_aside_after_hours: float = Field(default=24, gt=0, description="... and failing this long")
     cache_dir: Path = Field(
-        default_factory=_default_cache, description="model digests by path, size and mtime"
+        default_factory=_default_cache,
+        description="model digests by path, size and mtime; default: $XDG_CACHE_HOME/"
+        "fleetbench (~/.cache/...)",
     )
     # the daemon's schedule
     jitter_s: float = Field(default=300, ge=0, description="random delay of each sweep")
-    flush_every_s: float = Field(default=60, gt=0)
-    check_changes_every_s: float = Field(default=3600, gt=0)
-    busy_cpu_percent: float = Field(default=80, gt=0, le=100)
-    busy_gpu_percent: float = Field(default=20, gt=0, le=100)
-    busy_retry_s: float = Field(default=900, gt=0)
+    flush_every_s: float = Field(
+        default=60, gt=0, description="how often the daemon delivers its spool"
+    )
+    check_changes_every_s: float = Field(
+        default=3600,
+        gt=0,
+        description="how often the daemon checks whether a sweep's engine, model or server "
+        "build changed since it last succeeded (a change sweeps at once)",
+    )
+    busy_cpu_percent: float = Field(
+        default=80, gt=0, le=100, description="a sweep waits while the CPU is busier than this"
+    )
+    busy_gpu_percent: float = Field(
+        default=20, gt=0, le=100, description="... or a GPU is busier than this"
+    )
+    busy_retry_s: float = Field(
+        default=900,
+        gt=0,
+        description="how long a sweep postponed as busy waits before it tries again",
+    )
     # the registry's sweep plans (fleetbench.contract.plans), beside agent.toml's own
     plans: bool = Field(default=True, description="run the sweep plans the registry has")
     plan_poll_s: float = Field(

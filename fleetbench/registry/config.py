@@ -29,7 +29,11 @@ class RegistrySettings(BaseSettings):
         description="SQLAlchemy URL; default: a SQLite file in data_dir. "
         "PostgreSQL: postgresql+psycopg://user@host:5432/db",
     )
-    data_dir: Path = Field(default_factory=_default_data_dir)
+    data_dir: Path = Field(
+        default_factory=_default_data_dir,
+        description="where the default SQLite file lives: $XDG_DATA_HOME/fleetbench "
+        "(~/.local/share/fleetbench)",
+    )
     max_report_bytes: int = Field(
         default=2 * 1024 * 1024,
         gt=0,
@@ -45,7 +49,7 @@ class RegistrySettings(BaseSettings):
         ge=0,
         le=1_000_000,
         description="refused tokens one client address may send a minute before it is "
-        "answered 429 (0: no limit); behind a proxy, let uvicorn read X-Forwarded-For",
+        "answered 429 (0: no limit); behind a proxy, name it in FLEETBENCH_FORWARDED_ALLOW_IPS",
     )
     stale_after_hours: float = Field(
         default=48, gt=0, description="a node with no run for this long shows as stale"
