@@ -140,21 +140,18 @@ class RegistryClient:
         kind: PlacementKind | None = None,
         max_ttft_ms: float | None = None,
     ) -> PlacementAnswer:
-        optional = {
-            "prompt_tokens": prompt_tokens,
-            "context_tokens": context_tokens,
-            "max_age_days": max_age_days,
-            "limit": limit,
-            "kind": kind,
-            "max_ttft_ms": max_ttft_ms,
-        }
-        params: dict[str, Any] = {
-            "model": model,
-            "min_tps_per_user": min_tps_per_user,
-            **{k: v for k, v in optional.items() if v is not None},
-        }
-        answer = self._request("GET", "/v1/placement", params=params, limit=LARGE_ANSWER_BYTES)
-        return self._read(answer, PlacementAnswer)
+        return self._question(
+            "/v1/placement",
+            PlacementAnswer,
+            model=model,
+            min_tps_per_user=min_tps_per_user,
+            prompt_tokens=prompt_tokens,
+            context_tokens=context_tokens,
+            max_age_days=max_age_days,
+            limit=limit,
+            kind=kind,
+            max_ttft_ms=max_ttft_ms,
+        )
 
     def capacity(
         self,
@@ -168,21 +165,18 @@ class RegistryClient:
         max_age_days: float | None = None,
         reserve: list[str] | None = None,
     ) -> CapacityAnswer:
-        optional = {
-            "context_tokens": context_tokens,
-            "max_ttft_ms": max_ttft_ms,
-            "kind": kind,
-            "max_age_days": max_age_days,
-            "reserve": reserve or None,
-        }
-        params: dict[str, Any] = {
-            "model": model,
-            "users": users,
-            "min_tps_per_user": min_tps_per_user,
-            **{k: v for k, v in optional.items() if v is not None},
-        }
-        answer = self._request("GET", "/v1/capacity", params=params, limit=LARGE_ANSWER_BYTES)
-        return self._read(answer, CapacityAnswer)
+        return self._question(
+            "/v1/capacity",
+            CapacityAnswer,
+            model=model,
+            users=users,
+            min_tps_per_user=min_tps_per_user,
+            context_tokens=context_tokens,
+            max_ttft_ms=max_ttft_ms,
+            kind=kind,
+            max_age_days=max_age_days,
+            reserve=reserve or None,
+        )
 
     def compare(
         self,
@@ -194,15 +188,22 @@ class RegistryClient:
         max_age_days: float | None = None,
         limit: int | None = None,
     ) -> CompareAnswer:
-        optional = {"kind": kind, "max_age_days": max_age_days, "limit": limit}
-        params: dict[str, Any] = {
-            "model": model,
-            "from_build": from_build,
-            "to_build": to_build,
-            **{k: v for k, v in optional.items() if v is not None},
-        }
-        answer = self._request("GET", "/v1/compare", params=params, limit=LARGE_ANSWER_BYTES)
-        return self._read(answer, CompareAnswer)
+        return self._question(
+            "/v1/compare",
+            CompareAnswer,
+            model=model,
+            from_build=from_build,
+            to_build=to_build,
+            kind=kind,
+            max_age_days=max_age_days,
+            limit=limit,
+        )
+
+    def _question(self, path: str, answer_type: type[Answer], **asked: Any) -> Answer:
+        """A question's answer: its parameters given (those left None, not sent)."""
+        params = {name: value for name, value in asked.items() if value is not None}
+        answer = self._request("GET", path, params=params, limit=LARGE_ANSWER_BYTES)
+        return self._read(answer, answer_type)
 
     def plans(self, etag: str | None = None) -> tuple[str | None, NodePlans | None]:
         """This node's plans and their ETag; (etag, None) when they are unchanged since

@@ -29,20 +29,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi.security.utils import get_authorization_scheme_param
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fleetbench.registry.body_limit import BODILESS_METHODS
+from fleetbench.registry.body_limit import BODILESS_METHODS, json_answer
 from fleetbench.registry.tokens import Principal
 
-__all__ = ["Admission", "Lane", "LaneLimits", "UploadLimits", "busy"]
+__all__ = ["Admission", "Lane", "LaneLimits", "UploadLimits", "shed"]
 
 
 @dataclass(frozen=True)
@@ -103,15 +102,17 @@ class Lane:
         self.active -= 1
 
 
-def busy(lane: Lane, retry_after_s: int) -> tuple[str, int]:
-    """What a request the lane sheds is told, and the Retry-After it is given (with jitter,
-    so that shed clients do not come back in step)."""
+def shed(lane: Lane, retry_after_s: int, on_shed: Callable[[str], None] | None) -> HTTPException:
+    """The 503 of a request the lane sheds, its Retry-After with jitter (so that shed
+    clients do not come back in step); `on_shed` is told of it (for /metrics)."""
+    if on_shed is not None:
+        on_shed(lane.name)
     retry_after = retry_after_s + random.randint(0, retry_after_s)
     detail = (
         f"the registry is busy ({lane.active} {lane.name}s in progress, {lane.waiting} "
         f"waiting): retry after {retry_after} s"
     )
-    return detail, retry_after
+    return HTTPException(503, detail=detail, headers={"Retry-After": str(retry_after)})
 
 
 @dataclass(frozen=True)
@@ -160,30 +161,27 @@ class Admission:
         if lane is None:
             await self.app(scope, receive, send)
             return
-        if lane is self.writes:
-            try:
-                principal = await self.authenticate(_bearer(scope), _client(scope))
-                body = await self._body(principal, receive)
-            except HTTPException as exc:
-                await _answer(send, exc.status_code, exc.detail, exc.headers)
-                return
-            if body is None:  # the client went away
-                return
-            receive = _replay(body, receive)
-        if not await lane.enter():
-            if self.on_shed is not None:
-                self.on_shed(lane.name)
-            detail, retry_after = busy(lane, self.retry_after_s)
-            await _answer(send, 503, detail, {"Retry-After": str(retry_after)})
+        writing = lane is self.writes
+        token, address = _bearer(scope), _client(scope)
+        try:
+            if writing:
+                body = await self._body(await self.authenticate(token, address), receive)
+                if body is None:  # the client went away
+                    return
+                receive = _replay(body, receive)
+            if not await lane.enter():
+                raise shed(lane, self.retry_after_s, self.on_shed)
+        except HTTPException as exc:
+            await json_answer(send, exc.status_code, exc.detail, exc.headers)
             return
         try:
-            if lane is self.writes:
+            if writing:
                 # Again, now that the body is in: a token revoked while it arrived (up to
                 # body_timeout_s) is refused. From memory, as a rule: it was just found.
                 try:
-                    principal = await self.authenticate(_bearer(scope), _client(scope))
+                    principal = await self.authenticate(token, address)
                 except HTTPException as exc:
-                    await _answer(send, exc.status_code, exc.detail, exc.headers)
+                    await json_answer(send, exc.status_code, exc.detail, exc.headers)
                     return
                 scope.setdefault("state", {})["principal"] = principal
             await self.app(scope, receive, send)
@@ -249,22 +247,3 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replayed
-
-
-async def _answer(
-    send: Send, status: int, detail: str, headers: Mapping[str, str] | None = None
-) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *extra,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

@@ -27,7 +27,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from fleetbench.registry import tokens
-from fleetbench.registry.admission import Lane, busy
+from fleetbench.registry.admission import Lane, shed
 from fleetbench.registry.tokens import Principal
 
 __all__ = ["REFUSED", "Authenticator", "EpochWatch", "FailedLogins", "KnownTokens", "refused"]
@@ -208,10 +208,7 @@ class Authenticator:
         if found is not None:
             return found
         if not await self.lane.enter():
-            if self._on_shed is not None:
-                self._on_shed(self.lane.name)
-            detail, retry_after = busy(self.lane, self._retry_after_s)
-            raise HTTPException(503, detail=detail, headers={"Retry-After": str(retry_after)})
+            raise shed(self.lane, self._retry_after_s, self._on_shed)
         try:
             generation = self.known.generation  # before the look-up: see KnownTokens.put
             found = await run_in_threadpool(self._look_up, digest, address)

@@ -4,11 +4,12 @@ limit in memory."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BODILESS_METHODS", "BodySizeLimit"]
+__all__ = ["BODILESS_METHODS", "BodySizeLimit", "json_answer"]
 
 # Methods whose body, if one is sent, nothing in the registry reads.
 BODILESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -49,16 +50,24 @@ class BodySizeLimit:
         return f"request body is larger than the limit of {self.max_bytes} bytes"
 
     async def _too_large(self, send: Send) -> None:
-        payload = json.dumps({"detail": self._detail()}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+        await json_answer(send, 413, self._detail(), {"Connection": "close"})
+
+
+async def json_answer(
+    send: Send, status: int, detail: str, headers: Mapping[str, str] | None = None
+) -> None:
+    """An answer `{"detail": ...}` sent from middleware, outside the app's error answers."""
+    body = json.dumps({"detail": detail}).encode()
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *extra,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

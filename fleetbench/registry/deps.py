@@ -88,15 +88,17 @@ _ReadCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_read_
 
 
 async def _principal(request: Request, token: str | None) -> Principal:
-    """The token's principal, or 401: as registry.admission found it for a write, else
-    from the process's authenticator."""
+    """The token's principal, or 401: as registry.admission (for a write) or another of
+    the route's dependencies found it, else from the process's authenticator."""
     admitted: Principal | None = getattr(request.state, "principal", None)
     if admitted is not None:
         return admitted
     authenticator: Authenticator = request.app.state.authenticator
-    return await authenticator.principal(
+    found = await authenticator.principal(
         token, request.client.host if request.client else "unknown"
     )
+    request.state.principal = found  # a second dependency of the route asks no more
+    return found
 
 
 def _bearer_token(credentials: HTTPAuthorizationCredentials | None) -> str | None:

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from fleetbench.registry.config import RegistrySettings
+from fleetbench.registry.tokens import PREFIXES
 
 __all__ = ["RedactSecrets", "log_config", "redact", "uvicorn_options"]
 
@@ -59,7 +60,9 @@ _SECRET_NAMES = frozenset(
 # ... and endings that make one (not "prompt_tokens": a count, which the API asks for)
 _SECRET_ENDINGS = ("_token", "_key", "_secret", "_password")
 # A registry token (tokens.py: a scope's prefix, then 32 random bytes in base64url).
-_REGISTRY_TOKEN = re.compile(r"fb[nra]_[A-Za-z0-9_-]{16,}")
+_REGISTRY_TOKEN = re.compile(
+    "(?:" + "|".join(map(re.escape, PREFIXES.values())) + ")[A-Za-z0-9_-]{16,}"
+)
 # A query string's name=value pair: after ? or &, up to the next & or the end of the target.
 _PAIR = re.compile(r"(?<=[?&])([^=&#\s\"]*)=([^&#\s\"]*)")
 

@@ -26,6 +26,7 @@ from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import Node, Token, TokenEpoch, table_of
 
 __all__ = [
+    "PREFIXES",
     "AlreadyRotated",
     "AuthenticatedNode",
     "Principal",
@@ -50,7 +51,7 @@ log = logging.getLogger("fleetbench.registry")
 
 Scope = Literal["node", "reader", "admin"]
 # Recognisable in a leaked config or a log line (secret scanners match on prefixes).
-_PREFIX: dict[str, str] = {"node": "fbn_", "reader": "fbr_", "admin": "fba_"}
+PREFIXES: dict[str, str] = {"node": "fbn_", "reader": "fbr_", "admin": "fba_"}
 # last_used_at is written at most this often per token and process: a write per request
 # would cost more than the request.
 _USED_EVERY = timedelta(minutes=10)
@@ -149,7 +150,7 @@ def create_token(
             session.add(node)
         elif labels:
             node.labels = {**node.labels, **labels}
-    secret = _PREFIX[scope] + secrets.token_urlsafe(32)
+    secret = PREFIXES[scope] + secrets.token_urlsafe(32)
     token = Token(
         scope=scope,
         name=name,

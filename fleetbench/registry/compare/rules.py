@@ -61,7 +61,7 @@ LOWER_IS_BETTER = frozenset({"ttft_ms_p90"})
 _MEDIAN_SE = math.sqrt(math.pi / 2)
 _CI_Z = 1.96  # a two-sided 95% interval
 # The run-to-run spread assumed where a node's is not known yet (one run of a build): what
-# this project's machines showed (README, "Regressions"), to say how many runs to ask for.
+# this project's machines showed (docs/design/regressions.md), to say how many runs to ask for.
 ASSUMED_NOISE = 0.03
 MOST_LOG_RATIO = 700.0  # exp() of more overflows: a ratio beyond e^700 is no measurement
 MOST_RUNS_ASKED = 50

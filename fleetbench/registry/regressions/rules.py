@@ -5,7 +5,7 @@ they were measured. Each run carries what it ran on: the llama.cpp build, the bi
 hardware fingerprint (drivers included) and the settings. A change in any of them is a
 *known* change point.
 
-The method (README, "Regressions: design note"): a two-segment test at each candidate run,
+The method (docs/design/regressions.md): a two-segment test at each candidate run,
 with a noise estimate a step cannot shrink, confirmed by persistence. At each candidate run
 i, the runs before it (back to the last accepted step, at most `lookback`) are compared with
 the runs from i on (up to the next known change, at most `window`):

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Request, status
+from fastapi import APIRouter, HTTPException, Path, status
 
 from fleetbench.registry import tokens
 from fleetbench.registry.db import write_transaction
-from fleetbench.registry.deps import AdminAuth, SessionDep
+from fleetbench.registry.deps import AdminAuth, ProcessDep, SessionDep
 from fleetbench.registry.models import Token
 from fleetbench.registry.params import INT32_MAX
 from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
@@ -21,7 +21,6 @@ from fleetbench.registry.schemas import (
     TokensPublic,
     token_public,
 )
-from fleetbench.registry.state import ProcessState
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
 
@@ -34,13 +33,6 @@ ROTATED: dict[int | str, dict[str, Any]] = {
 
 def _created(token: Token, secret: str) -> TokenCreated:
     return TokenCreated(**token_public(token).model_dump(), token=secret)
-
-
-def _forget_tokens(request: Request) -> None:
-    """Nothing this process found valid stands (the others learn it from the token epoch
-    within a second, registry.authentication)."""
-    process: ProcessState = request.app.state.process
-    process.known_tokens.forget_all()
 
 
 @router.get("", response_model=TokensPublic)
@@ -68,7 +60,7 @@ def create_token(body: TokenRequest, session: SessionDep, _: AdminAuth) -> Token
 
 @router.post("/{token_id}/revoke", response_model=TokenPublic, responses=NOT_FOUND)
 def revoke_token(
-    token_id: TokenId, request: Request, session: SessionDep, _: AdminAuth
+    token_id: TokenId, process: ProcessDep, session: SessionDep, _: AdminAuth
 ) -> TokenPublic:
     """Revokes a token: refused at once by this process, by every other within a second."""
     with write_transaction(session):
@@ -77,7 +69,9 @@ def revoke_token(
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no token {token_id}")
         public = token_public(token)
         session.commit()
-    _forget_tokens(request)
+    # nothing this process found valid stands; the others learn it from the token epoch
+    # within a second (registry.authentication)
+    process.known_tokens.forget_all()
     return public
 
 
@@ -85,7 +79,7 @@ def revoke_token(
     "/{token_id}/rotate", response_model=TokenCreated, responses={**NOT_FOUND, **ROTATED, **BODY}
 )
 def rotate_token(
-    token_id: TokenId, body: Rotation, request: Request, session: SessionDep, _: AdminAuth
+    token_id: TokenId, body: Rotation, process: ProcessDep, session: SessionDep, _: AdminAuth
 ) -> TokenCreated:
     """A new token of the same scope, node and name; the old one keeps working for
     `grace_hours`, so runs spooled with it are still delivered. A token is rotated once
@@ -101,5 +95,7 @@ def rotate_token(
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no active token {token_id}")
         created = _created(rotated[1], rotated[2])
         session.commit()
-    _forget_tokens(request)
+    # nothing this process found valid stands; the others learn it from the token epoch
+    # within a second (registry.authentication)
+    process.known_tokens.forget_all()
     return created
