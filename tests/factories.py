@@ -25,8 +25,7 @@ from typing import Any
 
 import httpx
 import uvicorn
-from alembic import command as alembic_command
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from fleetbench.agent.config import AgentSettings
@@ -35,10 +34,8 @@ from fleetbench.contract import wire
 from fleetbench.registry import tokens
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import (
-    alembic_config,
     create_db_engine,
     session_factory,
-    upgrade_schema,
     write_transaction,
 )
 from fleetbench.registry.ingest import Stored, ingest_batch
@@ -402,25 +399,6 @@ def a_daemon(
         [SweepConfig.model_validate(s) if isinstance(s, dict) else s for s in sweeps],
     )
     return Daemon(config, load=lambda: load)
-
-
-def columns_down_and_up(
-    database_url: str, revision: str, *tables: str
-) -> tuple[list[set[str]], list[set[str]]]:
-    """The tables' columns after a downgrade to `revision`, and after the upgrade back."""
-    engine = create_db_engine(database_url)
-
-    def columns() -> list[set[str]]:
-        found = inspect(engine)
-        return [{c["name"] for c in found.get_columns(table)} for table in tables]
-
-    try:
-        alembic_command.downgrade(alembic_config(engine), revision)
-        gone = columns()
-        upgrade_schema(engine)
-        return gone, columns()
-    finally:
-        engine.dispose()
 
 
 class Receiver:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -34,6 +35,9 @@ def test_import_article_table_then_placement(live_registry: LiveRegistry) -> Non
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith("already stored: run ")
     assert live_registry.count("runs") == 1
+    with live_registry.client() as client:
+        [run] = client.get("/v1/runs").json()["data"]
+    assert run["agent"] == f"fleetbench-agent {importlib.metadata.version('fleetbench')}"
 
     question = ("placement", "--model", ARTICLE_MODEL, "--min-tps-per-user", "15")
     answer = agent(*question, "--json", "--registry", live_registry.url)

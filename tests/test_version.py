@@ -1,5 +1,6 @@
 """One version, the package's: both command lines, the registry's /healthz and its API
-schema say what the installed distribution's metadata says."""
+schema say what the installed distribution's metadata says, and so does every report's
+agent identity, which the registry keeps with the run."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import sys
 import httpx
 import pytest
 
-from tests.factories import LiveRegistry
+from fleetbench.agent.fingerprint import THIS_AGENT
+from fleetbench.contract.wire import AgentIdentity
+from tests.factories import LiveRegistry, make_report, post_report
 
 INSTALLED = importlib.metadata.version("fleetbench")
 
@@ -40,3 +43,21 @@ def test_the_registry_says_it_in_healthz_and_its_schema(live_registry: LiveRegis
     assert health == {"status": "ok", "version": INSTALLED}
     assert schema["info"]["version"] == INSTALLED
     assert INSTALLED == "0.1.0"  # pyproject.toml's: the release this is
+
+
+def test_a_report_says_its_agent_and_a_retry_from_an_upgraded_agent_is_the_same_run(
+    live_registry: LiveRegistry,
+) -> None:
+    assert AgentIdentity(name="fleetbench-agent", version=INSTALLED) == THIS_AGENT
+    report = make_report(node="m4pro", agent=THIS_AGENT)
+    upgraded = report.model_copy(update={"agent": AgentIdentity(version="0.2.0")})
+    with live_registry.client(live_registry.token("m4pro")) as client:
+        assert post_report(client, report).status_code == 201
+        retried = post_report(client, upgraded)
+        assert retried.status_code == 200, retried.text  # the same run, not a conflict
+        stored = client.get(f"/v1/runs/{report.run_id}").json()
+        unsaid = post_report(client, make_report(node="m4pro"))
+        assert unsaid.status_code == 201
+        without = client.get(f"/v1/runs/{unsaid.json()['run_id']}").json()
+    assert stored["agent"] == f"fleetbench-agent {INSTALLED}"  # the first delivery's
+    assert without["agent"] is None

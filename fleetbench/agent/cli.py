@@ -316,7 +316,7 @@ def sweep(
     if (memory := memory_line(run)) is not None:
         err.print(memory, highlight=False, soft_wrap=True)
     spooled = spool_run(run, settings) if report else None
-    unspooled = isinstance(spooled, SpoolUnwritable)  # then stdout keeps the run as JSON
+    unspooled = isinstance(spooled, SpoolError)  # then stdout keeps the run as JSON
     if as_json or unspooled:
         out.print_json(run.model_dump_json())
     if not as_json:
@@ -371,8 +371,8 @@ def status(
 ) -> None:
     """Runs in the local spool: queued for delivery, delivered, and rejected (with why).
     Reads a spool on a full disk too, and says the disk is full."""
-    spool = open_spool(command_settings())
     try:
+        spool = open_spool(command_settings())
         runs = spool.runs()
         counts = spool.counts()
     except SpoolError as exc:
@@ -401,8 +401,8 @@ def flush(registry: RegistryOption = None) -> None:
     nothing waits (all delivered or rejected), 1 when some runs still wait, 3 when the
     spool cannot be written."""
     settings = command_settings()
-    spool = open_spool(settings)
     try:
+        spool = open_spool(settings)
         queued = spool.counts()["queued"]
     except SpoolError as exc:
         raise fail(str(exc)) from exc

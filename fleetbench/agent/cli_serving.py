@@ -14,7 +14,7 @@ from rich.progress import Progress
 
 from fleetbench.agent.cli_options import RegistryOption, command_settings, int_list
 from fleetbench.agent.display import err, error_line, out, serving_table
-from fleetbench.agent.errors import SpoolUnwritable
+from fleetbench.agent.errors import SpoolError
 from fleetbench.agent.handover import hand_over, spool_run
 from fleetbench.cli_answers import print_table
 from fleetbench.cli_usage import help_of, options_of, validated
@@ -167,7 +167,7 @@ def serve_sweep_command(
     if report:
         run = finished_report(outcome, spec, model=model, node=node_name, started_at=started_at)
         spooled = spool_run(run, settings)
-        if isinstance(spooled, SpoolUnwritable):
+        if isinstance(spooled, SpoolError):
             out.print_json(run.model_dump_json())  # kept on stdout, as hand_over says
         hand_over(run, spooled, settings, registry)
     if outcome.failures:

@@ -1,4 +1,5 @@
-"""The machine's fingerprint: a stable hash of what defines it, and everything the probes saw."""
+"""The machine's fingerprint: a stable hash of what defines it, and everything the probes saw;
+and the agent's own identity, which every report carries."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from fleetbench.agent.probes import ProbeResult, run_probes
-from fleetbench.contract.wire import HardwareFingerprint
+from fleetbench.contract.wire import AgentIdentity, HardwareFingerprint
+from fleetbench.version import VERSION
 
-__all__ = ["fingerprint_of", "take_fingerprint"]
+__all__ = ["THIS_AGENT", "fingerprint_of", "take_fingerprint"]
+
+THIS_AGENT = AgentIdentity(version=VERSION)
 
 
 def take_fingerprint(probes: Iterable[str] | None = None) -> HardwareFingerprint:

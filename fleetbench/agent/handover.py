@@ -96,22 +96,23 @@ _IMPORTED_BEFORE = (
 )
 
 
-def spool_run(run: RunReport, settings: AgentSettings) -> Spool | SpoolUnwritable:
-    """The spool holding the run, or why it cannot take it."""
-    spool = open_spool(settings)
+def spool_run(run: RunReport, settings: AgentSettings) -> Spool | SpoolError:
+    """The spool holding the run, or why it cannot take it (a full disk, a file this agent
+    does not read)."""
     try:
+        spool = open_spool(settings)
         spool.add(run)
-    except SpoolUnwritable as exc:
+    except SpoolError as exc:
         return exc
     return spool
 
 
 def hand_over(
-    run: RunReport, spooled: Spool | SpoolUnwritable, settings: AgentSettings, registry: str | None
+    run: RunReport, spooled: Spool | SpoolError, settings: AgentSettings, registry: str | None
 ) -> None:
     """Delivers a run `spool_run` took (or, when the spool could not, straight to the
     registry; the caller has printed it on stdout by then)."""
-    if isinstance(spooled, SpoolUnwritable):
+    if isinstance(spooled, SpoolError):
         deliver_unspooled(run, spooled, settings, registry)
     else:
         deliver(run, spooled, settings, registry)
@@ -141,7 +142,7 @@ def deliver(run: RunReport, spool: Spool, settings: AgentSettings, registry: str
 
 
 def deliver_unspooled(
-    run: RunReport, problem: SpoolUnwritable, settings: AgentSettings, registry: str | None
+    run: RunReport, problem: SpoolError, settings: AgentSettings, registry: str | None
 ) -> None:
     """The spool cannot take the run (it is on stdout as JSON by now): hand it to the
     registry directly, once. Delivered, that is said and the command goes on (exit 0, or 1

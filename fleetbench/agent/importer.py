@@ -11,6 +11,7 @@ from fleetbench.agent.batched_bench_output import (
     PassedOver,
     parse_batched_bench_output,
 )
+from fleetbench.agent.fingerprint import THIS_AGENT
 from fleetbench.contract.wire import SCHEMA_VERSION, ModelInfo, RunReport, defining_json
 
 __all__ = ["IMPORT_NAMESPACE", "ImportedRun", "reports_from_output"]
@@ -45,6 +46,7 @@ def reports_from_output(
     for parsed in parse_batched_bench_output(text, skipped=skipped, passed_over=passed_over):
         draft = RunReport(
             schema_version=SCHEMA_VERSION,
+            agent=THIS_AGENT,
             run_id=_PLACEHOLDER,
             node=node,
             started_at=measured_at,

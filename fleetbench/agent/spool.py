@@ -81,12 +81,10 @@ _CREATE = (
 )""",
     "CREATE INDEX runs_due ON runs (state, next_attempt_at)",
 )
-# Columns newer than the first spool format: their definition, and their value in a file
-# not upgraded yet (a full disk).
-_ADDED_COLUMNS = {
-    "server_errors": ("INTEGER NOT NULL DEFAULT 0", "0"),
-    "first_failed_at": ("REAL", "NULL"),
-}
+# The file's format, as SQLite's user_version: 0.1.0 made the first. A later format upgrades
+# the files of earlier ones; a file of a format this agent does not know (a development
+# agent's before 0.1.0, or a newer agent's) is refused, never rewritten.
+_FORMAT = 1
 _RUN_COLUMNS = (
     "run_id",
     "state",
@@ -227,7 +225,8 @@ class Spool:
             try:
                 report = RunReport.model_validate_json(run.report)
             except ValidationError as exc:
-                # Spooled by an older agent under looser rules: no registry would take it.
+                # Not a report this agent's contract reads (a damaged row): set aside, so
+                # that it holds up no other.
                 progress()
                 reason = f"not a valid report for this agent's wire format: {exc}"
                 self._finish(run.run_id, "rejected", reason, moment)
@@ -294,14 +293,9 @@ class Spool:
 
     def runs(self, state: State | None = None) -> list[SpooledRun]:
         with self._reading() as db:
-            present = _columns(db)
-            if not present:
+            if not self._has_runs(db):
                 return []
-            select = ", ".join(
-                name if name in present else f"{_ADDED_COLUMNS[name][1]} AS {name}"
-                for name in _RUN_COLUMNS
-            )
-            query = f"SELECT {select} FROM runs"
+            query = f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs"
             if state is None:
                 rows = db.execute(query + " ORDER BY spooled_at").fetchall()
             else:
@@ -313,7 +307,7 @@ class Spool:
     def counts(self) -> dict[State, int]:
         counts: dict[State, int] = {"queued": 0, "delivered": 0, "rejected": 0}
         with self._reading() as db:
-            if _columns(db):
+            if self._has_runs(db):
                 for state, count in db.execute("SELECT state, count(*) FROM runs GROUP BY state"):
                     counts[state] = count
         return counts
@@ -321,8 +315,8 @@ class Spool:
     # --- the file ---------------------------------------------------------------------------
 
     def _ensure_schema(self) -> None:
-        """Creates the table, or adds the columns an older agent's spool lacks, keeping every
-        row. Writes only when something is missing, so a full disk opens a current spool."""
+        """Creates the table in a new file. Writes only then, so a full disk opens a spool
+        that has one."""
         if self._schema_ready:
             return
         try:
@@ -332,14 +326,35 @@ class Spool:
         needed = True
         if self.path.exists():
             with self._reading() as db:
-                needed = bool(_schema_changes(db))
+                needed = not self._has_runs(db)
         if needed:
             with self._writing() as db:
                 db.execute("BEGIN IMMEDIATE")
-                for statement in _schema_changes(db):  # again: another process may have
-                    db.execute(statement)
+                if not self._has_runs(db):  # again: another process may have made it
+                    for statement in _CREATE:
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version = {_FORMAT}")
                 db.execute("COMMIT")
         self._schema_ready = True
+
+    def _has_runs(self, db: sqlite3.Connection) -> bool:
+        """Whether the file holds the runs table; raises SpoolError where it holds one of a
+        format this agent does not know."""
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'runs'").fetchone() is None:
+            return False
+        (found,) = db.execute("PRAGMA user_version").fetchone()
+        if found != _FORMAT:
+            made_by = (
+                "an agent newer than this one"
+                if found > _FORMAT
+                else ("a development agent before fleetbench 0.1.0")
+            )
+            raise SpoolError(
+                f"the spool at {self.path} is in format {found}, made by {made_by}; this agent "
+                f"reads format {_FORMAT}. Nothing in it was changed: deliver its runs with the "
+                "agent that made it, or move the file aside (CHANGELOG.md)"
+            )
+        return True
 
     @contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:
@@ -483,20 +498,3 @@ def _own_5xx(failure: ClientError) -> bool:
 def _no_answer(failure: ClientError) -> bool:
     """No answer at all: the registry is down or unreachable."""
     return isinstance(failure, RegistryUnavailable) and failure.status_code is None
-
-
-def _columns(db: sqlite3.Connection) -> set[str]:
-    """The columns of the runs table; empty when there is none yet."""
-    return {row[1] for row in db.execute("PRAGMA table_info(runs)")}
-
-
-def _schema_changes(db: sqlite3.Connection) -> list[str]:
-    """The statements that bring this file to the current schema: none when it is."""
-    present = _columns(db)
-    if not present:
-        return list(_CREATE)
-    return [
-        f"ALTER TABLE runs ADD COLUMN {name} {definition}"
-        for name, (definition, _) in _ADDED_COLUMNS.items()
-        if name not in present
-    ]

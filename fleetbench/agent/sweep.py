@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fleetbench.agent.fingerprint import take_fingerprint
+from fleetbench.agent.fingerprint import THIS_AGENT, take_fingerprint
 from fleetbench.agent.gguf_model import ModelFileError, describe_gguf, sha256_of
 from fleetbench.agent.probes.nvidia import DeviceMemoryWatch
 from fleetbench.agent.runners import PointCallback, Runner, SweepFailed, SweepOutcome, SweepSpec
@@ -158,6 +158,7 @@ def run_report(
         error = error or "no point could be measured"
     return RunReport(
         schema_version=SCHEMA_VERSION,
+        agent=THIS_AGENT,
         run_id=uuid.uuid4(),
         node=node,
         started_at=started_at,

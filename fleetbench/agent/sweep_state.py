@@ -11,14 +11,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fleetbench.agent.runners.llama_cpp_python import BINDING
-
 __all__ = ["SweepState"]
 
 log = logging.getLogger("fleetbench.daemon")
-
-# The table and its engine column, newest first (an older agent's last).
-_SUCCESS_TABLES = (("sweep_successes", "engine"), ("last_success", "llama_cpp_python"))
 
 
 class SweepState:
@@ -26,9 +21,7 @@ class SweepState:
     as whatever identity its runner gives (`{"llama-cpp-python": "0.3.36"}`,
     `{"llama-batched-bench": "7100 0c1e570 CPU"}`), kept as JSON. The table is made by the
     first success, so a daemon starts on a full disk; a success that cannot be recorded is a
-    warning (the next check sweeps again), not a crash. Rows of older agents' table
-    (`last_success`, whose column held llama-cpp-python's version alone, or that JSON) are
-    read until the sweep succeeds again."""
+    warning (the next check sweeps again), not a crash."""
 
     _TABLE = (
         "CREATE TABLE IF NOT EXISTS sweep_successes (sweep TEXT PRIMARY KEY,"
@@ -66,20 +59,14 @@ class SweepState:
     def last(self, sweep: str) -> dict[str, str] | None:
         if not self.path.exists():
             return None
-        row = None
         with self._connect() as db:
-            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
-            for table, column in _SUCCESS_TABLES:
-                if row is None and table in tables:
-                    row = db.execute(
-                        f"SELECT {column}, model_sha256 FROM {table} WHERE sweep = ?", (sweep,)
-                    ).fetchone()
+            made = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sweep_successes'")
+            if made.fetchone() is None:  # no success recorded yet (read only: a full disk)
+                return None
+            row = db.execute(
+                "SELECT engine, model_sha256 FROM sweep_successes WHERE sweep = ?", (sweep,)
+            ).fetchone()
         if row is None:
             return None
-        try:
-            engine = json.loads(row[0])
-        except ValueError:
-            engine = None
-        if not isinstance(engine, dict):  # recorded by an older agent: the version alone
-            engine = {BINDING: row[0]}
+        engine = json.loads(row[0])
         return {**engine, "model_sha256": row[1]}

@@ -46,7 +46,7 @@ def on_accelerator(
     if backend.strip().upper() == "CPU":
         return False, (
             f"the engine ran on llama.cpp's CPU backend on a node with {accelerator}: "
-            "install llama.cpp built for it (README, Installing)"
+            "install llama.cpp built for it (docs/install.md)"
         )
     if n_gpu_layers == 0:
         return False, f"no layer was offloaded to {accelerator} (n_gpu_layers 0)"

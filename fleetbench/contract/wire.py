@@ -6,9 +6,9 @@ registry validates the same class on `POST /v1/runs`.
 Versioning, a tolerant reader: a field added later is optional and needs no new version. A
 registry that does not know a field a newer agent sends leaves it out and names it in the
 receipt (`ignored_fields`), so agents may be upgraded before the registry. A change that an
-older registry would misread gets a new `schema_version`; a registry reads every version up to
-its own, upgrading older reports as it reads them, and answers 422 for a newer one. Versions 1
-to 5 hold subsets of version 6's fields: they are read as they are.
+older registry would misread gets a new `schema_version`. A registry reads its own version and
+answers 422 for any other, naming which side to upgrade: 0.1.0 reads version 6, the format
+the development builds before it ended with (CHANGELOG.md).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ __all__ = [
     "ERROR_LENGTH",
     "REASON_LENGTH",
     "SCHEMA_VERSION",
+    "AgentIdentity",
     "AllocatedBuffer",
     "DeviceMemoryUse",
     "EngineBuild",
@@ -402,6 +403,13 @@ class HardwareFingerprint(_Part):
         return data
 
 
+class AgentIdentity(_Part):
+    """The program that made the report, and its version."""
+
+    name: Name = "fleetbench-agent"
+    version: ShortText = Field(description="e.g. 0.1.0")
+
+
 class ServerIdentity(_Part):
     """The server a serving run measured, as it said itself (llama-server's /props and
     /slots, vLLM's /version, Ollama's /api/version), and the requests it was sent."""
@@ -470,10 +478,10 @@ class RunReport(_Part):
     FLEETBENCH_MAX_SERIES_PER_NODE): over them it answers 422 saying which."""
 
     schema_version: int = Field(
-        ge=1,
+        ge=SCHEMA_VERSION,
         le=SCHEMA_VERSION,
-        description="the wire format's version (this module's docstring); a newer one than "
-        "the registry's is refused, naming both",
+        description="the wire format's version (this module's docstring); any other than the "
+        "registry's is refused, naming both",
     )
     run_id: UUID = Field(description="chosen by the client; a retry sends the same id")
     node: Name
@@ -504,6 +512,11 @@ class RunReport(_Part):
     )
     device_memory: list[DeviceMemoryUse] = Field(
         default_factory=list, max_length=64, description="an offline run's GPUs"
+    )
+    agent: AgentIdentity | None = Field(
+        default=None,
+        description="what made the report (fleetbench's agent always says); not part of "
+        "the run's identity, so a retry from an upgraded agent is the same run",
     )
 
     @field_validator("points")
@@ -537,11 +550,12 @@ class RunReport(_Part):
 
     @field_validator("schema_version", mode="before")
     @classmethod
-    def _not_newer(cls, version: object) -> object:
-        if isinstance(version, int) and version > SCHEMA_VERSION:
+    def _this_version(cls, version: object) -> object:
+        if isinstance(version, int) and version != SCHEMA_VERSION:
+            newer = version > SCHEMA_VERSION
             raise ValueError(
-                f"schema version {version} is newer than this registry's ({SCHEMA_VERSION}): "
-                "upgrade the registry"
+                f"schema version {version} is {'newer' if newer else 'older'} than this "
+                f"registry's ({SCHEMA_VERSION}): upgrade the {'registry' if newer else 'agent'}"
             )
         return version
 
@@ -614,8 +628,9 @@ def _part_in(annotation: Any) -> tuple[type[_Part], bool] | None:
 
 def defining_json(report: RunReport, *, exclude: set[str] | None = None) -> str:
     """The report as the fields that define the run: every field not at its default, the
-    schema version aside. A retry's identity (the registry's digest) and an import's run id
-    are made of it, so a field added later with a default changes neither."""
+    schema version and the agent that sent it aside. A retry's identity (the registry's
+    digest) and an import's run id are made of it, so a field added later with a default
+    changes neither, nor does upgrading the agent."""
     return report.model_dump_json(
-        exclude_defaults=True, exclude={"schema_version", *(exclude or ())}
+        exclude_defaults=True, exclude={"schema_version", "agent", *(exclude or ())}
     )

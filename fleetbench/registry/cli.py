@@ -45,7 +45,7 @@ from fleetbench.registry.db import (
     upgrade_schema,
     write_transaction,
 )
-from fleetbench.registry.projections import REBUILT, latest, rebuilt_named
+from fleetbench.registry.projections import REBUILT, rebuilt_named
 from fleetbench.registry.projections.rebuild import Rebuilt
 from fleetbench.registry.projections.rebuild import rebuild as rebuild_projections
 from fleetbench.registry.schemas import TokenPublic, TokenRequest, token_public
@@ -111,15 +111,8 @@ def _open(settings: RegistrySettings) -> Engine:
 
 
 def _upgrade(engine: Engine) -> str | None:
-    """The schema to head, then what a migration may not do itself (application code):
-    the knees of curves the migrations copied. Returns the revision it was at."""
-    before = upgrade_schema(engine)
-    with session_factory(engine)() as session, write_transaction(session):
-        filled = latest.fill_unknown_knees(session)
-        session.commit()
-    if filled:
-        err.print(f"knees computed for {filled} curve(s) copied by the migration")
-    return before
+    """The schema to head; returns the revision it was at."""
+    return upgrade_schema(engine)
 
 
 @app.command()

@@ -43,6 +43,11 @@ _SQLITE_BUSY_TIMEOUT_S = 10
 _sqlite_writers: weakref.WeakKeyDictionary[Engine, threading.Lock] = weakref.WeakKeyDictionary()
 
 
+# The revisions of the development builds before 0.1.0, whose migrations 0.1.0's baseline
+# replaced: such a database is refused, never half-migrated (CHANGELOG.md, 0.1.0).
+_BEFORE_0_1_0 = frozenset(f"{n:04d}" for n in range(1, 22))
+
+
 class SchemaOutOfDate(RuntimeError):
     """The database is not at the migrations' head revision."""
 
@@ -140,11 +145,18 @@ def alembic_config(engine: Engine) -> Config:
 
 def schema_revisions(engine: Engine) -> tuple[str | None, str | None]:
     """(current revision of the database, head revision of the migrations). Raises
-    SchemaOutOfDate when the database was migrated by a newer fleetbench."""
+    SchemaOutOfDate when the database was made by a development build before 0.1.0 or
+    migrated by a newer fleetbench."""
     scripts = ScriptDirectory.from_config(alembic_config(engine))
     head = scripts.get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
+    if current in _BEFORE_0_1_0:
+        raise SchemaOutOfDate(
+            f"database schema is at revision {current}, made by a development build of "
+            "fleetbench before 0.1.0, which 0.1.0 does not upgrade (CHANGELOG.md): export "
+            "what you need from it with that build, and give this registry an empty database"
+        )
     if current is not None and current not in {s.revision for s in scripts.walk_revisions()}:
         raise SchemaOutOfDate(
             f"database schema is at revision {current}, which this registry does not know "

@@ -264,6 +264,8 @@ class Run(Base):
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
     facts_id: Mapped[int | None] = mapped_column(ForeignKey("model_facts.id"))
     source: Mapped[str] = mapped_column(String(32))
+    # what made the report (wire.AgentIdentity): "fleetbench-agent 0.1.0"; NULL: it did not say
+    agent: Mapped[str | None] = mapped_column(String(512))
     # offline: the engine's table (run_points); serving: a server's (serving_points)
     kind: Mapped[str] = mapped_column(String(16), default="offline", server_default="offline")
     server: Mapped[dict[str, Any] | None] = mapped_column(JSON)

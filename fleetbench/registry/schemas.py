@@ -131,6 +131,9 @@ class RunPublic(_Public):
     status: wire.RunStatus
     error: str | None
     source: str
+    agent: str | None = Field(
+        default=None, description='what made the report: "fleetbench-agent 0.1.0"'
+    )
     kind: Literal["offline", "serving"]
     started_at: datetime
     finished_at: datetime | None
@@ -198,6 +201,7 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "status": run.status,
         "error": run.error,
         "source": run.source,
+        "agent": run.agent,
         "kind": run.kind,
         "started_at": run.started_at,
         "finished_at": run.finished_at,

@@ -232,23 +232,17 @@ def test_a_killed_sweep_leaves_the_daemon_running_and_the_failure_reported(
 
 def test_the_last_success_of_a_binary_sweep_is_remembered_as_it_was(tmp_path: Path) -> None:
     """A `binary =` sweep's engine is the binary's build, not llama-cpp-python's version:
-    recorded and read back the same, so an unchanged build does not sweep again hourly;
-    a row an older agent wrote still reads."""
+    recorded and read back the same, so an unchanged build does not sweep again hourly.
+    A sweep with no success yet reads as none, without writing."""
     from fleetbench.agent.sweep_state import SweepState
 
     state = SweepState(tmp_path / "sweeps.db")
+    sqlite3.connect(tmp_path / "sweeps.db").close()  # an empty file: nothing recorded
+    assert state.last("nightly-binary") is None
     binary = {"llama-batched-bench": "7100 0c1e570 CPU", "model_sha256": "ab" * 32}
     state.record("nightly-binary", binary)
     assert state.last("nightly-binary") == binary
-    with sqlite3.connect(tmp_path / "sweeps.db") as db:  # as older agents made it
-        db.execute(
-            "CREATE TABLE last_success (sweep TEXT PRIMARY KEY,"
-            " llama_cpp_python TEXT, model_sha256 TEXT, at REAL)"
-        )
-        db.execute("INSERT INTO last_success VALUES ('old', '0.3.16', 'cd', 0)")
-        db.execute("INSERT INTO last_success VALUES ('nightly-binary', '0.3.1', 'ef', 0)")
-    assert state.last("old") == {"llama-cpp-python": "0.3.16", "model_sha256": "cd"}
-    assert state.last("nightly-binary") == binary  # this agent's row first
+    assert state.last("another") is None
     with sqlite3.connect(tmp_path / "sweeps.db") as db:
         columns = [row[1] for row in db.execute("PRAGMA table_info(sweep_successes)")]
     assert columns == ["sweep", "engine", "model_sha256", "at"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -249,28 +248,27 @@ def test_a_reported_serving_run_is_stored_beside_the_offline_run(
     assert [c["run_id"] for c in timed["candidates"]] == [serving["id"]]
 
 
-def test_older_versions_of_the_report_are_taken_as_they_are(
+def test_a_report_of_another_wire_version_is_refused_naming_the_side_to_upgrade(
     live_registry: LiveRegistry,
 ) -> None:
+    """The registry reads its own version alone (0.1.0: 6): a development agent's older
+    reports and a newer agent's are answered 422, saying which side is behind."""
     token = live_registry.token("old-agent")
     with live_registry.client(token) as client:
-        assert (
-            post_report(client, make_report(node="old-agent", schema_version=1)).status_code == 201
-        )
-        body = make_report(node="old-agent").model_dump(mode="json")
-        body |= {
-            "schema_version": 2,
-            "kind": "serving",
-            "points": [],
-            "server": {"kind": "vllm", "prompt_tokens": 8, "gen_tokens": 8, "prompt_exact": False},
-            "serving_points": [{"concurrency": 1, "requests": 1, "completed": 1,
-                                "output_tokens": 8, "seconds": 1.0}],
-        }  # fmt: skip
-        accepted = post_report(client, body)
-        assert accepted.status_code == 201, accepted.text
-        twice = {**body, "run_id": str(uuid.uuid4())}
-        twice["serving_points"] = body["serving_points"] * 2
-        assert post_report(client, twice).status_code == 422
+        for version, relation, side in [(5, "older", "agent"), (7, "newer", "registry")]:
+            body = make_report(node="old-agent").model_dump(mode="json")
+            answer = post_report(client, {**body, "schema_version": version})
+            assert answer.status_code == 422, answer.text
+            [problem] = answer.json()["detail"]
+            assert problem["loc"] == ["body", "schema_version"]
+            assert (
+                f"schema version {version} is {relation} than this registry's (6)"
+                in (problem["msg"])
+            )
+            assert problem["msg"].endswith(f"upgrade the {side}")
+        current = post_report(client, make_report(node="old-agent"))
+        assert current.status_code == 201, current.text
+    assert live_registry.count("runs") == 1
 
 
 def test_a_server_serving_others_is_not_load_tested(gemma_server: str) -> None:

@@ -1,6 +1,6 @@
 """The spool's delivery rules against real HTTP servers on loopback: a run answered 5xx does
-not hold up the others and is set aside in the end; Retry-After is honoured; an older
-agent's spool file is upgraded keeping every row; delivered runs are pruned; the `flush`
+not hold up the others and is set aside in the end; Retry-After is honoured; a spool file of a
+format this agent does not read is refused untouched; delivered runs are pruned; the `flush`
 and `status` commands."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fleetbench.agent.client import RegistryClient
-from fleetbench.agent.errors import RegistryUnavailable, RequestRejected
+from fleetbench.agent.errors import RegistryUnavailable, RequestRejected, SpoolError
 from fleetbench.agent.spool import Spool, SpooledRun
 from tests.agent.flaky_registry import Answer, flaky_registry
 from tests.factories import LiveRegistry, agent, free_port, make_report
@@ -24,7 +24,8 @@ DAY = 24 * HOUR
 NOW = 1_800_000_000.0
 
 # The spool's table as agents before set-aside runs wrote it.
-OLD_SCHEMA = """
+# The runs table as development agents before 0.1.0 first made it (no format number).
+DEVELOPMENT_SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     report TEXT NOT NULL,
@@ -209,39 +210,45 @@ def test_healthy_asks_healthz(live_registry: LiveRegistry) -> None:
         assert client.healthy() is False
 
 
-def test_a_spool_written_by_an_older_agent_is_upgraded_keeping_every_row(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("user_version", "made_by"),
+    [(0, "a development agent before fleetbench 0.1.0"), (2, "an agent newer than this one")],
+)
+def test_a_spool_of_a_format_this_agent_does_not_read_is_refused_and_left_as_it_was(
+    tmp_path: Path, user_version: int, made_by: str
+) -> None:
     path = tmp_path / "spool.db"
-    queued, delivered, refused = [make_report() for _ in range(3)]
-    old_rows = [
-        (str(queued.run_id), queued.model_dump_json(), "queued", 2, NOW + 60, "timeout", NOW, None),
-        (str(delivered.run_id), delivered.model_dump_json(), "delivered", 1, NOW, None, NOW, NOW),
-        (str(refused.run_id), refused.model_dump_json(), "rejected", 1, NOW, "403: no", NOW, NOW),
-    ]
+    queued = make_report()
     db = sqlite3.connect(path)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.executescript(OLD_SCHEMA)
-    db.executemany("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", old_rows)
+    db.executescript(DEVELOPMENT_SCHEMA)
+    db.execute(f"PRAGMA user_version = {user_version}")
+    db.execute(
+        "INSERT INTO runs VALUES (?, ?, 'queued', 2, 0, 'timeout', 0, NULL)",
+        (str(queued.run_id), queued.model_dump_json()),
+    )
     db.commit()
     db.close()
+    before = path.read_bytes()
 
-    spool = Spool(path)
+    with pytest.raises(SpoolError) as refused:
+        Spool(path)
+    assert f"is in format {user_version}, made by {made_by}" in str(refused.value)
+    assert "this agent reads format 1" in str(refused.value)
+    status = agent("status", FLEETBENCH_SPOOL=str(path))
+    assert status.returncode == 1
+    assert status.stderr.startswith(f"error: the spool at {path} is in format {user_version}")
+    assert "Traceback" not in status.stderr
+    assert path.read_bytes() == before
 
-    db = sqlite3.connect(path)
-    columns = [row[1] for row in db.execute("PRAGMA table_info(runs)")]
-    kept = db.execute(
-        "SELECT run_id, report, state, attempts, next_attempt_at, last_error, spooled_at,"
-        " finished_at FROM runs ORDER BY rowid"
-    ).fetchall()
-    db.close()
-    assert columns[-2:] == ["server_errors", "first_failed_at"]
-    assert kept == old_rows
-    assert [(r.server_errors, r.first_failed_at) for r in spool.runs()] == [(0, None)] * 3
+
+def test_a_new_spool_says_its_format_and_opening_it_again_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "spool.db"
+    Spool(path).add(make_report(), now=NOW)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (1,)
     before = path.stat().st_mtime_ns
-    Spool(path)  # current already: opening writes nothing
+    assert Spool(path).counts()["queued"] == 1
     assert path.stat().st_mtime_ns == before
-    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
-        assert spool.flush(client, now=NOW + 60).delivered == 1
-    assert spool.counts() == {"queued": 0, "delivered": 2, "rejected": 1}
 
 
 def test_delivered_runs_are_pruned_after_the_retention_and_nothing_else(tmp_path: Path) -> None:
@@ -354,11 +361,9 @@ def test_status_shows_set_aside_runs_with_the_reason(tmp_path: Path) -> None:
     assert runs[str(good.run_id)]["state"] == "delivered"
 
 
-def test_a_run_an_older_agent_spooled_that_no_longer_validates_is_set_aside(
-    tmp_path: Path,
-) -> None:
-    """Spooled under looser rules (here: a NUL in the error, which no registry stores): set
-    aside with the reason, and the runs behind it delivered."""
+def test_a_spooled_run_that_no_longer_validates_is_set_aside(tmp_path: Path) -> None:
+    """A row the contract does not read (here: a NUL in the error, which no registry stores):
+    set aside with the reason, and the runs behind it delivered."""
     spool = Spool(tmp_path / "spool.db")
     stale, fresh = make_report(), make_report()
     spool.add(stale, now=NOW)

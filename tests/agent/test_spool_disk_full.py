@@ -11,7 +11,6 @@ import logging
 import os
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -24,7 +23,6 @@ import pytest
 from fleetbench.agent.errors import SpoolUnwritable
 from fleetbench.agent.spool import Spool
 from fleetbench.contract.wire import RunReport
-from tests.agent.test_spool_delivery import OLD_SCHEMA
 from tests.factories import LiveRegistry, a_daemon, agent, free_port, make_report
 
 FULL = r"the spool at {path} cannot be written \(disk full: (\d+) bytes free\)"
@@ -98,38 +96,6 @@ def test_a_full_disk_keeps_the_spool_readable_and_add_says_so(small_disk: SmallD
     spool.add(after)
     assert spool.unwritable_reason() is None
     assert [r.run_id for r in spool.runs()] == [str(before.run_id), str(after.run_id)]
-
-
-def test_an_older_spool_on_a_full_disk_is_read_and_upgraded_once_space_is_back(
-    small_disk: SmallDisk,
-) -> None:
-    path = small_disk.root / "spool.db"
-    old = make_report()
-    db = sqlite3.connect(path)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.executescript(OLD_SCHEMA)
-    db.execute(
-        "INSERT INTO runs VALUES (?, ?, 'queued', 3, 0, 'timeout', 0, NULL)",
-        (str(old.run_id), old.model_dump_json()),
-    )
-    db.commit()
-    db.close()
-    small_disk.fill()
-
-    spool = Spool(path)
-    [run] = spool.runs()
-    assert (run.run_id, run.attempts, run.server_errors, run.first_failed_at) == (
-        str(old.run_id),
-        3,
-        0,
-        None,
-    )
-    with pytest.raises(SpoolUnwritable):
-        spool.add(make_report())
-
-    small_disk.free()
-    spool.add(make_report())
-    assert [r.attempts for r in spool.runs()] == [3, 0]
 
 
 def test_a_spool_first_made_on_a_full_disk_opens_and_says_so(small_disk: SmallDisk) -> None:

@@ -5,14 +5,11 @@ PostgreSQL."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
-from sqlalchemy import JSON, Uuid, bindparam, select, text
 from typer.testing import CliRunner
 
 from fleetbench.agent import sweep as sweep_module
@@ -21,8 +18,6 @@ from fleetbench.agent.probes.amd import parse_rocm_smi
 from fleetbench.agent.probes.nvidia import NvidiaProbe
 from fleetbench.contract import wire
 from fleetbench.contract.accelerator import accelerator_of, off_accelerator
-from fleetbench.registry.db import alembic_config, create_db_engine, upgrade_schema
-from fleetbench.registry.models import LatestRun, Run
 from tests.agent.test_probes_captured import PROBES, captured_h100
 from tests.factories import ARTICLE_MODEL, DAY0, LiveRegistry, make_report, post_report
 
@@ -42,7 +37,7 @@ def test_which_runs_measured_the_nodes_gpu() -> None:
     assert accelerator_of(h100) == "NVIDIA H100 80GB HBM3"
     assert off_accelerator(h100, "CPU", -1) == (
         "the engine ran on llama.cpp's CPU backend on a node with NVIDIA H100 80GB HBM3: "
-        "install llama.cpp built for it (README, Installing)"
+        "install llama.cpp built for it (docs/install.md)"
     )
     assert off_accelerator(h100, "CUDA", -1) is None
     assert off_accelerator(h100, "CUDA", 0) == (
@@ -109,51 +104,6 @@ def test_a_cpu_curve_of_a_gpu_node_is_marked_and_placement_says_so(
     assert "measured the engine on the CPU" not in answer["reason"]
 
 
-@pytest.mark.parametrize("backend", ["CPU", "CUDA"])
-def test_migration_0011_checks_the_runs_stored_before(
-    empty_database_url: str, backend: str
-) -> None:
-    engine = create_db_engine(empty_database_url)
-    command.upgrade(alembic_config(engine), "0010")
-    run_id = uuid.uuid4()
-    with engine.begin() as connection:
-        for statement in (
-            "INSERT INTO nodes (id, name, labels, created_at) VALUES (1, 'h100', '{}', :day)",
-            "INSERT INTO engine_builds (id, identity, engine, backend) VALUES (1, 'b',"
-            " 'llama.cpp', :backend)",
-            "INSERT INTO models (id, identity, name, name_key) VALUES (1, 'name:m', 'm', 'm')",
-            "INSERT INTO hardware_fingerprints (id, node_id, hash, data, first_seen, last_seen)"
-            " VALUES (1, 1, 'h', :data, :day, :day)",
-            "INSERT INTO runs (id, reported_id, node_id, fingerprint_id, build_id, model_id,"
-            " source, kind, status, started_at, received_at, report_sha256, n_gpu_layers)"
-            " VALUES (:run, :run, 1, 1, 1, 1, 'sweep', 'offline', 'ok', :day, :day, 'd', -1)",
-            "INSERT INTO latest_runs (node_id, model_id, run_id, started_at, received_at,"
-            " build_id) VALUES (1, 1, :run, :day, :day, 1)",
-        ):
-            query = text(statement)
-            if ":run" in statement:
-                query = query.bindparams(bindparam("run", type_=Uuid()))
-            if ":data" in statement:
-                query = query.bindparams(bindparam("data", type_=JSON()))
-            values = {
-                "day": DAY0,
-                "backend": backend,
-                "run": run_id,
-                "data": h100_fingerprint_data(),
-            }
-            connection.execute(query, values)
-    upgrade_schema(engine)
-    with engine.connect() as connection:
-        on, note = connection.execute(
-            select(Run.engine_on_accelerator, Run.accelerator_note).where(Run.id == run_id)
-        ).one()
-        latest = connection.execute(select(LatestRun.engine_on_accelerator)).scalar_one()
-    assert (on, latest) == ((backend == "CUDA"),) * 2
-    assert (note is None) == (backend == "CUDA")
-    command.downgrade(alembic_config(engine), "0010")
-    engine.dispose()
-
-
 def test_the_sweep_command_warns_when_it_measured_the_cpu_of_a_gpu_node(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_llama: Path
 ) -> None:
@@ -169,5 +119,5 @@ def test_the_sweep_command_warns_when_it_measured_the_cpu_of_a_gpu_node(
     assert done.exit_code == 0, done.output
     assert (
         "warning: the engine ran on llama.cpp's CPU backend on a node with NVIDIA H100 80GB "
-        "HBM3: install llama.cpp built for it (README, Installing)"
+        "HBM3: install llama.cpp built for it (docs/install.md)"
     ) in " ".join(done.output.split())

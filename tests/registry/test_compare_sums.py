@@ -9,11 +9,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from alembic import command
 from sqlalchemy import Engine, select, true
 
 from fleetbench.contract import wire
-from fleetbench.registry.db import alembic_config, session_factory, upgrade_schema
+from fleetbench.registry.db import session_factory
 from fleetbench.registry.models import BuildPointSum
 from fleetbench.registry.projections.build_sums import SUM_COLUMNS, SUMS_KEY, sums_of_runs
 from fleetbench.registry.regressions.labels import run_labels
@@ -238,12 +237,9 @@ def test_one_name_for_two_model_files_counts_each_node_once_recent_or_not(
         assert {p["runs_from"] for n in answer["nodes"] for p in n["points"]} == {4}
 
 
-def test_flags_read_as_regression_causes_spell_them_and_0020_respells_0019s(
-    live_registry: LiveRegistry,
-) -> None:
+def test_flags_read_as_regression_causes_spell_them(live_registry: LiveRegistry) -> None:
     """A series run with kv_unified on: the comparison names its settings as
-    registry.regressions.labels does (`kv_unified=True`); sums 0019 kept as `true` are
-    respelt by 0020."""
+    registry.regressions.labels does (`kv_unified=True`), and the sums kept spell them so."""
     settings = wire.RunSettings(n_ctx=4096, kv_unified=True, swa_full=False)
     post_runs(live_registry, "gpu-f", runs=2, settings=settings, hardware=gpu(H100, "gpu-f"))
     expected = "n_ctx=4096 kv_unified=True swa_full=False"
@@ -255,11 +251,5 @@ def test_flags_read_as_regression_causes_spell_them_and_0020_respells_0019s(
 
     [node] = compare(live_registry)["nodes"]
     assert node["settings"].startswith(f"{expected} on ")
-    # (the registry is not asked at 0019: this code reads columns 0021 added)
-    command.downgrade(alembic_config(live_registry.engine), "0019")
-    assert stored() == {"n_ctx=4096 kv_unified=true swa_full=false"}
-    upgrade_schema(live_registry.engine)
     assert stored() == {expected}
     assert_same(*kept_and_recounted(live_registry.engine))
-    [node] = compare(live_registry)["nodes"]
-    assert node["settings"].startswith(f"{expected} on ")

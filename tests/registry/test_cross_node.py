@@ -5,19 +5,14 @@ against whichever node reported the model first)."""
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from alembic import command
-from sqlalchemy import Uuid, bindparam, select, text
 
 from fleetbench.contract import wire
 from fleetbench.registry import crud
-from fleetbench.registry.db import alembic_config, create_db_engine, session_factory, upgrade_schema
+from fleetbench.registry.db import session_factory
 from fleetbench.registry.ingest import Stored, ingest_batch
-from fleetbench.registry.models import Run
 from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_MODEL_INFO,
@@ -158,48 +153,3 @@ def test_a_node_without_facts_is_checked_against_what_most_nodes_report(
     assert candidates["d"]["concurrency"] == 8  # a and b's facts, not c's
     assert candidates["a"]["facts_from"] == "node"
     assert "c" not in candidates
-
-
-def test_migration_0007_keeps_each_models_facts_and_every_run_id(
-    empty_database_url: str,
-) -> None:
-    """A database at 0006 (facts on the model, run ids global) is upgraded: the model's facts
-    become its one set, which every run and latest run names; each run's reported id is its
-    id. Downgraded, the model gets its facts back."""
-    engine = create_db_engine(empty_database_url)
-    command.upgrade(alembic_config(engine), "0006")
-    run_id, at = uuid.uuid4(), datetime(2026, 11, 1, tzinfo=UTC)
-    with engine.begin() as connection:
-        for statement in (
-            "INSERT INTO nodes (id, name, labels, created_at) VALUES (1, 'm4pro', '{}', :at)",
-            "INSERT INTO engine_builds (id, identity, engine) VALUES (1, 'b', 'llama.cpp')",
-            "INSERT INTO models (id, identity, name, name_key, n_layer, n_head_kv, head_dim_k,"
-            " head_dim_v, file_size) VALUES (1, 'name:nemo', 'nemo', 'nemo', 40, 8, 128, 128,"
-            " 7477207552)",
-            "INSERT INTO models (id, identity, name, name_key) VALUES (2, 'name:bare', 'bare',"
-            " 'bare')",
-            "INSERT INTO runs (id, node_id, build_id, model_id, source, status, started_at,"
-            " received_at, report_sha256) VALUES (:run, 1, 1, 1, 'sweep', 'ok', :at, :at, 'd')",
-            "INSERT INTO latest_runs (node_id, model_id, run_id, started_at, received_at,"
-            " build_id) VALUES (1, 1, :run, :at, :at, 1)",
-        ):
-            query = text(statement)
-            if ":run" in statement:
-                query = query.bindparams(bindparam("run", type_=Uuid()))
-            connection.execute(query, {"at": at, "run": run_id})
-    upgrade_schema(engine)
-    with engine.connect() as connection:
-        [facts] = connection.execute(
-            text("SELECT id, model_id, n_layer, file_size FROM model_facts")
-        )
-        assert tuple(facts)[1:] == (1, 40, 7_477_207_552)
-        run = connection.execute(
-            select(Run.reported_id, Run.facts_id).where(Run.id == run_id)
-        ).one()
-        assert tuple(run) == (run_id, facts[0])
-        assert connection.execute(text("SELECT facts_id FROM latest_runs")).scalar() == facts[0]
-    command.downgrade(alembic_config(engine), "0006")
-    with engine.connect() as connection:
-        rows = connection.execute(text("SELECT name, n_layer, file_size FROM models ORDER BY id"))
-        assert [tuple(r) for r in rows] == [("nemo", 40, 7_477_207_552), ("bare", None, None)]
-    engine.dispose()

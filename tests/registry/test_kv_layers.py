@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fleetbench.contract import wire
-from tests.factories import LiveRegistry, columns_down_and_up, make_report, post_report
+from tests.factories import LiveRegistry, make_report, post_report
 from tests.registry.test_metrics import scrape, series
 
 GIB, MIB = 2**30, 2**20
@@ -118,14 +118,6 @@ def test_the_prediction_s_error_is_in_metrics(live_registry: LiveRegistry) -> No
         assert post_report(client, sent).status_code == 201
         errors = series(scrape(client), "fleetbench_kv_prediction_error_percent", "node", "model")
     assert errors == {("h100", "nemo"): pytest.approx(100 * 128 / 3072)}
-
-
-def test_the_layer_columns_go_with_a_downgrade_and_come_back(database_url: str) -> None:
-    gone, back = columns_down_and_up(database_url, "0016", "model_facts", "runs", "latest_runs")
-    assert "layers" not in gone[0] and "swa_full" not in gone[1]
-    assert not {"flash_attn", "swa_full"} & gone[2]
-    assert "layers" in back[0] and "swa_full" in back[1]
-    assert {"flash_attn", "swa_full"} <= back[2]
 
 
 def test_a_retry_finds_the_facts_stored_with_their_layers(live_registry: LiveRegistry) -> None:

@@ -11,29 +11,20 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from alembic import command
-from sqlalchemy import Engine, Uuid, bindparam, func, select, text
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from fleetbench.registry import crud, retention, tokens
 from fleetbench.registry.db import (
-    alembic_config,
     session_factory,
-    upgrade_schema,
-    write_transaction,
 )
 from fleetbench.registry.models import (
-    LatestPoint,
-    LatestRun,
-    Node,
     NodeActivity,
     Regression,
     Run,
     RunPoint,
-    UTCDateTime,
 )
-from fleetbench.registry.projections import latest
-from tests.factories import ARTICLE_TABLE, WOBBLE, make_report, scaled, store_report
+from tests.factories import WOBBLE, make_report, scaled, store_report
 
 NOW = datetime.now(UTC)
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,118 +115,3 @@ def test_prune_runs_from_the_command_line_and_says_what_it_did(database_url: str
     assert unset.returncode == 2
     assert "FLEETBENCH_RETENTION_DAYS" in unset.stderr
     assert "Traceback" not in unset.stderr
-
-
-def test_migration_0004_fills_the_latest_tables_from_the_runs_stored(
-    empty_database_url: str,
-) -> None:
-    """A database at 0003 with a history (the newest run of one model failed, an old run
-    holding one cell twice) is upgraded: each node's latest successful run per model, its
-    points, and the node's newest run and run count; the knees are computed after."""
-    from fleetbench.registry.db import create_db_engine
-
-    engine = create_db_engine(empty_database_url)
-    command.upgrade(alembic_config(engine), "0003")
-    sessions = session_factory(engine)
-    day = datetime(2026, 11, 1, tzinfo=UTC)
-    with sessions() as session:
-        node = Node(name="m4pro", labels={}, created_at=day)
-        session.add(node)
-        session.flush()
-        # SQL naming only the columns 0003 had (the ORM and Core would add today's)
-        build_id = session.execute(
-            text(
-                "INSERT INTO engine_builds (identity, engine, build_number) "
-                "VALUES (:identity, 'llama.cpp', 11429) RETURNING id"
-            ),
-            {"identity": "b" * 64},
-        ).scalar_one()
-        model_id = session.execute(
-            text(
-                "INSERT INTO models (identity, name, name_key) "
-                "VALUES ('name:nemo', 'nemo', 'nemo') RETURNING id"
-            )
-        ).scalar_one()
-        ids = []
-        for hours, status in ((0, "ok"), (1, "ok"), (2, "failed")):
-            run_id = uuid.uuid4()
-            session.execute(
-                text(
-                    "INSERT INTO runs (id, node_id, build_id, model_id, source, status, error,"
-                    " started_at, received_at, report_sha256) VALUES (:id, :node, :build,"
-                    " :model, 'sweep', :status, :error, :at, :at, :digest)"
-                ).bindparams(bindparam("id", type_=Uuid()), bindparam("at", type_=UTCDateTime())),
-                {
-                    "id": run_id,
-                    "node": node.id,
-                    "build": build_id,
-                    "model": model_id,
-                    "status": status,
-                    "error": "boom" if status == "failed" else None,
-                    "at": day + timedelta(hours=hours),
-                    "digest": "0" * 64,
-                },
-            )
-            ids.append(run_id)
-            if status == "ok":
-                table = ARTICLE_TABLE + ARTICLE_TABLE[:1]  # B=1 twice
-                session.add_all(
-                    RunPoint(
-                        run_id=run_id,
-                        pp=512,
-                        tg=128,
-                        b=b,
-                        s_pp=s_pp,
-                        s_tg=s_tg * (hours + 1),
-                        repeats=1,
-                    )
-                    for b, s_pp, s_tg in table
-                )
-        session.commit()
-    upgrade_schema(engine)
-    with sessions() as session:
-        head = session.scalars(select(LatestRun)).one()
-        points = session.execute(
-            select(LatestPoint.b, LatestPoint.s_tg, LatestPoint.past_knee).order_by(LatestPoint.b)
-        ).all()
-        activity = session.scalars(select(NodeActivity)).one()
-        with write_transaction(session):
-            filled = latest.fill_unknown_knees(session)
-            session.commit()
-        knees = dict(session.execute(select(LatestPoint.b, LatestPoint.past_knee)).all())
-    engine.dispose()
-    assert head.run_id == ids[1]  # the newest successful one
-    assert [(b, s) for b, s, _ in points] == [(b, s_tg * 2) for b, _, s_tg in ARTICLE_TABLE]
-    assert all(knee is None for _, _, knee in points)  # unknown until computed
-    assert (activity.last_run_id, activity.run_count) == (ids[2], 3)
-    assert filled == 1
-    assert knees == {1: False, 2: False, 4: False, 8: False, 16: True, 32: True}
-
-
-def test_migrate_computes_the_knees_the_migration_left_unknown(empty_database_url: str) -> None:
-    from fleetbench.registry.db import create_db_engine
-
-    engine = create_db_engine(empty_database_url)
-    upgrade_schema(engine)
-    with session_factory(engine)() as session:
-        tokens.create_node_token(session, node_name="m4pro", labels={})
-        node = crud.find_node(session, "m4pro")
-        assert node is not None
-        store_report(session, make_report(), node.id)
-        session.execute(text("UPDATE latest_points SET past_knee = NULL"))
-        session.commit()
-    env = {**os.environ, "FLEETBENCH_DATABASE_URL": empty_database_url}
-    done = subprocess.run(
-        [sys.executable, "-m", "fleetbench.registry.cli", "migrate"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    with session_factory(engine)() as session:
-        past = dict(session.execute(select(LatestPoint.b, LatestPoint.past_knee)).all())
-    engine.dispose()
-    assert done.returncode == 0, done.stderr
-    assert "knees computed for 1 curve(s)" in done.stderr
-    assert past[8] is False and past[16] is True

@@ -1,4 +1,5 @@
-"""Migrations and the registry's command line."""
+"""The schema (0.1.0's baseline, down and up; a development build's database refused) and
+the registry's command line."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from pathlib import Path
 import httpx
 import pytest
 from alembic import command
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, inspect, text
 
-from fleetbench.registry.db import alembic_config, create_db_engine, schema_revisions
+from fleetbench.registry.db import (
+    alembic_config,
+    create_db_engine,
+    schema_revisions,
+    upgrade_schema,
+)
 from tests.factories import free_port, wait_until_serving
 
 REGISTRY = [sys.executable, "-m", "fleetbench.registry.cli"]
@@ -43,6 +49,60 @@ def test_migrations_match_the_models(engine: Engine) -> None:
         "run_points",
         "failed_points",
     } <= tables
+
+
+def test_the_baseline_goes_down_to_nothing_and_back_up_to_the_models(engine: Engine) -> None:
+    """One migration per release, each tested both ways on both databases: 0.1.0's."""
+    before = _schema(engine)
+    command.downgrade(alembic_config(engine), "base")
+    assert set(inspect(engine).get_table_names()) == {"alembic_version"}
+    assert schema_revisions(engine)[0] is None
+    assert upgrade_schema(engine) is None
+    assert _schema(engine) == before
+    command.check(alembic_config(engine))
+    with engine.connect() as connection:  # the row every registry process watches
+        assert connection.execute(text("SELECT id, epoch FROM token_epoch")).all() == [(1, 0)]
+
+
+def _schema(engine: Engine) -> dict[str, object]:
+    found = inspect(engine)
+    return {
+        table: (
+            [(c["name"], str(c["type"]), c["nullable"]) for c in found.get_columns(table)],
+            sorted((i["name"] or "", i["column_names"]) for i in found.get_indexes(table)),
+            sorted(tuple(f["constrained_columns"]) for f in found.get_foreign_keys(table)),
+        )
+        for table in found.get_table_names()
+    }
+
+
+def test_a_database_of_a_development_build_before_0_1_0_is_refused_untouched(
+    database_url: str,
+) -> None:
+    engine = create_db_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("UPDATE alembic_version SET version_num = '0021'")
+        before = _schema(engine)
+    finally:
+        engine.dispose()
+    env = {"FLEETBENCH_DATABASE_URL": database_url}
+    for command_line in (["serve", "--port", "1"], ["migrate"], ["token", "list"]):
+        result = _run(command_line, env)
+        assert result.returncode == 1, result.stderr
+        assert (
+            "database schema is at revision 0021, made by a development build of fleetbench "
+            "before 0.1.0, which 0.1.0 does not upgrade (CHANGELOG.md)"
+        ) in result.stderr
+        assert "Traceback" not in result.stderr
+    engine = create_db_engine(database_url)
+    try:
+        assert _schema(engine) == before
+        with engine.connect() as connection:
+            version = connection.execute(text("SELECT version_num FROM alembic_version"))
+            assert version.scalar_one() == "0021"
+    finally:
+        engine.dispose()
 
 
 def test_serve_refuses_an_out_of_date_schema_then_migrate_fixes_it(

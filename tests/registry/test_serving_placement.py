@@ -5,17 +5,11 @@ candidate; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import json
-import uuid
 from datetime import timedelta
 from typing import Any
 
 import httpx
-from alembic import command
-from sqlalchemy import Uuid, bindparam, inspect, select, text
 
-from fleetbench.registry.db import alembic_config, create_db_engine, upgrade_schema
-from fleetbench.registry.models import LatestServingRun
 from tests.factories import (
     ARTICLE_MODEL,
     DAY0,
@@ -182,64 +176,3 @@ def test_the_agent_asks_with_a_latency_objective(live_registry: LiveRegistry) ->
     )  # fmt: skip
     assert offline.returncode == 2 and "Traceback" not in offline.stderr
     assert "offline curves have no time to first token" in offline.stderr
-
-
-def test_migration_0010_makes_each_nodes_latest_serving_run_of_those_stored(
-    empty_database_url: str,
-) -> None:
-    """Serving runs stored at 0009 (two of one node and model, one failed, one of another
-    model) become the latest serving runs placement reads; downgraded, the table goes."""
-    engine = create_db_engine(empty_database_url)
-    command.upgrade(alembic_config(engine), "0009")
-    older, newer, failed, other = (uuid.uuid4() for _ in range(4))
-    server = json.dumps({"kind": "llama-server", "prompt_tokens": 512, "gen_tokens": 128,
-                         "slots": 4, "ctx_per_slot": 4096, "prompt_exact": True})  # fmt: skip
-    with engine.begin() as connection:
-        for statement in (
-            "INSERT INTO nodes (id, name, labels, created_at) VALUES (1, 'gpu', '{}', :day)",
-            "INSERT INTO engine_builds (id, identity, engine) VALUES (1, 'b', 'llama.cpp')",
-            "INSERT INTO models (id, identity, name, name_key) VALUES (1, 'name:m', 'm', 'm')",
-            "INSERT INTO models (id, identity, name, name_key) VALUES (2, 'name:n', 'n', 'n')",
-        ):
-            connection.execute(text(statement), {"day": DAY0})
-        insert = text(
-            "INSERT INTO runs (id, reported_id, node_id, build_id, model_id, source, kind,"
-            " server, status, started_at, received_at, report_sha256) VALUES (:id, :id, 1, 1,"
-            " :model, 'sweep', 'serving', :server, :status, :at, :at, 'd')"
-        ).bindparams(bindparam("id", type_=Uuid()))
-        for run_id, model, status, hours in (
-            (older, 1, "ok", 1), (newer, 1, "partial", 2), (failed, 1, "failed", 3),
-            (other, 2, "ok", 1),
-        ):  # fmt: skip
-            connection.execute(
-                insert,
-                {"id": run_id, "model": model, "server": server, "status": status,
-                 "at": DAY0 + timedelta(hours=hours)},
-            )  # fmt: skip
-    upgrade_schema(engine)
-    with engine.connect() as connection:
-        rows = connection.execute(
-            select(
-                LatestServingRun.model_id,
-                LatestServingRun.run_id,
-                LatestServingRun.prompt_tokens,
-                LatestServingRun.slots,
-            ).order_by(LatestServingRun.model_id)
-        ).all()
-    assert [tuple(r) for r in rows] == [(1, newer, 512, 4), (2, other, 512, 4)]
-    with engine.begin() as connection:  # a serving regression, which 0009 cannot list
-        connection.execute(
-            text(
-                "INSERT INTO regressions (node_id, model_id, pp, tg, b, metric, before_value,"
-                " after_value, change, noise, confidence, runs_before, runs_after, cause,"
-                " cause_kinds, before_run_id, first_run_id, first_seen_at, detected_at,"
-                " notify_attempts) VALUES (1, 1, 512, 128, 4, 'srv_tps', 1, 0.8, -0.2, 0.01,"
-                " 0.99, 5, 2, 'x', '[]', :before, :first, :day, :day, 0)"
-            ).bindparams(bindparam("before", type_=Uuid()), bindparam("first", type_=Uuid())),
-            {"before": older, "first": newer, "day": DAY0},
-        )
-    command.downgrade(alembic_config(engine), "0009")
-    with engine.connect() as connection:
-        assert "latest_serving_runs" not in inspect(connection).get_table_names()
-        assert connection.execute(text("SELECT count(*) FROM regressions")).scalar() == 0
-    engine.dispose()

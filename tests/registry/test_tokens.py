@@ -8,52 +8,16 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-from alembic import command
-from sqlalchemy import text
 
 from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.spool import Spool
-from fleetbench.registry import tokens
 from fleetbench.registry.config import RegistrySettings
-from fleetbench.registry.db import alembic_config, create_db_engine, session_factory, upgrade_schema
 from tests.factories import LiveRegistry, make_report, post_report, running_registry
 
 REGISTRY = [sys.executable, "-m", "fleetbench.registry.cli"]
-
-
-def test_tokens_made_before_the_upgrade_are_node_tokens(empty_database_url: str) -> None:
-    engine = create_db_engine(empty_database_url)
-    command.upgrade(alembic_config(engine), "0005")
-    secret = "fbn_made-before-roles"
-    with engine.begin() as connection:
-        connection.execute(
-            text(
-                "INSERT INTO nodes (id, name, labels, created_at) VALUES (7, 'gpu-07', '{}', :at)"
-            ),
-            {"at": datetime(2026, 11, 1, tzinfo=UTC)},
-        )
-        connection.execute(
-            text(
-                "INSERT INTO node_tokens (id, node_id, token_sha256, created_at)"
-                " VALUES (3, 7, :digest, :at)"
-            ),
-            {"digest": tokens.token_digest(secret), "at": datetime(2026, 11, 1, tzinfo=UTC)},
-        )
-    upgrade_schema(engine)
-    with session_factory(engine)() as session:
-        principal = tokens.authenticate(session, tokens.token_digest(secret))
-        assert (principal.scope, principal.node_name, principal.token_id) == ("node", "gpu-07", 3)
-        assert principal.name == "node token 3"
-        later, _ = tokens.create_token(session, scope="admin", name="ops")  # no id taken twice
-        session.commit()
-        assert later.id == 4
-        [old, new] = tokens.list_tokens(session)
-        assert old.last_used_at is not None and new.last_used_at is None
-    engine.dispose()
 
 
 def test_a_rotated_token_strands_no_spooled_run(

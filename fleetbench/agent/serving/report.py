@@ -8,7 +8,7 @@ import re
 import uuid
 from datetime import UTC, datetime
 
-from fleetbench.agent.fingerprint import take_fingerprint
+from fleetbench.agent.fingerprint import THIS_AGENT, take_fingerprint
 from fleetbench.agent.serving.sweep import ServingOutcome, serve_sweep
 from fleetbench.contract.bounds import storable_text
 from fleetbench.contract.serve_spec import ServeSpec
@@ -69,6 +69,7 @@ def serving_report(
     search = outcome.search
     return RunReport(
         schema_version=SCHEMA_VERSION,
+        agent=THIS_AGENT,
         run_id=uuid.uuid4(),
         node=node,
         started_at=started_at,

@@ -369,6 +369,7 @@ def insert_runs(
                 "model_id": run.model_id,
                 "facts_id": run.facts_id,
                 "source": report.source,
+                "agent": f"{report.agent.name} {report.agent.version}" if report.agent else None,
                 "status": report.status,
                 "error": report.error,
                 "started_at": report.started_at,

@@ -12,7 +12,6 @@ history, so a 1,000-node answer reads a few thousand rows.
 from __future__ import annotations
 
 import functools
-import typing
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -27,9 +26,7 @@ from sqlalchemy import (
     delete,
     select,
     tuple_,
-    update,
 )
-from sqlalchemy.orm import Session
 
 from fleetbench.registry.bulk import insert_rows
 from fleetbench.registry.curves.knee import find_knee
@@ -56,7 +53,7 @@ from fleetbench.registry.projections.base import (
     stored_runs,
 )
 
-__all__ = ["LATEST", "LATEST_SERVING", "fill_unknown_knees", "latest_points_statement"]
+__all__ = ["LATEST", "LATEST_SERVING", "latest_points_statement"]
 
 
 def _only_if_newer(upsert: Any) -> Any:
@@ -218,41 +215,6 @@ def _points_with_knee(points: Sequence[CurvePoint]) -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-def fill_unknown_knees(session: Session) -> int:
-    """Computes `past_knee` where it is unknown (points copied by migration 0004); returns
-    how many curves it did. Cheap when there are none: one pass over latest_points."""
-    rows = session.execute(
-        select(
-            LatestPoint.node_id,
-            LatestPoint.model_id,
-            LatestPoint.pp,
-            LatestPoint.tg,
-            LatestPoint.b,
-            LatestPoint.s_tg,
-        ).where(LatestPoint.past_knee.is_(None), LatestPoint.s_tg.is_not(None))
-    ).all()
-    curves: dict[tuple[int, int, int, int], list[tuple[int, float]]] = defaultdict(list)
-    for node_id, model_id, pp, tg, b, s_tg in rows:
-        curves[(node_id, model_id, pp, tg)].append((b, typing.cast(float, s_tg)))
-    updates: list[dict[str, object]] = []
-    for (node_id, model_id, pp, tg), curve in curves.items():
-        knee = find_knee(curve)
-        updates.extend(
-            {
-                "node_id": node_id,
-                "model_id": model_id,
-                "pp": pp,
-                "tg": tg,
-                "b": b,
-                "past_knee": knee is not None and b > knee,
-            }
-            for b, _ in curve
-        )
-    if updates:
-        session.execute(update(LatestPoint), updates)  # by primary key, in one executemany
-    return len(curves)
 
 
 # --- /metrics ---------------------------------------------------------------------------
