@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetbench.version import VERSION
 from tests.factories import ARTICLE_MODEL, LiveRegistry, command, free_port, wait_until_serving
 from tests.test_import_end_to_end import ARTICLE_EXAMPLE
 
@@ -27,9 +29,13 @@ AGENT_ONLY = ("llama_cpp", "gguf", "psutil", "apscheduler", "pynvml")
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel of the files git knows, built from a copy (an in-place build would take
-    whatever an older build left in build/)."""
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The release's files: CI's (`.ci/run` builds them into FLEETBENCH_TEST_DIST before the
+    suite), or else the sdist of the files git knows and the wheel built from that sdist, as
+    an index's users would build it (from a copy: an in-place build would take whatever an
+    older build left in build/)."""
+    if built := os.environ.get("FLEETBENCH_TEST_DIST"):
+        return Path(built)
     source = tmp_path_factory.mktemp("source")
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
@@ -39,15 +45,34 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if (ROOT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
-    folder = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [_UV, "build", "--quiet", "--wheel", "--out-dir", folder, source], check=True, timeout=600
-    )
-    [built] = folder.glob("fleetbench-*.whl")
+    folder = tmp_path_factory.mktemp("dist")
+    # uv builds the sdist, then the wheel from the sdist
+    subprocess.run([_UV, "build", "--quiet", "--out-dir", folder, source], check=True, timeout=600)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def wheel(dist: Path) -> Path:
+    [built] = dist.glob("fleetbench-*.whl")
     return built
 
 
+def test_the_sdist_holds_the_package_and_what_builds_it_and_no_more(dist: Path) -> None:
+    [sdist] = dist.glob("fleetbench-*.tar.gz")
+    assert sdist.name == f"fleetbench-{VERSION}.tar.gz"
+    with tarfile.open(sdist) as archive:
+        names = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
+    assert {"pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE"} <= names
+    assert "fleetbench/migrations/versions/v0_1_0_baseline.py" in names
+    assert {n.split("/")[0] for n in names} <= {
+        *("PKG-INFO", "setup.cfg", "pyproject.toml", "MANIFEST.in"),
+        *("README.md", "CHANGELOG.md", "LICENSE"),
+        *("fleetbench", "fleetbench.egg-info"),
+    }
+
+
 def test_the_wheel_takes_one_import_name_and_ships_its_data(wheel: Path) -> None:
+    assert wheel.name == f"fleetbench-{VERSION}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         [top_level] = [n for n in names if n.endswith(".dist-info/top_level.txt")]
