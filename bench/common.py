@@ -1,18 +1,23 @@
-"""What the benchmarks share: databases to fill, a registry to start, percentiles."""
+"""What the benchmarks share: databases to fill, a registry to start, percentiles, and the
+file each run leaves under bench/results/ (write_result)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import platform
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import psutil
 import psycopg
 from sqlalchemy.engine import make_url
 
@@ -25,9 +30,11 @@ __all__ = [
     "recreate_database",
     "start_registry",
     "stop_registry",
+    "write_result",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
 
 
 def libpq_url(url: str, *, database: str | None = None) -> str:
@@ -101,3 +108,116 @@ def percentile(values: Sequence[float], q: float) -> float:
     q in 0..1; NaN when empty."""
     found = serving_percentile(values, q * 100)
     return math.nan if found is None else found
+
+
+def write_result(
+    benchmark: str,
+    figures: Mapping[str, object],
+    *,
+    arguments: Sequence[str] | None = None,
+    machine: Mapping[str, object] | None = None,
+    results_dir: Path | None = None,
+) -> Path:
+    """Writes one run's raw result, `<results_dir>/<benchmark>-<UTC date>-<short commit>.json`
+    (`-2`, `-3`, ... after it when that file exists: an earlier run's file is never
+    overwritten), prints its path and returns it.
+
+    The file holds the benchmark's name, the date (UTC, to the second), the machine (CPU
+    model, logical cores, memory, OS, Python; `machine` adds what the script knows besides,
+    e.g. its GPUs), the commit (HEAD, and whether the working tree differed from it outside
+    bench/results/), the command (`arguments` are the script's arguments, sys.argv's by
+    default) and `figures`: what the script printed, JSON-serialisable (mappings, sequences,
+    str, int, float, bool, None; a NaN or infinite float is written as null)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    commit = _commit()
+    short = str(commit["sha"])[:7] if commit["sha"] else "nocommit"
+    argv = sys.argv[1:] if arguments is None else list(arguments)
+    result = {
+        "benchmark": benchmark,
+        "date": now.isoformat(),
+        "machine": {**_machine(), **(machine or {})},
+        "commit": commit,
+        "command": [_shown(sys.argv[0]), *argv],
+        "figures": _plain(figures),
+    }
+    text = json.dumps(result, indent=1, allow_nan=False) + "\n"
+    folder = RESULTS if results_dir is None else results_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{benchmark}-{now:%Y-%m-%d}-{short}"
+    for n in range(1, 10_000):
+        path = folder / (f"{stem}.json" if n == 1 else f"{stem}-{n}.json")
+        try:
+            with path.open("x", encoding="utf-8") as out:
+                out.write(text)
+        except FileExistsError:
+            continue
+        print(f"result: {_shown(str(path))}")
+        return path
+    raise SystemExit(f"{folder} holds 9,999 results of {stem}: none written")
+
+
+def _plain(value: object) -> object:
+    """`value` as JSON's types: mappings with string keys, lists, str, int, float (a NaN or
+    an infinity as None), bool, None; anything else is a mistake of the caller."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, Sequence):
+        return [_plain(item) for item in value]
+    raise TypeError(f"a result's figure must be JSON, not {type(value).__name__}: {value!r}")
+
+
+def _machine() -> dict[str, object]:
+    """What the figures depend on, without naming the host."""
+    return {
+        "cpu": _cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "cpu model"):
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _commit() -> dict[str, object]:
+    """HEAD of the repository the benchmarks are in, and whether anything but bench/results/
+    differs from it (changed, staged or untracked); None and None outside a git checkout."""
+
+    def git(*argv: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--", ".", ":(exclude)bench/results")
+    return {
+        "sha": sha.strip() if sha else None,
+        "dirty": None if sha is None or status is None else bool(status.strip()),
+    }
+
+
+def _shown(path: str) -> str:
+    """A path under the repository as relative to it (bench/x.py), any other as given."""
+    if not path:
+        return path
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return path

@@ -46,7 +46,14 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import libpq_url, percentile, recreate_database, start_registry, stop_registry
+from bench.common import (
+    libpq_url,
+    percentile,
+    recreate_database,
+    start_registry,
+    stop_registry,
+    write_result,
+)
 from fleetbench.contract import wire
 from fleetbench.registry import crud, tokens
 from fleetbench.registry.db import (
@@ -218,11 +225,20 @@ def main() -> int:
     finally:
         stop_registry(process)
     print(f"{args.nodes} nodes x {args.builds} builds x {args.runs} runs, PostgreSQL, HTTP:")
+    figures: dict[str, object] = {
+        "fleet": {"nodes": args.nodes, "builds": args.builds, "runs_per_build": args.runs},
+        "reused": args.reuse,
+    }
     for name, found in (("first", first), ("after a run", fresh)):
         print(
             f"  compare, {name:11} p50 {statistics.median(found):6.1f} ms  max "
             f"{max(found):6.1f}  ({len(found)} questions)"
         )
+        figures[f"compare, {name}"] = {
+            "questions": len(found),
+            "p50_ms": statistics.median(found),
+            "max_ms": max(found),
+        }
     for name, found in times.items():
         p99 = percentile(found, 0.99)
         print(
@@ -230,6 +246,16 @@ def main() -> int:
             f"{percentile(found, 0.9):6.1f}  p99 {p99:6.1f}  max {max(found):6.1f}  "
             f"{'PASS' if p99 <= TARGET_MS else 'MISS'} (p99 <= {TARGET_MS:g} ms)"
         )
+        figures[name] = {
+            "questions": len(found),
+            "p50_ms": statistics.median(found),
+            "p90_ms": percentile(found, 0.9),
+            "p99_ms": p99,
+            "max_ms": max(found),
+            "target_p99_ms": TARGET_MS,
+            "met": p99 <= TARGET_MS,
+        }
+    write_result("compare_capacity", figures)
     return 0
 
 

@@ -22,6 +22,10 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import write_result
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -96,6 +100,21 @@ repeats = 1
         f"  CPU {cpu:.3f}% of one core              target < 0.5%   {'ok' if cpu < 0.5 else 'MISS'}"
     )
     print(f"  child processes while idle: {len(children)}")
+    write_result(
+        "daemon_footprint",
+        {
+            "idle_s": round(wall, 1),
+            "rss_mb": round(rss / 2**20, 1),
+            "rss_peak_mb": round(peak / 2**20, 1),
+            "cpu_pct_of_one_core": round(cpu, 3),
+            "children_while_idle": len(children),
+            "target_rss_mb": 60,
+            "target_cpu_pct": 0.5,
+            "rss_met": peak <= 60 * 2**20,
+            "cpu_met": cpu < 0.5,
+        },
+        arguments=argv,
+    )
     return 0
 
 

@@ -20,6 +20,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import write_result
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -47,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     took = time.monotonic() - began
     results = re.findall(r"^(PASSED|FAILED) .*\[(sqlite|postgresql)-(.+)\]", done.stdout, re.M)
+    figures: dict[str, object] = {"examples": args.examples}
     for database in ("sqlite", "postgresql"):
         mine = [(outcome, case) for outcome, db, case in results if db == database]
         failed = [case for outcome, case in mine if outcome == "FAILED"]
@@ -56,9 +61,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for case in failed:
             print(f"  FAILED {case}")
-    print(f"took {took / 60:.1f} min; pytest said: {done.stdout.strip().splitlines()[-1]}")
+        figures[database] = {
+            "cases": len(mine),
+            "requests_at_most": len(mine) * args.examples,
+            "failed": failed,
+        }
+    said = (done.stdout.strip().splitlines() or [""])[-1]
+    print(f"took {took / 60:.1f} min; pytest said: {said}")
     if done.returncode != 0:
         print(done.stdout[-20000:])
+    figures |= {"took_s": round(took, 1), "pytest_said": said, "exit_status": done.returncode}
+    write_result("fuzz", figures, arguments=argv)
     return done.returncode
 
 

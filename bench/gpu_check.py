@@ -3,7 +3,8 @@ the node's fingerprint, an in-process sweep and a `--binary` sweep of Gemma 3 27
 every layer offloaded, each reported to a local registry (SQLite, on loopback), the checks
 that they measured the GPU (the engine's backend, `engine_on_accelerator` in placement's
 answer, NVML's memory figure beside the buffers llama.cpp logged), fidelity pairs of the
-two (bench/sweep_fidelity.py), and placement's answer; everything in one summary file.
+two (bench/sweep_fidelity.py), and placement's answer; everything in one summary file, and
+the run's result file (`record`: under bench/results/ on a GPU, with a copy in --out).
 
 With `--cpu-dry-run` the same steps run on the CPU at a small size, and the GPU-only checks
 say they were not made: the path a machine without a GPU can test.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import start_registry, stop_registry
+from bench.common import RESULTS, start_registry, stop_registry, write_result
 
 NODE = "gpu-check"
 GIB = 1 << 30
@@ -154,7 +156,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     verdict = "passed" if summary["passed"] else "FAILED"
     print(f"summary: {args.out / 'summary.json'} ({verdict})")
+    record(args, summary, argv)
     return 2 if summary["error"] else 0 if summary["passed"] else 1
+
+
+def record(args: argparse.Namespace, summary: dict[str, Any], argv: Sequence[str] | None) -> None:
+    """The run's result file: on a GPU under bench/results/ (the checkout's record) and a copy
+    in OUT (what a lent machine hands back); a dry run's only in OUT, so that the tests'
+    dry runs leave no record of the CPU in bench/results/."""
+    sweeps = {
+        name: {
+            "backend": sweep["backend"],
+            "s_pp": {str(p["b"]): p["s_pp"] for p in sweep["points"]},
+            "s_tg": {str(p["b"]): p["s_tg"] for p in sweep["points"]},
+        }
+        for name, sweep in summary.get("sweeps", {}).items()
+    }
+    fidelity = {
+        str(row["b"]): {"s_pp": row["s_pp_ratio"]["median"], "s_tg": row["s_tg_ratio"]["median"]}
+        for row in summary.get("fidelity", {}).get("per_b", [])
+    }
+    figures = {
+        "mode": summary["mode"],
+        "passed": summary["passed"],
+        "error": summary["error"],
+        "model": summary.get("model"),
+        "settings": summary["settings"],
+        "checks": {c["check"]: c["ok"] for c in summary["checks"]},
+        "sweeps": sweeps,
+        "fidelity_pairs": args.pairs,
+        "fidelity_medians": fidelity,
+        "seconds": summary.get("seconds", {}),
+    }
+    # what NVML said of the GPUs, less their UUIDs: the machine's kind, not which one it was
+    gpus = {"gpus": [{k: v for k, v in g.items() if k != "uuid"} for g in summary.get("gpus", [])]}
+    folder = args.out if args.cpu_dry_run else RESULTS
+    path = write_result("gpu_check", figures, arguments=argv, machine=gpus, results_dir=folder)
+    if folder != args.out:
+        shutil.copy2(path, args.out / path.name)
 
 
 def measure(args: argparse.Namespace, summary: dict[str, Any], check: Check) -> None:
@@ -248,6 +287,8 @@ def measure(args: argparse.Namespace, summary: dict[str, Any], check: Check) -> 
             args.npl,
             "--json-out",
             str(fidelity_file),
+            "--results-dir",
+            str(args.out),
         ],
         check=True,
         stdout=sys.stderr,

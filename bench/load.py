@@ -63,8 +63,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import percentile, start_registry, stop_registry
-from bench.load_costs import StatementCosts, print_costs, sample_costs
+from bench.common import percentile, start_registry, stop_registry, write_result
+from bench.load_costs import StatementCosts, print_costs, sample_costs, step_costs
 from bench.load_fleet import (
     MODEL,
     node_name,
@@ -351,7 +351,8 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def print_load(args: argparse.Namespace, tally: Tally, elapsed: float) -> None:
+def print_load(args: argparse.Namespace, tally: Tally, elapsed: float) -> dict[str, object]:
+    """Prints the load's figures; returns them for the run's result file."""
     # Over the window reports were sent in: the last readers' pauses and the replies still
     # in flight at the deadline run past it, and would lower the rate by a second or two.
     rate = len(tally.accepted) / args.seconds
@@ -368,6 +369,7 @@ def print_load(args: argparse.Namespace, tally: Tally, elapsed: float) -> None:
         f"{args.seconds:g} s window)"
     )
     all_reads = [ms for values in tally.read_ms.values() for ms in values]
+    latency: dict[str, dict[str, float]] = {}
     for label, values in [
         ("write", tally.write_ms),
         ("shed 503", tally.shed_ms),
@@ -379,6 +381,12 @@ def print_load(args: argparse.Namespace, tally: Tally, elapsed: float) -> None:
             f"{percentile(values, 0.99):8.1f}  max {max(values, default=0):8.1f}"
             f"  ({len(values)} requests)"
         )
+        latency[label] = {
+            "p50_ms": percentile(values, 0.5),
+            "p99_ms": percentile(values, 0.99),
+            "max_ms": max(values, default=0),
+            "requests": len(values),
+        }
     print(f"  writes by answer: {dict(sorted(tally.writes.items()))}")
     print(f"  reads by answer:  {dict(sorted(tally.reads.items()))}")
     if args.slow_bodies:
@@ -386,9 +394,22 @@ def print_load(args: argparse.Namespace, tally: Tally, elapsed: float) -> None:
             f"  {args.slow_bodies} slow bodies meanwhile, answered: "
             f"{dict(sorted(tally.slow.items()))}"
         )
+    return {
+        "nodes": nodes,
+        "seconds": round(elapsed, 1),
+        "accepted_reports_per_s": rate,
+        "accepted": len(tally.accepted),
+        "latency": latency,
+        "writes_by_answer": dict(sorted(tally.writes.items())),
+        "reads_by_answer": dict(sorted(tally.reads.items())),
+        "slow_bodies_answered": dict(sorted(tally.slow.items())),
+    }
 
 
-def print_targets(args: argparse.Namespace, tally: Tally, cpu_ms: dict[str, float]) -> None:
+def print_targets(
+    args: argparse.Namespace, tally: Tally, cpu_ms: dict[str, float]
+) -> dict[str, dict[str, object]]:
+    """Prints the targets, PASS or MISS; returns them for the run's result file."""
     rate = len(tally.accepted) / args.seconds
     target = args.target_rate or (200.0 if args.database == "postgresql" else 100.0)
     failures = [
@@ -413,6 +434,7 @@ def print_targets(args: argparse.Namespace, tally: Tally, cpu_ms: dict[str, floa
             f"{KEPT_PACE:.0%})  {rate:8.1f}  {verdict(held)}"
         )
     else:
+        held = rate >= target
         print(
             f"  reports/s >= {target:g}                    {rate:8.1f}  {verdict(rate >= target)}"
         )
@@ -420,11 +442,31 @@ def print_targets(args: argparse.Namespace, tally: Tally, cpu_ms: dict[str, floa
         f"  read p99 <= {READ_TARGET_P99_MS:g} ms                   {read_p99:8.1f}  "
         f"{verdict(read_p99 <= READ_TARGET_P99_MS)}"
     )
+    targets: dict[str, dict[str, object]] = {
+        "no jam": {"failures": failures, "met": not failures},
+        "shed p99 ms": {
+            "target": SHED_TARGET_P99_MS,
+            "value": shed_p99,
+            "met": shed_p99 <= SHED_TARGET_P99_MS,
+        },
+        "reports/s": {"target": target, "offered": args.write_rate, "value": rate, "met": held},
+        "read p99 ms": {
+            "target": READ_TARGET_P99_MS,
+            "value": read_p99,
+            "met": read_p99 <= READ_TARGET_P99_MS,
+        },
+    }
     for name in ("registry", "postgresql") if args.database == "postgresql" else ("registry",):
         print(
             f"  {name} CPU <= {CPU_TARGET_MS:g} ms per report     {cpu_ms[name]:8.3f}  "
             f"{verdict(cpu_ms[name] <= CPU_TARGET_MS)}"
         )
+        targets[f"{name} CPU ms per report"] = {
+            "target": CPU_TARGET_MS,
+            "value": cpu_ms[name],
+            "met": cpu_ms[name] <= CPU_TARGET_MS,
+        }
+    return targets
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -461,12 +503,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             stop_registry(process)
         stored = stored_run_ids(url, received_since=began_at)
-    print_load(args, tally, elapsed)
+    figures = print_load(args, tally, elapsed)
     print(f"  the judges finished the series checks {judging:.1f} s after the load")
     cpu_ms = print_costs(
         before, after, reports=len(tally.accepted), seconds=sampled, statements=statements
     )
-    print_targets(args, tally, cpu_ms)
+    targets = print_targets(args, tally, cpu_ms)
     missing = tally.accepted - stored
     unexpected = stored - tally.accepted
     print(
@@ -474,6 +516,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" ({len(stored)} stored, {len(missing)} answered 2xx but missing, {len(unexpected)} "
         f"stored without a 2xx answer)"
     )
+    figures |= {
+        "judged_after_load_s": round(judging, 1),
+        "cpu_ms_per_report": cpu_ms,
+        "steps_per_report": step_costs(before, after, reports=len(tally.accepted)),
+        "targets": targets,
+        "database_exact": {
+            "stored": len(stored),
+            "missing": len(missing),
+            "unexpected": len(unexpected),
+            "met": not missing and not unexpected,
+        },
+    }
+    write_result("load", figures, arguments=argv)
     return 0 if not missing and not unexpected else 1
 
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import libpq_url
 
-__all__ = ["CostSample", "StatementCosts", "print_costs", "sample_costs"]
+__all__ = ["CostSample", "StatementCosts", "print_costs", "sample_costs", "step_costs"]
 
 _STEP_FAMILIES = {
     "fleetbench_ingest_step_cpu_seconds": "cpu_s",
@@ -149,29 +149,42 @@ def print_costs(
     return {name: used * 1000 / per for name, used in cpu.items()}
 
 
-def _print_steps(before: CostSample, after: CostSample, per: int) -> None:
-    works: dict[str, list[tuple[str, dict[str, float]]]] = defaultdict(list)
+def step_costs(
+    before: CostSample, after: CostSample, *, reports: int
+) -> dict[str, dict[str, dict[str, float]]]:
+    """The registry's own account per accepted report: work (ingest, judge) -> step -> CPU
+    milliseconds, statements and rows, as print_costs prints them."""
+    per = max(reports, 1)
+    found: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     for (work, step), figures in after.steps.items():
         earlier = before.steps.get((work, step), {})
-        works[work].append(
-            (step, {name: value - earlier.get(name, 0.0) for name, value in figures.items()})
-        )
+        used = {name: value - earlier.get(name, 0.0) for name, value in figures.items()}
+        found[work][step] = {
+            "cpu_ms": used.get("cpu_s", 0.0) * 1000 / per,
+            "statements": used.get("statements", 0.0) / per,
+            "rows": used.get("rows", 0.0) / per,
+        }
+    return dict(found)
+
+
+def _print_steps(before: CostSample, after: CostSample, per: int) -> None:
+    works = step_costs(before, after, reports=per)
     if not works:
         print("  (the registry's /metrics has no step costs)")
         return
     for work, steps in sorted(works.items()):
-        total = sum(f.get("cpu_s", 0.0) for _, f in steps)
-        statements = sum(f.get("statements", 0.0) for _, f in steps)
+        total = sum(f["cpu_ms"] for f in steps.values())
+        statements = sum(f["statements"] for f in steps.values())
         print(
-            f"  {work} steps, per report: {total * 1000 / per:.3f} ms CPU in the "
+            f"  {work} steps, per report: {total:.3f} ms CPU in the "
             f"{'writer' if work == 'ingest' else 'judge'} threads, "
-            f"{statements / per:.2f} statements"
+            f"{statements:.2f} statements"
         )
-        for step, figures in steps:
+        for step, figures in steps.items():
             print(
-                f"    {step:<14} {figures.get('cpu_s', 0.0) * 1000 / per:7.3f} ms  "
-                f"{figures.get('statements', 0.0) / per:6.2f} statements  "
-                f"{figures.get('rows', 0.0) / per:7.2f} rows"
+                f"    {step:<14} {figures['cpu_ms']:7.3f} ms  "
+                f"{figures['statements']:6.2f} statements  "
+                f"{figures['rows']:7.2f} rows"
             )
 
 

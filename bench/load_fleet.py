@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, select, text
 
 from bench.common import recreate_database
+from fleetbench.contract.wire import SCHEMA_VERSION
 from fleetbench.registry.db import create_db_engine, session_factory, upgrade_schema
 from fleetbench.registry.models import Run
 from fleetbench.registry.tokens import create_node_token
@@ -91,7 +92,7 @@ def report(node: int, minute: int, rng: random.Random) -> dict[str, Any]:
             }
         )
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "run_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
         "node": node_name(node),
         "started_at": started.isoformat(),

@@ -6,11 +6,11 @@ What it measures
     1. Fills a PostgreSQL database (dropped and recreated) with a synthetic fleet: by default
        1,000 nodes x 10 models x 30 runs per node and model x 6 concurrencies (B = 1..32) at
        PP=512 TG=128, i.e. 300,000 runs and ~1.76M points (`--runs 300`: 17.6M), loaded with
-       binary COPY into the schema of migration 0003 (secondary indexes and foreign keys of
-       runs and run_points rebuilt afterwards from their catalog definitions); then
-       migration 0004 fills the latest-curve tables from those runs, as it does for a
-       registry that upgrades, and the knees are computed; then VACUUM ANALYZE. About 2% of
-       runs failed (no points).
+       binary COPY into the schema (secondary indexes and foreign keys of runs and
+       run_points rebuilt afterwards from their catalog definitions); then the tables
+       derived from the runs (each node's latest curves, with their knees) are rebuilt from
+       them, as `fleetbench-registry rebuild` does after a backup of the runs is restored;
+       then VACUUM ANALYZE. About 2% of runs failed (no points).
     2. Starts `fleetbench-registry serve` on a free loopback port.
     3. Asks each question, `model` and `min_tps_per_user` drawn at random, three ways: over
        HTTP (httpx, keep-alive; timed until the body is read), and as each hand-written
@@ -63,8 +63,10 @@ from bench.common import (
     recreate_database,
     start_registry,
     stop_registry,
+    write_result,
 )
 from fleetbench.registry.ingest import build_identity
+from fleetbench.registry.ingest.statements import MODEL_FACTS
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/fleetbench_bench"
 CONCURRENCIES = (1, 2, 4, 8, 16, 32)
@@ -265,16 +267,25 @@ def model_rows(specs: Iterable[ModelSpec]) -> Iterator[tuple[Any, ...]]:
     for spec in specs:
         digest = hashlib.sha256(spec.name.encode()).hexdigest()
         name_key = spec.name.lower().removesuffix(".gguf")
-        quantization = spec.name.rsplit("-", 1)[1].removesuffix(".gguf")
+        yield spec.model_id, f"sha256:{digest}:{name_key}", spec.name, name_key, digest
+
+
+def model_facts_rows(specs: Iterable[ModelSpec]) -> Iterator[tuple[Any, ...]]:
+    """One set of facts per model, its id the model's, with the identity ingest gives it."""
+    for spec in specs:
+        facts: dict[str, Any] = dict.fromkeys(MODEL_FACTS)
+        facts |= {
+            "quantization": spec.name.rsplit("-", 1)[1].removesuffix(".gguf"),
+            "n_params": int(spec.params_b * 1e9),
+            "file_size": int(spec.file_gb * 1e9),
+        }
         yield (
             spec.model_id,
-            f"sha256:{digest}:{name_key}",
-            spec.name,
-            name_key,
-            digest,
-            quantization,
-            int(spec.params_b * 1e9),
-            int(spec.file_gb * 1e9),
+            spec.model_id,
+            build_identity(facts),
+            facts["quantization"],
+            facts["n_params"],
+            facts["file_size"],
         )
 
 
@@ -335,10 +346,12 @@ def run_rows(runs: Iterable[PlannedRun], rng: random.Random) -> Iterator[tuple[A
         release = max(0, newest - run.node.build_lag)
         yield (
             run.run_id,
+            run.run_id,  # as reported
             run.node.node_id,
             run.node.node_id,  # fingerprint id
             build_id(run.node.hardware.backend, release),
             run.model.model_id,
+            run.model.model_id,  # its facts' id
             "sweep",
             "failed" if run.failed else "ok",
             "llama-batched-bench exited with status 1" if run.failed else None,
@@ -390,10 +403,12 @@ def point_rows(runs: Iterable[PlannedRun], rng: random.Random) -> Iterator[tuple
 TABLE_COLUMNS = {
     "engine_builds": "id, identity, engine, build_number, commit, backend, binding, "
     "binding_version",
-    "models": "id, identity, name, name_key, sha256, quantization, n_params, file_size",
+    "models": "id, identity, name, name_key, sha256",
+    "model_facts": "id, model_id, identity, quantization, n_params, file_size",
     "nodes": "id, name, labels, created_at",
     "hardware_fingerprints": "id, node_id, hash, data, first_seen, last_seen",
-    "runs": "id, node_id, fingerprint_id, build_id, model_id, source, status, error, "
+    "runs": "id, reported_id, node_id, fingerprint_id, build_id, model_id, facts_id, source, "
+    "status, error, "
     "started_at, finished_at, received_at, report_sha256, n_ctx, n_batch, n_ubatch, flash_attn",
     "run_points": "run_id, pp, tg, b, n_kv, t_pp, s_pp, t_tg, s_tg, t, s, repeats, "
     "s_pp_stdev, s_tg_stdev",
@@ -420,26 +435,27 @@ def copy_rows(cursor: psycopg.Cursor[Any], table: str, rows: Iterable[tuple[Any,
     return count
 
 
-def migrate(url: str, revision: str = "head") -> None:
-    """The schema to `revision`; at head, what `fleetbench-registry migrate` does after
-    (the knees of the curves migration 0004 copied from the runs)."""
-    from alembic import command
-
-    from fleetbench.registry.db import (
-        alembic_config,
-        create_db_engine,
-        session_factory,
-        write_transaction,
-    )
-    from fleetbench.registry.projections import latest
+def migrate(url: str) -> None:
+    """The schema at head, as `fleetbench-registry migrate` makes it."""
+    from fleetbench.registry.db import create_db_engine, upgrade_schema
 
     engine = create_db_engine(url)
     try:
-        command.upgrade(alembic_config(engine), revision)
-        if revision == "head":
-            with session_factory(engine)() as session, write_transaction(session):
-                latest.fill_unknown_knees(session)
-                session.commit()
+        upgrade_schema(engine)
+    finally:
+        engine.dispose()
+
+
+def rebuild_projections(url: str) -> None:
+    """The tables derived from the runs, made from the runs COPY loaded, as
+    `fleetbench-registry rebuild` makes them (after restoring a backup of the runs)."""
+    from fleetbench.registry.db import create_db_engine, session_factory
+    from fleetbench.registry.projections import REBUILT
+    from fleetbench.registry.projections.rebuild import rebuild
+
+    engine = create_db_engine(url)
+    try:
+        rebuild(session_factory(engine), REBUILT)
     finally:
         engine.dispose()
 
@@ -489,10 +505,10 @@ def report_step(label: str, started: float, rows: int | None = None) -> None:
 def fill(url: str, shape: FleetShape) -> None:
     started = time.perf_counter()
     recreate_database(url)
-    # The runs are loaded into the schema before the latest curves existed; migration 0004
-    # then fills those tables from them, as it does for a registry that upgrades.
-    migrate(url, "0003")
-    report_step("recreate db + migrations to 0003", started)
+    # The runs are loaded alone; the tables derived from them are rebuilt afterwards, as
+    # for a registry whose runs were restored from a backup.
+    migrate(url)
+    report_step("recreate db + migrate", started)
 
     step = time.perf_counter()
     rng = random.Random(shape.seed)
@@ -504,6 +520,7 @@ def fill(url: str, shape: FleetShape) -> None:
     tables: list[tuple[str, Iterable[tuple[Any, ...]]]] = [
         ("engine_builds", engine_build_rows()),
         ("models", model_rows(models)),
+        ("model_facts", model_facts_rows(models)),
         ("nodes", node_rows(nodes, now)),
         ("hardware_fingerprints", fingerprint_rows(nodes, now)),
         ("runs", run_rows(runs, rng)),
@@ -516,15 +533,15 @@ def fill(url: str, shape: FleetShape) -> None:
                 report_step(f"COPY {table}", step, copy_rows(cursor, table, rows))
             step = time.perf_counter()
         report_step("indexes + foreign keys", step)
-        for table, _ in tables[:4]:
+        for table, _ in tables[:5]:
             cursor.execute(
                 f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), max(id)) FROM {table}"
             )
         step = time.perf_counter()
     report_step("commit", step)
     step = time.perf_counter()
-    migrate(url)
-    report_step("migration 0004 (latest curves)", step)
+    rebuild_projections(url)
+    report_step("rebuild (latest curves, activity, sums)", step)
     step = time.perf_counter()
     with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         conn.execute("VACUUM (ANALYZE)")
@@ -696,8 +713,10 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def print_report(samples: Samples, limit: int, target_p99_ms: float) -> None:
+def print_report(samples: Samples, limit: int, target_p99_ms: float) -> dict[str, object]:
+    """Prints the figures; returns them for the run's result file."""
     api, sql, old = samples.api_ms, samples.sql_ms, samples.old_sql_ms
+    latency: dict[str, dict[str, float]] = {}
     print(
         f"\n{len(api)} measured questions, {samples.verified} verified; nodes qualifying per "
         f"answer: min {min(samples.candidates)}, median "
@@ -711,6 +730,7 @@ def print_report(samples: Samples, limit: int, target_p99_ms: float) -> None:
     for label, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0)):
         a, s_, o = percentile(api, q), percentile(sql, q), percentile(old, q)
         print(f"{label:>6} {a:>9.2f} {s_:>9.2f} {a / s_:>8.2f}   {o:>17.2f}")
+        latency[label] = {"api_ms": a, "sql_ms": s_, "api_over_sql": a / s_, "old_sql_ms": o}
     api_p99 = percentile(api, 0.99)
     ratio_p50 = percentile(api, 0.5) / percentile(sql, 0.5)
     ratio_p99 = api_p99 / percentile(sql, 0.99)
@@ -724,6 +744,22 @@ def print_report(samples: Samples, limit: int, target_p99_ms: float) -> None:
             f"  API/SQL at {label} <= {TARGET_RATIO:g}  {ratio:8.2f}     "
             f"{verdict(ratio <= TARGET_RATIO)}"
         )
+    return {
+        "questions": len(api),
+        "verified": samples.verified,
+        "qualifying_nodes": {
+            "min": min(samples.candidates),
+            "median": statistics.median(samples.candidates),
+            "max": max(samples.candidates),
+        },
+        "limit": limit,
+        "latency": latency,
+        "targets": {
+            "api_p99_ms": {"target": target_p99_ms, "met": api_p99 <= target_p99_ms},
+            "api_over_sql_p50": {"target": TARGET_RATIO, "met": ratio_p50 <= TARGET_RATIO},
+            "api_over_sql_p99": {"target": TARGET_RATIO, "met": ratio_p99 <= TARGET_RATIO},
+        },
+    }
 
 
 # --- main --------------------------------------------------------------------------------
@@ -764,7 +800,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         stop_registry(process)
     target = args.target_p99_ms or (50.0 if args.runs >= 100 else 25.0)
-    print_report(samples, args.limit, target)
+    figures = print_report(samples, args.limit, target)
+    fleet = {
+        "nodes": shape.nodes,
+        "models": shape.models,
+        "runs_per_node_and_model": shape.runs,
+        "runs": shape.run_count,
+        "concurrencies": len(CONCURRENCIES),
+    }
+    write_result("placement_latency", {"fleet": fleet, **figures}, arguments=argv)
     return 0
 
 

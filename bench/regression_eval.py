@@ -22,12 +22,16 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import write_result
 from fleetbench.agent.runners.repeats import needs_more
 from fleetbench.contract.sweep_spec import SweepSpec
 from fleetbench.registry.regressions.rules import DetectionSettings, SeriesRun, find_steps
@@ -169,6 +173,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{settings.confirm_unknown} otherwise; history {low}-{high} runs; "
         f"{args.repeats} sweep(s) per run; {args.series} series per cell\n"
     )
+    table: dict[str, dict[str, float]] = {}  # case -> runs after -> % of series
+    figures: dict[str, object] = {
+        "noise": {
+            "series": len(keys),
+            "sweeps_each_min": min(len(v) for v in noise.values()),
+            "stdev_pct_median": round(100 * statistics.median(spreads), 2),
+            "stdev_pct_range": [round(100 * spreads[0], 2), round(100 * spreads[-1], 2)],
+        },
+        "detector": {
+            "min_change": settings.min_change,
+            "z_known": settings.z_known,
+            "z_unknown": settings.z_unknown,
+            "confirm_known": settings.confirm_known,
+            "confirm_unknown": settings.confirm_unknown,
+        },
+        "series_per_cell": args.series,
+        "repeats": args.repeats,
+        "block": args.block,
+        "history": [low, high],
+        "runs_after": afters,
+        "detected_or_alarmed_pct": table,
+    }
     header = "".join(f"{f'{a} runs after':>16}" for a in afters)
     print(f"{'case':<38}{header}")
     cases: list[tuple[str, float, bool, str]] = [
@@ -180,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     for label, drop, build_change, count in cases:
         cells = []
+        shares: dict[str, float] = {}
         for after in afters:
             hits = 0
             for _ in range(args.series):
@@ -196,14 +223,23 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
                 hits += hit if count == "hit" else (hit or other)
             cells.append(f"{100 * hits / args.series:15.1f}%")
+            shares[f"{after} runs after"] = round(100 * hits / args.series, 1)
         print(f"{label:<38}{''.join(cells)}")
+        table[label] = shares
     if REPEATS_USED:
         print(
             f"\nrepeats auto: {statistics.mean(REPEATS_USED):.1f} sweeps per run on average "
             f"(median {statistics.median(REPEATS_USED):g}, "
             f"{100 * sum(n == 10 for n in REPEATS_USED) / len(REPEATS_USED):.0f}% at the cap of 10)"
         )
+        figures["repeats_auto"] = {
+            "sweeps_per_run_mean": round(statistics.mean(REPEATS_USED), 1),
+            "sweeps_per_run_median": statistics.median(REPEATS_USED),
+            "at_cap_pct": round(100 * sum(n == 10 for n in REPEATS_USED) / len(REPEATS_USED)),
+        }
     print("\ntargets: 10% drops >= 95% detected; noise-only false alarms <= 1%")
+    figures["targets"] = {"detected_10pct_drops_pct_min": 95, "false_alarms_pct_max": 1}
+    write_result("regression_eval", figures, arguments=argv)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import free_port
+from bench.common import free_port, write_result
 from fleetbench.agent.serving.dialects import OPENAI
 from fleetbench.agent.serving.load import Limits, Load, run_level
 from fleetbench.agent.serving.stats import percentile, serving_point
@@ -77,7 +77,8 @@ def _stub(port: int, interval_s: float, core: int | None) -> None:
 
 def _sent_speeds(streams: list[list[float]]) -> tuple[list[float], list[float]]:
     """Per-stream speed (tokens after the first over first to last) and every gap, as sent."""
-    speeds, gaps = [], []
+    speeds: list[float] = []
+    gaps: list[float] = []
     for times in streams:
         if len(times) > 1 and times[-1] > times[0]:
             speeds.append((len(times) - 1) / (times[-1] - times[0]))
@@ -166,6 +167,21 @@ def main() -> None:
     finally:
         stub.terminate()
     print(json.dumps(results))
+    figures = {
+        "nominal_tps_per_stream": nominal,
+        "tokens_per_request": args.tokens,
+        "repeats": args.repeats,
+        "uvloop": args.uvloop,
+        "by_concurrency": {
+            str(c): {
+                **row,
+                "client_over_sent": row["client_tps_p50"] / row["sent_tps_p50"],
+                "client_over_nominal": row["client_tps_p50"] / nominal,
+            }
+            for c, row in results.items()
+        },
+    }
+    write_result("serving_ceiling", figures)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.aiperf_peer import PEER, Peer, ensure_tokenizer, peer_command, peer_version, run_peer
-from bench.common import free_port
+from bench.common import free_port, write_result
 from bench.serving_clients import (
     OFFLINE,
     PINNED,
@@ -331,6 +331,12 @@ def main() -> None:
             load = Workload(level, args.prompt_tokens, args.gen_tokens, args.requests)
             results["levels"][str(level)] = report(measure(args, url, load, placements), load)
     print(json.dumps(results))
+    setup = {"model_file": args.model_file.name, "server": shlex.join(server_command)}
+    setup |= {"prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens}
+    setup |= {"requests": args.requests, "pairs": args.pairs}
+    setup |= {"placements": [p.name for p in placements]}
+    setup |= {"peer_request_rate": args.peer_request_rate}
+    write_result("serving_compare", {**setup, **results})
 
 
 def peer_of(args: argparse.Namespace) -> Peer:

@@ -28,7 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import free_port
+from bench.common import free_port, write_result
 from fleetbench.agent.runners import SweepSpec
 from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner
 from fleetbench.agent.serving.sweep import serve_sweep
@@ -123,16 +123,29 @@ def main() -> None:
     )
     print(f"{'C':>3} {'engine S_TG':>12} {'served t/s':>11} {'of engine':>10} "
           f"{'engine/user':>12} {'served/user p50':>16} {'TTFT p90 ms':>12}")  # fmt: skip
+    rows: dict[str, dict[str, float]] = {}
     for c in levels:
         share = 100 * med["served"][c] / med["engine"][c] if med["engine"][c] else float("nan")
         print(
             f"{c:>3} {med['engine'][c]:>12.1f} {med['served'][c]:>11.1f} {share:>9.1f}% "
             f"{med['engine'][c] / c:>12.1f} {med['user'][c]:>16.1f} {med['ttft'][c]:>12.0f}"
         )
-    print(
-        f"knee: engine B={find_knee(list(med['engine'].items()))}, "
-        f"server C={find_knee(list(med['served'].items()))}"
-    )
+        rows[str(c)] = {
+            "engine_s_tg": med["engine"][c],
+            "served_tps": med["served"][c],
+            "of_engine_pct": share,
+            "engine_per_user_tps": med["engine"][c] / c,
+            "served_per_user_tps_p50": med["user"][c],
+            "ttft_ms_p90": med["ttft"][c],
+        }
+    knees = {
+        "engine_b": find_knee(list(med["engine"].items())),
+        "server_c": find_knee(list(med["served"].items())),
+    }
+    print(f"knee: engine B={knees['engine_b']}, server C={knees['server_c']}")
+    setup = {"model": model.name, "prompt": args.prompt, "gen": args.gen, "slots": args.slots}
+    setup |= {"threads": args.threads, "requests": args.requests, "rounds": args.rounds}
+    write_result("serving_vs_offline", {**setup, "by_concurrency": rows, "knee": knees})
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import write_result
 from fleetbench.agent.runners import SweepSpec, batched_bench_binary
 from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner
 from fleetbench.contract.wire import Point
@@ -56,6 +59,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
     parser.add_argument("--threads", type=int, help="default: the physical cores")
     parser.add_argument("--json-out", type=Path, help="also write the figures here as JSON")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        help="where the run's result file goes (default bench/results; bench/gpu_check.py "
+        "keeps its fidelity pairs' in its own --out)",
+    )
     args = parser.parse_args(argv)
     if args.pairs == 1 or args.overhead_pairs == 1:
         parser.error("quartiles need at least 2 pairs (0 skips a part)")
@@ -194,7 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         n_threads=args.threads,
     )
     version = subprocess.run([args.binary, "--version"], capture_output=True, text=True)
-    print(f"model {model.name}; binary: {(version.stdout + version.stderr).splitlines()[0]}")
+    binary = (version.stdout + version.stderr).splitlines()[0]
+    print(f"model {model.name}; binary: {binary}")
     shown = ("npp", "ntg", "npl", "ctx", "flash_attn", "threads", "pairing")
     print(json.dumps({name: getattr(args, name) for name in shown}))
     figures: dict[str, Any] = {}
@@ -204,6 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures["overhead"] = overhead(args, model, spec)
     if args.json_out:
         args.json_out.write_text(json.dumps(figures, indent=1))
+    setup = {"model": model.name, "binary": binary, "pairs": args.pairs}
+    setup |= {"overhead_pairs": args.overhead_pairs, **{n: getattr(args, n) for n in shown}}
+    write_result(
+        "sweep_fidelity",
+        {**setup, **figures},
+        arguments=argv,
+        results_dir=args.results_dir,
+    )
     return 0
 
 
