@@ -21,6 +21,7 @@ from fleetbench.agent.cli_questions import (
     capacity,
     compare,
     placement,
+    regressions,
 )
 from fleetbench.agent.cli_serving import serve_sweep_command
 from fleetbench.agent.config import open_spool
@@ -430,6 +431,7 @@ app.command("serve-sweep")(serve_sweep_command)
 app.command(epilog=QUESTION_HELP)(placement)
 app.command(epilog=QUESTION_HELP)(capacity)
 app.command(epilog=COMPARE_HELP)(compare)
+app.command(epilog=QUESTION_HELP)(regressions)
 
 if __name__ == "__main__":
     app()

@@ -1,4 +1,5 @@
-"""`fleetbench-agent placement`, `capacity` and `compare`: the registry's questions, asked
+"""`fleetbench-agent placement`, `capacity`, `compare` and `regressions`: the registry's
+questions, asked
 from a node, a laptop or a CI job (a reader token where reads are closed: a rollout gate
 needs no database credentials)."""
 
@@ -12,7 +13,13 @@ from pydantic import BaseModel
 from rich.table import Table
 
 from fleetbench.agent.cli_options import RegistryOption, command_settings
-from fleetbench.agent.display import capacity_table, fail, out, placement_table
+from fleetbench.agent.display import (
+    capacity_table,
+    fail,
+    out,
+    placement_table,
+    regressions_table,
+)
 from fleetbench.agent.errors import ClientError
 from fleetbench.agent.handover import registry_client
 from fleetbench.cli_answers import (
@@ -39,7 +46,7 @@ from fleetbench.contract.answers import PlacementKind
 if TYPE_CHECKING:  # httpx loads when a question is asked (handover.registry_client)
     from fleetbench.agent.client import RegistryClient
 
-__all__ = ["COMPARE_HELP", "QUESTION_HELP", "capacity", "compare", "placement"]
+__all__ = ["COMPARE_HELP", "QUESTION_HELP", "capacity", "compare", "placement", "regressions"]
 
 Answer = TypeVar("Answer", bound=BaseModel)
 
@@ -202,3 +209,40 @@ def compare(
     )
     print_compare(out, answer, as_json=as_json, as_markdown=as_markdown)
     raise typer.Exit(verdict_exit(answer.verdict))
+
+
+def regressions(
+    node: Annotated[str | None, typer.Option(help="one node's")] = None,
+    model: Annotated[str | None, typer.Option(help="one model's (a name or sha256:...)")] = None,
+    min_change: Annotated[
+        float | None, typer.Option(min=0, help="the least change, % either way")
+    ] = None,
+    include_improvements: Annotated[
+        bool, typer.Option("--improvements", help="list steps that got faster too")
+    ] = False,
+    include_acknowledged: Annotated[
+        bool, typer.Option("--acknowledged", help="list those an admin acknowledged too")
+    ] = False,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="list at most this many [registry default: 1000]")
+    ] = None,
+    registry: RegistryOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Did an upgrade make a node slower? Every lasting step in a node's series that nobody
+    acknowledged, newest first: its size against the series' noise and its cause (build,
+    driver, settings, hardware)."""
+    answer = _asked(
+        registry,
+        token,
+        lambda client: client.regressions(
+            node=node,
+            model=model,
+            min_change=min_change,
+            include_improvements=include_improvements,
+            include_acknowledged=include_acknowledged,
+            limit=limit,
+        ),
+    )
+    _print_answer(answer, regressions_table, as_json=as_json)

@@ -40,6 +40,7 @@ from fleetbench.contract.answers import (
     CompareKind,
     PlacementAnswer,
     PlacementKind,
+    RegressionsPublic,
     RunReceipt,
 )
 from fleetbench.contract.plans import KINDS, NodePlans, NodeStatus
@@ -196,6 +197,27 @@ class RegistryClient:
             to_build=to_build,
             kind=kind,
             max_age_days=max_age_days,
+            limit=limit,
+        )
+
+    def regressions(
+        self,
+        *,
+        node: str | None = None,
+        model: str | None = None,
+        min_change: float | None = None,
+        include_improvements: bool = False,
+        include_acknowledged: bool = False,
+        limit: int | None = None,
+    ) -> RegressionsPublic:
+        return self._question(
+            "/v1/regressions",
+            RegressionsPublic,
+            node=node,
+            model=model,
+            min_change=min_change,
+            include_improvements=include_improvements or None,
+            include_acknowledged=include_acknowledged or None,
             limit=limit,
         )
 

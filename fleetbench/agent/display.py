@@ -1,5 +1,6 @@
-"""What the CLI prints for people: a run's curve as the batching article shows it, placement
-and capacity answers, the spool, one-line errors; and the consoles it prints them on.
+"""What the CLI prints for people: a run's curve as the batching article shows it, placement,
+capacity and regressions answers, the spool, one-line errors; and the consoles it prints
+them on.
 
 Every table's columns are no_wrap but its free text's, and it is printed with
 fleetbench.cli_answers.print_table: no number is cut at any terminal width."""
@@ -15,7 +16,12 @@ from rich.text import Text
 
 from fleetbench.agent.spool import SpooledRun
 from fleetbench.cli_answers import console
-from fleetbench.contract.answers import BLIND_ABOVE_PCT, CapacityAnswer, PlacementAnswer
+from fleetbench.contract.answers import (
+    BLIND_ABOVE_PCT,
+    CapacityAnswer,
+    PlacementAnswer,
+    RegressionsPublic,
+)
 from fleetbench.contract.build_label import build_label
 from fleetbench.contract.wire import Point, RunReport, ServingPoint
 from fleetbench.printable import printable
@@ -29,6 +35,7 @@ __all__ = [
     "fail",
     "out",
     "placement_table",
+    "regressions_table",
     "serving_table",
     "spool_table",
 ]
@@ -183,6 +190,30 @@ def capacity_table(answer: CapacityAnswer) -> Table:
         )  # fmt: skip
     for r in answer.refused:
         table.add_row(r.node, "", "", "", "", "", "", f"left out: {r.reason}")
+    return table
+
+
+def regressions_table(answer: RegressionsPublic) -> Table:
+    """Each lasting step, newest first: the series, before and after, its size against the
+    series' noise, and its cause."""
+    shown = f"{len(answer.data)} of {answer.count}" if answer.count > len(answer.data) else ""
+    table = Table(
+        title=f"regressions {shown}".rstrip() if answer.data else "no regression found",
+        title_justify="left",
+    )
+    for header in ("id", "node", "model"):
+        table.add_column(header, no_wrap=True)
+    for header in ("PP", "TG", "B", "metric", "before", "after", "change %", "noise %"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("first seen", no_wrap=True)
+    table.add_column("cause", overflow="fold")
+    for r in answer.data:
+        table.add_row(
+            str(r.id), r.node, r.model, str(r.pp), str(r.tg), str(r.b), r.metric,
+            _fmt(r.before), _fmt(r.after), f"{r.change_pct:+.1f}", f"{r.noise_pct:.1f}",
+            r.first_seen_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
+            r.cause + (" (acknowledged)" if r.acknowledged_at is not None else ""),
+        )  # fmt: skip
     return table
 
 

@@ -1,10 +1,11 @@
 """The registry's answers that agents read: the receipt for a stored run, the placement and
-capacity answers, the build comparison. Part of the contract both sides share
+capacity answers, the build comparison, the regressions. Part of the contract both sides share
 (fleetbench.contract), so the agent parses exactly what the registry declares in its OpenAPI
 schema."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 from uuid import UUID
 
@@ -26,14 +27,19 @@ __all__ = [
     "CompareVerdict",
     "FactsSource",
     "FitBasis",
+    "Metric",
     "NodeCompared",
     "NotCompared",
     "PlacementAnswer",
     "PlacementCandidate",
     "PlacementKind",
     "PointRatio",
+    "RegressionPublic",
+    "RegressionsPublic",
     "RejectedConcurrency",
     "RunReceipt",
+    "SeriesKey",
+    "StepMetric",
 ]
 
 FactsSource = Literal["node", "most nodes", "none"]
@@ -43,6 +49,10 @@ FitBasis = Literal["measured buffers", "predicted only", "server slots"]
 # called out: a regression of this size on its node would go unseen.
 BLIND_ABOVE_PCT = 10.0
 CompareKind = Literal["offline", "serving"]
+# A series' metric: an offline run's decode or prefill speed, a serving run's throughput;
+# what a regression is of: one of those, or the knee of a PP x TG's curves.
+Metric = Literal["s_tg", "s_pp", "srv_tps"]
+StepMetric = Literal[Metric, "knee"]
 CompareVerdict = Literal["go", "hold", "unknown"]
 # The metrics a build comparison weighs, as its tables and reasons name them.
 COMPARE_METRIC_NAMES = {
@@ -321,3 +331,52 @@ class CompareAnswer(BaseModel):
         description="the first `limit` of them, the one most worse at any point first"
     )
     not_compared: list[NotCompared] = Field(description="the nodes with one build only, and why")
+
+
+class SeriesKey(BaseModel):
+    """One series: a node's model at PP x TG x B, one metric."""
+
+    node: str
+    model: str
+    pp: int
+    tg: int
+    b: int
+    metric: Metric
+
+
+class RegressionPublic(SeriesKey):
+    """A lasting step in one series (`GET /v1/regressions`, `fleetbench-agent regressions`);
+    `change_pct` is negative when it got slower. Metric `knee`: the knee of the PP x TG
+    curve moved at a known change (B is 0; before and after are the knees: from 8 streams
+    to 4 is -50%)."""
+
+    metric: StepMetric  # type: ignore[assignment]  # a series' metric, or a curve's knee
+
+    id: int
+    kind: Literal["regression", "improvement"]
+    before: float = Field(description="mean of the runs before the step")
+    after: float = Field(description="mean of the runs after it")
+    change_pct: float
+    noise_pct: float = Field(description="the series' run-to-run standard deviation, %")
+    min_detectable_change_pct: float | None = Field(
+        description="the smallest step this series could show with 95% probability at a new "
+        "build, with this noise and these runs on each side, % (null for a knee's move)"
+    )
+    confidence: float = Field(description="1 - p of the step under the series' noise")
+    runs_before: int
+    runs_after: int
+    cause: str
+    cause_kinds: list[str]
+    before_build: str | None
+    after_build: str | None
+    first_run_id: UUID
+    first_seen_at: datetime
+    detected_at: datetime
+    acknowledged_at: datetime | None
+    acknowledged_by: str | None = Field(default=None, description="the admin token's name")
+    note: str | None
+
+
+class RegressionsPublic(BaseModel):
+    data: list[RegressionPublic]
+    count: int

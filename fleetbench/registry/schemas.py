@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fleetbench.contract import bounds as wire_bounds
 from fleetbench.contract import wire
 from fleetbench.contract.allocation import kv_prediction_error_pct
+from fleetbench.contract.answers import RegressionPublic, RegressionsPublic, SeriesKey
 from fleetbench.contract.bounds import Text
 from fleetbench.contract.kv_cache import rules_for
 from fleetbench.contract.plans import PlanState
@@ -19,7 +20,7 @@ from fleetbench.registry.health import Health
 from fleetbench.registry.models import Regression, Run, Token
 from fleetbench.registry.regressions.knee_shifts import KNEE_METRIC
 from fleetbench.registry.regressions.rules import detectable_change
-from fleetbench.registry.regressions.series import Metric, StepMetric
+from fleetbench.registry.regressions.series import StepMetric
 from fleetbench.registry.tokens import Scope, TokenState, node_rule, token_state
 
 __all__ = [
@@ -244,54 +245,6 @@ def run_detail(run: Run) -> RunDetail:
             ],
         }
     )
-
-
-class SeriesKey(BaseModel):
-    """One series: a node's model at PP x TG x B, one metric."""
-
-    node: str
-    model: str
-    pp: int
-    tg: int
-    b: int
-    metric: Metric
-
-
-class RegressionPublic(SeriesKey):
-    """A lasting step in one series; `change_pct` is negative when it got slower. Metric
-    `knee`: the knee of the PP x TG curve moved at a known change (B is 0; before and after
-    are the knees: from 8 streams to 4 is -50%)."""
-
-    metric: StepMetric  # type: ignore[assignment]  # a series' metric, or a curve's knee
-
-    id: int
-    kind: Literal["regression", "improvement"]
-    before: float = Field(description="mean of the runs before the step")
-    after: float = Field(description="mean of the runs after it")
-    change_pct: float
-    noise_pct: float = Field(description="the series' run-to-run standard deviation, %")
-    min_detectable_change_pct: float | None = Field(
-        description="the smallest step this series could show with 95% probability at a new "
-        "build, with this noise and these runs on each side, % (null for a knee's move)"
-    )
-    confidence: float = Field(description="1 - p of the step under the series' noise")
-    runs_before: int
-    runs_after: int
-    cause: str
-    cause_kinds: list[str]
-    before_build: str | None
-    after_build: str | None
-    first_run_id: UUID
-    first_seen_at: datetime
-    detected_at: datetime
-    acknowledged_at: datetime | None
-    acknowledged_by: str | None = Field(default=None, description="the admin token's name")
-    note: str | None
-
-
-class RegressionsPublic(_Public):
-    data: list[RegressionPublic]
-    count: int
 
 
 class TokenPublic(BaseModel):

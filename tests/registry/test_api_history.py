@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from tests.factories import (
     DAY0,
     WOBBLE,
     LiveRegistry,
+    agent,
     make_report,
     post_history,
     post_report,
@@ -66,6 +68,38 @@ def test_a_15_percent_slower_build_is_a_regression_caused_by_the_build(
     [node] = get(live_registry, "/v1/nodes")["data"]
     assert (node["health"], node["open_regressions"]) == ("regressed", 12)
     assert node["engine"] == "llama.cpp b11500 Metal"
+
+
+def test_the_agent_cli_lists_the_regressions_as_the_api_gives_them(
+    live_registry: LiveRegistry,
+) -> None:
+    post_history(
+        live_registry,
+        [(11429, w) for w in WOBBLE[:5]] + [(11500, 0.85 * w) for w in WOBBLE[5:7]],
+    )
+    asked = ("regressions", "--registry", live_registry.url)
+    table = agent(*asked, "--node", "m4pro", "--min-change", "10")
+    assert table.returncode == 0, table.stderr
+    as_json = json.loads(agent(*asked, "--json").stdout)
+    assert as_json == get(live_registry, "/v1/regressions")
+    [eight] = [r for r in as_json["data"] if (r["metric"], r["b"]) == ("s_tg", 8)]
+    rows = [
+        [cell.strip() for cell in row.split("\u2502")[1:-1]] for row in table.stdout.splitlines()
+    ]
+    [cells] = [row for row in rows if row[:1] == [str(eight["id"])]]
+    assert cells == [
+        str(eight["id"]), "m4pro", ARTICLE_MODEL, "512", "128", "8", "s_tg",
+        f"{eight['before']:.2f}", f"{eight['after']:.2f}", f"{eight['change_pct']:+.1f}",
+        f"{eight['noise_pct']:.1f}", "2026-11-06 06:00",
+        "llama.cpp build changed (llama.cpp b11429 Metal -> llama.cpp b11500 Metal)",
+    ]  # fmt: skip
+    assert len([row for row in rows if len(row) == 13]) == 12  # one row a step
+    none = agent(*asked, "--min-change", "20")
+    assert none.returncode == 0 and "no regression found" in none.stdout
+    refused = agent(*asked, "--min-change", "-1")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    gone = agent("regressions", "--registry", "http://127.0.0.1:9")
+    assert gone.returncode == 4, gone.stderr
 
 
 def test_repeated_runs_with_only_noise_raise_nothing(live_registry: LiveRegistry) -> None:

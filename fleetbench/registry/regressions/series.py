@@ -14,7 +14,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -31,6 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased
 
+from fleetbench.contract.answers import Metric, StepMetric
 from fleetbench.registry.models import (
     RUN_NEWEST_FIRST,
     RUN_SERVED,
@@ -61,7 +62,6 @@ __all__ = [
     "serving_series",
 ]
 
-Metric = Literal["s_tg", "s_pp", "srv_tps"]
 METRICS: tuple[Metric, ...] = ("s_tg", "s_pp")  # an offline run's
 SERVED: Metric = "srv_tps"  # a serving run's
 
@@ -81,7 +81,6 @@ Cell = tuple[int, int, int, Metric]  # PP, TG, B, metric: one series of a node's
 Series = dict[Cell, list[SeriesRun]]  # a node's model's series, each oldest first
 # What a stored step is of: a series, or the knee of a PP x TG's curves (B 0,
 # regressions.knee_shifts)
-StepMetric = Literal[Metric, "knee"]
 StepCell = tuple[int, int, int, StepMetric]
 
 # Oldest first: the exact reverse of RUN_NEWEST_FIRST.
