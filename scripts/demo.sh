@@ -21,6 +21,21 @@ if python -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.
     exit 1
 fi
 
+# The demo's own files, left by a development build before 0.1.0, which 0.1.0 does not read
+# (CHANGELOG.md): the demo makes them afresh, keeping the old ones beside them.
+if ! migrated="$(fleetbench-registry migrate 2>&1)"; then
+    case "$migrated" in
+        *"development build of fleetbench before 0.1.0"*)
+            echo "the demo's files in $FLEETBENCH_DATA_DIR were made by a development build" \
+                "before 0.1.0: moved to $FLEETBENCH_DATA_DIR/before-0.1.0, made afresh" >&2
+            mkdir -p "$FLEETBENCH_DATA_DIR/before-0.1.0"
+            mv "$FLEETBENCH_DATA_DIR"/registry.db* "$FLEETBENCH_DATA_DIR"/spool.db* \
+                "$FLEETBENCH_DATA_DIR/before-0.1.0/" 2>/dev/null || true
+            ;;
+        *) echo "$migrated" >&2; exit 1 ;;
+    esac
+fi
+
 TOKEN="$(fleetbench-registry token create --node m4pro --label chip=M4-Pro)"
 LOG="$(mktemp -t fleetbench-registry.XXXXXX.log)"
 fleetbench-registry serve --port "$PORT" > "$LOG" 2>&1 &

@@ -58,10 +58,12 @@ def import_through_the_spool(
         with registry_client(url, token=token) as client:
             result = spool.flush(client, every_queued=True, only=ids)
         states = {r.run_id: r for r in spool.runs() if r.run_id in ids}
-    except SpoolError as exc:  # unreadable, or the disk filled meanwhile
+    except SpoolUnwritable as exc:  # the disk filled meanwhile
         raise fail(
             f"{exc}; import again once the spool can be written", code=SPOOL_UNWRITABLE_EXIT
         ) from exc
+    except SpoolError as exc:  # unreadable, or of a format this agent does not read
+        raise fail(str(exc), code=SPOOL_UNWRITABLE_EXIT) from exc
     failed = False
     for report in reports:
         run_id = str(report.run_id)

@@ -11,8 +11,9 @@ How `flush` treats each due run, oldest first (runs that already had 5xx answers
   this run and the rest wait at least that long, plus jitter;
 - any other 5xx answer: this run backs off on its own and the next is tried; a second
   failure in a row (5xx or no answer) means the registry is unwell, and the rest wait;
-- 401, 408, 429 without Retry-After: this run is retried later; any other 4xx sets it aside
-  as `rejected` with the registry's reason.
+- 401, 408, 429 without Retry-After, and a 422 refusing the report's wire version (one side
+  is yet to be upgraded): this run is retried later; any other 4xx sets it aside as
+  `rejected` with the registry's reason.
 A run is also set aside as `rejected` (kept, with why) after `set_aside_after_5xx` answers
 of 5xx in flushes that delivered other runs, or once it has failed for longer than
 `set_aside_after_s` since its first failure and at least `set_aside_after_attempts` times,
@@ -46,7 +47,7 @@ from fleetbench.agent.errors import (
     SpoolUnwritable,
 )
 from fleetbench.contract.answers import RunReceipt
-from fleetbench.contract.wire import RunReport
+from fleetbench.contract.wire import RunReport, defining_json
 
 if TYPE_CHECKING:  # httpx is loaded by what delivers, not by every command that spools
     from fleetbench.agent.client import RegistryClient
@@ -176,7 +177,9 @@ class Spool:
             stored, state = db.execute(
                 "SELECT report, state FROM runs WHERE run_id = ?", (run_id,)
             ).fetchone()
-            if again and (stored == body or state != "delivered"):
+            # The same run whatever agent sent it (an import again after an upgrade)
+            same = stored == body or _defining(stored) == defining_json(report)
+            if again and (same or state != "delivered"):
                 db.execute(
                     "UPDATE runs SET report = ?, state = 'queued', next_attempt_at = ?,"
                     " attempts = 0, server_errors = 0, first_failed_at = NULL,"
@@ -184,7 +187,7 @@ class Spool:
                     (body, moment, run_id),
                 )
                 return
-        if stored != body:
+        if not same:
             raise ValueError(f"run {report.run_id} is already spooled with another report")
 
     def flush(
@@ -244,7 +247,11 @@ class Spool:
                 result.delivered += 1
                 failures_in_a_row = 0
                 continue
-            if isinstance(failure, RequestRejected) and failure.status_code not in RETRYABLE_STATUS:
+            if (
+                isinstance(failure, RequestRejected)
+                and failure.status_code not in RETRYABLE_STATUS
+                and not _wire_version_refused(failure)
+            ):
                 self._finish(run.run_id, "rejected", str(failure), moment)
                 result.rejected += 1
                 failures_in_a_row = 0
@@ -484,6 +491,21 @@ def _retry_at(attempts: int, now: float, retry_after: float | None) -> float:
     else:
         delay = random.uniform(0, min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** min(attempts, 20)))
     return now + max(delay, 1.0)
+
+
+def _defining(stored: str) -> str | None:
+    """The defining fields of a spooled report (wire.defining_json); None for a row the
+    contract does not read."""
+    try:
+        return defining_json(RunReport.model_validate_json(stored))
+    except ValidationError:
+        return None
+
+
+def _wire_version_refused(failure: RequestRejected) -> bool:
+    """The registry reads another version of the wire format: the run is not wrong, one side
+    is yet to be upgraded (CHANGELOG.md says which): it waits, backing off."""
+    return failure.status_code == 422 and "body.schema_version:" in failure.detail
 
 
 def _own_5xx(failure: ClientError) -> bool:

@@ -51,7 +51,7 @@ DESCRIPTION = f"""
 The fleet's batching curves (llama-batched-bench points) and the question they answer:
 **which node and concurrency meets X tokens/s per user for model Y?**
 
-Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema versions 1 to
+Nodes report runs with `POST /v1/runs` (wire format `RunReport`, schema version
 {SCHEMA_VERSION}; fields this registry does not know are left out and named in the receipt)
 using a token from `fleetbench-registry token create --node NAME`.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.spool import Spool
+from fleetbench.contract.wire import AgentIdentity
 from fleetbench.registry.config import RegistrySettings
 from tests.factories import LiveRegistry, free_port, make_report, running_registry
 
@@ -127,6 +129,23 @@ def test_the_same_run_is_spooled_once_and_a_changed_one_is_refused(tmp_path: Pat
     assert len(spool.runs()) == 1
     with pytest.raises(ValueError, match="already spooled with another report"):
         spool.add(report.model_copy(update={"error": "changed"}))
+
+
+def test_a_run_sent_again_by_an_upgraded_agent_is_the_same_run(tmp_path: Path) -> None:
+    """The agent that made a report is no part of the run: an import again after an upgrade
+    queues the run once more (as importing again does), never "another report"."""
+    spool = Spool(tmp_path / "spool.db")
+    report = make_report(agent=AgentIdentity(version="0.1.0"))
+    upgraded = report.model_copy(update={"agent": AgentIdentity(version="0.2.0")})
+    spool.add(report, now=NOW)
+    spool.add(upgraded, now=NOW + 1)  # a no-op: the run is spooled already
+    with sqlite3.connect(tmp_path / "spool.db") as db:
+        db.execute("UPDATE runs SET state = 'delivered'")
+    spool.add(upgraded, now=NOW + 2, again=True)
+    [run] = spool.runs()
+    assert (run.state, run.spooled_at) == ("queued", NOW)
+    with pytest.raises(ValueError, match="already spooled with another report"):
+        spool.add(upgraded.model_copy(update={"error": "changed"}))
 
 
 def test_status_command_shows_the_spool(tmp_path: Path) -> None:

@@ -149,6 +149,45 @@ def test_a_run_failing_for_longer_than_the_limit_is_set_aside_whatever_the_cause
     )
 
 
+# What a registry answers a report of a wire version it does not read (its validation error,
+# as tests/agent/test_serving.py has a live registry give it).
+VERSION_REFUSED = json.dumps(
+    {
+        "detail": [
+            {
+                "type": "value_error",
+                "loc": ["body", "schema_version"],
+                "msg": "Value error, schema version 6 is newer than this registry's (5): "
+                "upgrade the registry",
+                "input": 6,
+            }
+        ]
+    }
+)
+
+
+def test_a_run_the_registry_refuses_for_its_wire_version_waits_for_an_upgrade(
+    tmp_path: Path,
+) -> None:
+    """Not the run's fault: one side is yet to be upgraded. The run backs off, queued; any
+    other 422 sets a run aside."""
+    spool = Spool(tmp_path / "spool.db")
+    waiting, wrong = make_report(), make_report()
+    spool.add(waiting, now=NOW)
+    spool.add(wrong, now=NOW + 1)
+    with flaky_registry() as registry, RegistryClient(registry.url, token="t") as client:
+        registry.fail(waiting.run_id, 422, VERSION_REFUSED)
+        registry.fail(wrong.run_id, 422, '{"detail": [{"loc": ["body", "node"], "msg": "no"}]}')
+        result = spool.flush(client, now=NOW + 10)
+        assert (result.rejected, result.deferred) == (1, 1)
+        queued = _run(spool, waiting.run_id)
+        assert (queued.state, queued.attempts) == ("queued", 1)
+        assert "upgrade the registry" in (queued.last_error or "")
+        assert _run(spool, wrong.run_id).state == "rejected"
+        registry.failing.clear()  # the registry upgraded
+        assert spool.flush(client, now=queued.next_attempt_at).delivered == 1
+
+
 @pytest.mark.parametrize("status", [503, 429])
 def test_retry_after_is_honoured_and_the_rest_wait_as_long(tmp_path: Path, status: int) -> None:
     spool = Spool(tmp_path / "spool.db")

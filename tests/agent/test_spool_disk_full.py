@@ -1,7 +1,10 @@
-"""A full disk, for real: a 2 MiB tmpfs filled to ENOSPC. The spool stays readable and says
-the disk is full; `status`, `flush` and `sweep --report` give one line, never a traceback,
-and lose nothing; the daemon starts, keeps an unspoolable run in memory and in its log,
-and spools it once space is back. Mounting needs root: these tests fail without it."""
+"""A spool the agent cannot use. A full disk, for real: a 2 MiB tmpfs filled to ENOSPC. The
+spool stays readable and says the disk is full; `status`, `flush` and `sweep --report` give
+one line, never a traceback, and lose nothing; the daemon starts, keeps an unspoolable run
+in memory and in its log, and spools it once space is back. Mounting needs root: these
+tests fail without it. And a spool of a format this agent does not read (a development
+agent's): `sweep --report` delivers straight to the registry, the daemon will not start.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,6 +27,7 @@ import pytest
 from fleetbench.agent.errors import SpoolUnwritable
 from fleetbench.agent.spool import Spool
 from fleetbench.contract.wire import RunReport
+from tests.agent.test_spool_delivery import DEVELOPMENT_SCHEMA
 from tests.factories import LiveRegistry, a_daemon, agent, free_port, make_report
 
 FULL = r"the spool at {path} cannot be written \(disk full: (\d+) bytes free\)"
@@ -187,6 +192,55 @@ def test_sweep_report_on_a_full_disk_prints_the_run_and_one_line(
     assert "Traceback" not in done.stderr
     small_disk.free()
     assert [r.run_id for r in Spool(path).runs()] == [str(earlier.run_id)]  # intact
+
+
+def _development_spool(path: Path) -> bytes:
+    """A spool as a development agent before 0.1.0 left it (no format number), one run
+    queued; its bytes."""
+    with sqlite3.connect(path) as db:
+        db.executescript(DEVELOPMENT_SCHEMA)
+        report = make_report()
+        db.execute(
+            "INSERT INTO runs VALUES (?, ?, 'queued', 0, 0, NULL, 0, NULL)",
+            (str(report.run_id), report.model_dump_json()),
+        )
+    return path.read_bytes()
+
+
+def test_sweep_report_with_a_development_agent_s_spool_delivers_directly(
+    tiny_llama: Path, tmp_path: Path, live_registry: LiveRegistry
+) -> None:
+    path = tmp_path / "spool.db"
+    before = _development_spool(path)
+
+    done = _sweep_report(
+        tiny_llama, live_registry.url, path, tmp_path / "cache", live_registry.token("ci-node")
+    )
+
+    assert done.returncode == 0, done.stderr
+    run = RunReport.model_validate_json(done.stdout)
+    assert f"warning: the spool at {path} is in format 0, made by a development agent" in (
+        done.stderr
+    )
+    assert f"run {run.run_id} was delivered to {live_registry.url} directly" in done.stderr
+    assert live_registry.count("runs") == 1
+    assert path.read_bytes() == before
+
+
+def test_the_daemon_will_not_start_on_a_development_agent_s_spool(tmp_path: Path) -> None:
+    path = tmp_path / "spool.db"
+    before = _development_spool(path)
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'[agent]\nnode = "ci-node"\nregistry_url = "http://127.0.0.1:{free_port()}"\n'
+        f'spool = "{path}"\n\n[[sweep]]\nname = "s"\nmodel = "{tmp_path / "m.gguf"}"\n'
+        'cron = "0 3 * * *"\n'
+    )
+    done = agent("daemon", "--config", str(config), FLEETBENCH_CACHE_DIR=str(tmp_path / "c"))
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"error: the spool at {path} is in format 0"), done.stderr
+    assert "Traceback" not in done.stderr
+    assert path.read_bytes() == before
 
 
 def test_sweep_report_on_a_full_disk_delivers_directly_when_the_registry_answers(

@@ -62,7 +62,12 @@ def test_a_15_percent_slower_build_is_a_regression_caused_by_the_build(
     assert eight["first_seen_at"] == (DAY0 + timedelta(days=5)).isoformat().replace("+00:00", "Z")
     # filters
     assert get(live_registry, "/v1/regressions", min_change=20)["count"] == 0
-    assert get(live_registry, "/v1/regressions", node="other")["count"] == 0
+    with live_registry.client() as client:
+        for asked in ({"node": "m4pr0"}, {"model": "no-such-model"}):
+            unknown = client.get("/v1/regressions", params=asked)
+            assert unknown.status_code == 404, unknown.text
+            assert "not found" in unknown.json()["detail"]
+    assert get(live_registry, "/v1/regressions", node="m4pro", min_change=20)["count"] == 0
     later = (DAY0 + timedelta(days=6)).isoformat()
     assert get(live_registry, "/v1/regressions", since=later)["count"] == 0
     [node] = get(live_registry, "/v1/nodes")["data"]
@@ -98,6 +103,9 @@ def test_the_agent_cli_lists_the_regressions_as_the_api_gives_them(
     assert none.returncode == 0 and "no regression found" in none.stdout
     refused = agent(*asked, "--min-change", "-1")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    misspelt = agent(*asked, "--node", "m4pr0")
+    assert misspelt.returncode == 2
+    assert misspelt.stderr.startswith("error: registry answered 404: node 'm4pr0' not found")
     gone = agent("regressions", "--registry", "http://127.0.0.1:9")
     assert gone.returncode == 4, gone.stderr
 

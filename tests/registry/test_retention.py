@@ -1,6 +1,5 @@
 """Old runs: `fleetbench-registry prune` keeps every run for the retention period, then only
-what the registry still needs, while it serves; and migration 0004 fills the latest tables
-from the runs already stored."""
+what the registry still needs, while it serves."""
 
 from __future__ import annotations
 

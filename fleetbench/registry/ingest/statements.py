@@ -92,7 +92,7 @@ def statements_for(dialect: str) -> Statements:
             set_={
                 "first_seen": earliest(fingerprints.c.first_seen, new.first_seen),
                 "last_seen": latest(fingerprints.c.last_seen, new.last_seen),
-                # stored before summaries existed (migration 0003): filled now
+                # where the stored fingerprint has none: filled now
                 "description": func.coalesce(fingerprints.c.description, new.description),
                 "hardware_class": func.coalesce(fingerprints.c.hardware_class, new.hardware_class),
                 "memory_bytes": func.coalesce(fingerprints.c.memory_bytes, new.memory_bytes),

@@ -7,7 +7,6 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
-from fleetbench.registry import crud
 from fleetbench.registry.curves.answer import curves_answer
 from fleetbench.registry.curves.knee import KNEE_THRESHOLD
 from fleetbench.registry.db import write_transaction
@@ -59,8 +58,12 @@ def read_regressions(
     include_acknowledged: bool = False,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> RegressionsPublic:
-    """Series that got slower (or faster) and stayed so, newest first, with the cause."""
-    model_ids = [m.id for m in crud.find_models(session, model)] if model is not None else None
+    """Series that got slower (or faster) and stayed so, newest first, with the cause. A node
+    or model the registry does not know is a 404, not an empty list (a gate must not pass on
+    a misspelt name)."""
+    if node is not None:
+        node_or_404(session, node)
+    model_ids = [m.id for m in models_or_404(session, model)] if model is not None else None
     rows, count = regression_store.list_regressions(
         session,
         node=node,
