@@ -14,7 +14,12 @@ from pydantic import ValidationError
 from rich.progress import Progress
 
 from fleetbench.agent.batched_bench_output import BadRow, BatchedBenchOutputError, PassedOver
-from fleetbench.agent.cli_options import RegistryOption, command_settings, int_list
+from fleetbench.agent.cli_options import (
+    NodeTokenOption,
+    RegistryOption,
+    command_settings,
+    int_list,
+)
 from fleetbench.agent.cli_questions import (
     COMPARE_HELP,
     QUESTION_HELP,
@@ -93,9 +98,7 @@ def import_output(
         Path | None, typer.Option(help="the GGUF file: adds its sha256 and architecture")
     ] = None,
     registry: RegistryOption = None,
-    token: Annotated[
-        str | None, typer.Option(help="the node's token [env: FLEETBENCH_TOKEN]")
-    ] = None,
+    token: NodeTokenOption = None,
     measured_at: Annotated[
         datetime | None,
         typer.Option(help="when it was measured (ISO 8601; default: the file's mtime)"),
@@ -248,6 +251,7 @@ def sweep(
         bool, typer.Option("--report", help="spool the run and deliver it to the registry")
     ] = False,
     registry: RegistryOption = None,
+    token: NodeTokenOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the run report as JSON")] = False,
 ) -> None:
     """Measure the batching curve of a model on this machine (llama.cpp in-process, or the
@@ -279,7 +283,7 @@ def sweep(
         raise typer.BadParameter(str(exc), param_hint="--engine") from None
     except EngineUnavailable as exc:
         raise fail(str(exc), code=2) from None
-    settings = command_settings()
+    settings = command_settings(token)
     name = model_name or model.name.removesuffix(".gguf")
     lock = settings.spool.with_name("sweep.lock")
     try:  # made here, so that a disk too full for it is one line, not a traceback
@@ -397,11 +401,11 @@ def status(
 
 
 @app.command()
-def flush(registry: RegistryOption = None) -> None:
+def flush(registry: RegistryOption = None, token: NodeTokenOption = None) -> None:
     """Deliver every queued run now, whatever its backoff, and say what is left. Exit 0 when
     nothing waits (all delivered or rejected), 1 when some runs still wait, 3 when the
     spool cannot be written."""
-    settings = command_settings()
+    settings = command_settings(token)
     try:
         spool = open_spool(settings)
         queued = spool.counts()["queued"]

@@ -1,16 +1,18 @@
-"""What the agent's commands share: the registry option, the process's settings read as a
-command reads them (a bad value is one line naming the variable), comma lists of integers."""
+"""What the agent's commands share: the registry and token options, the process's settings
+read as a command reads them (a bad value is one line naming the variable), comma lists of
+integers."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+from pydantic import SecretStr
 
 from fleetbench.agent.config import AgentSettings, SettingsError, load_settings
 from fleetbench.agent.display import fail
 
-__all__ = ["RegistryOption", "command_settings", "int_list"]
+__all__ = ["NodeTokenOption", "RegistryOption", "command_settings", "int_list"]
 
 RegistryOption = Annotated[
     str | None,
@@ -18,12 +20,21 @@ RegistryOption = Annotated[
 ]
 
 
-def command_settings() -> AgentSettings:
-    """FLEETBENCH_* settings; a bad value is a one-line error naming the variable."""
+NodeTokenOption = Annotated[
+    str | None, typer.Option("--token", help="the node's token [env: FLEETBENCH_TOKEN]")
+]
+
+
+def command_settings(token: str | None = None) -> AgentSettings:
+    """FLEETBENCH_* settings; a bad value is a one-line error naming the variable. `token`
+    (the command's --token) in place of the settings' token or token file."""
     try:
-        return load_settings()
+        settings = load_settings()
     except SettingsError as exc:
         raise fail(str(exc), code=2) from exc
+    if token is None:
+        return settings
+    return settings.model_copy(update={"token": SecretStr(token), "token_file": None})
 
 
 def int_list(text: str, option: str, *, least: int = 0) -> tuple[int, ...]:

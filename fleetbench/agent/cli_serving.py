@@ -12,7 +12,12 @@ import typer
 from pydantic import TypeAdapter, ValidationError
 from rich.progress import Progress
 
-from fleetbench.agent.cli_options import RegistryOption, command_settings, int_list
+from fleetbench.agent.cli_options import (
+    NodeTokenOption,
+    RegistryOption,
+    command_settings,
+    int_list,
+)
 from fleetbench.agent.display import err, error_line, out, serving_table
 from fleetbench.agent.errors import SpoolError
 from fleetbench.agent.handover import hand_over, spool_run
@@ -99,6 +104,7 @@ def serve_sweep_command(
         bool, typer.Option("--report", help="spool the run and deliver it to the registry")
     ] = False,
     registry: RegistryOption = None,
+    token: NodeTokenOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON")] = False,
 ) -> None:
     """Measure the server a team runs: at each concurrency, exactly C streaming completions
@@ -123,7 +129,7 @@ def serve_sweep_command(
         _OPTIONS,
         otherwise="--requests or --duration",
     )
-    settings = command_settings()
+    settings = command_settings(token)
     try:  # what the report will say, checked before the sweep rather than after it
         base_url = TypeAdapter(ServerUrl).validate_python(url)
     except ValidationError as exc:

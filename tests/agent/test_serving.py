@@ -18,6 +18,7 @@ from fleetbench.agent.serving.servers import in_flight
 from fleetbench.agent.serving.stats import RequestRecord, percentile, serving_point
 from fleetbench.agent.serving.sweep import serve_sweep
 from fleetbench.contract.serve_spec import ServeSpec
+from fleetbench.version import VERSION
 from tests.agent.real_servers import llama_server as running_llama_server
 from tests.factories import LiveRegistry, agent, free_port, make_report, post_report
 
@@ -217,8 +218,8 @@ def test_a_reported_serving_run_is_stored_beside_the_offline_run(
     done = agent(
         "serve-sweep", "--url", gemma_server, "--model", "gemma-3-270m", "--concurrency", "1,2",
         "--prompt-tokens", "32", "--gen-tokens", "8", "--requests", "4", "--report",
-        FLEETBENCH_NODE="gpu-1", FLEETBENCH_REGISTRY_URL=live_registry.url,
-        FLEETBENCH_TOKEN=token, FLEETBENCH_SPOOL=str(tmp_path / "spool.db"),
+        "--token", token, FLEETBENCH_NODE="gpu-1", FLEETBENCH_REGISTRY_URL=live_registry.url,
+        FLEETBENCH_SPOOL=str(tmp_path / "spool.db"),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     with live_registry.client() as client:
@@ -231,6 +232,7 @@ def test_a_reported_serving_run_is_stored_beside_the_offline_run(
         offline_answer = client.get("/v1/placement", params={**question, "kind": "offline"}).json()
         timed = client.get("/v1/placement", params={**question, "max_ttft_ms": 60_000}).json()
     assert (detail["status"], detail["model"]) == ("ok", "gemma-3-270m")
+    assert detail["agent"] == f"fleetbench-agent {VERSION}"
     assert detail["server"]["kind"] == "llama-server" and detail["server"]["slots"] == SLOTS
     assert (detail["engine"]["engine"], detail["engine"]["binding"]) == (
         "llama.cpp",

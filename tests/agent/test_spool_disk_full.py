@@ -160,10 +160,12 @@ def _sweep_report(
         "--report",
         "--registry",
         registry,
+        "--token",
+        token,
         FLEETBENCH_SPOOL=str(spool),
         FLEETBENCH_CACHE_DIR=str(cache),
         FLEETBENCH_NODE="ci-node",
-        FLEETBENCH_TOKEN=token,
+        FLEETBENCH_TOKEN="not this one: --token is",
     )
 
 
