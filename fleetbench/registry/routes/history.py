@@ -44,7 +44,9 @@ def _node_and_models(session: SessionDep, node: str, model: str) -> tuple[Node, 
     return node_or_404(session, node), models_or_404(session, model)
 
 
-@router.get("/regressions", response_model=RegressionsPublic, dependencies=[ReadAccess])
+@router.get(
+    "/regressions", response_model=RegressionsPublic, dependencies=[ReadAccess], responses=NOT_FOUND
+)
 def read_regressions(
     session: SessionDep,
     since: Annotated[SinceQuery | None, Query(description="first seen at or after")] = None,
