@@ -212,6 +212,34 @@ def test_a_table_with_a_bad_row_does_not_keep_the_others_out(live_registry: Live
     assert live_registry.count("runs") == 1 and live_registry.count("run_points") == 2
 
 
+def test_a_table_made_with_tgs_is_never_offered_as_concurrent_users(
+    live_registry: LiveRegistry,
+) -> None:
+    """`-tgs` decodes each sequence alone, one after another: its B = 4 row measured one
+    user at a time (S_TG 49.62 for all four: 12.4 each, had they run at once). Output of
+    llama-batched-bench of the llama.cpp llama-cpp-python 0.3.36 vendors (build 1, commit
+    0c1e570) on this project's 2-core VM, Gemma 3 270M Q4_K_M, `-c 2048 -b 2048 -ub 512
+    -npp 64 -ntg 16 -npl 1,2,4 -tgs -t 2`, 2026-12-07."""
+    token = live_registry.token("vm")
+    model = "gemma-3-270m-Q4_K_M"
+    imported = import_file(
+        FIXTURES / "batched-bench-tgs.log", "--registry", live_registry.url, "--token", token,
+        node="vm", model=model,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    with live_registry.client() as client:
+        [run] = client.get("/v1/runs").json()["data"]
+        detail = client.get(f"/v1/runs/{run['id']}").json()
+        asked = {"model": model, "min_tps_per_user": 10}
+        placement = client.get("/v1/placement", params=asked).json()
+        capacity = client.get("/v1/capacity", params={**asked, "users": 4}).json()
+    assert detail["settings"]["tg_separate"] is True
+    assert [p["b"] for p in detail["points"]] == [1, 2, 4]  # kept, and shown
+    [candidate] = placement["candidates"]
+    assert (candidate["concurrency"], candidate["per_user_tps"]) == (1, 49.82)
+    assert (capacity["enough"], capacity["users_served"]) == (False, 1)
+
+
 def test_placement_where_reads_are_closed_takes_a_reader_token(database_url: str) -> None:
     settings = RegistrySettings(database_url=database_url, read_token_required=True)
     with running_registry(settings) as registry:

@@ -73,6 +73,15 @@ class StoredRun:
         return self.kind == "offline" and not self.failed
 
     @property
+    def concurrency_points(self) -> Sequence[CurvePoint]:
+        """The points that measured B users at once: all of them, but for a table made with
+        `-tgs` (tg_separate: each sequence decoded alone, one after another), which measured
+        one user at a time: its B = 1 points alone. The others stay in the run."""
+        if self.settings.tg_separate:
+            return [p for p in self.points if p.b == 1]
+        return self.points
+
+    @property
     def served(self) -> bool:
         """Whether it measured a server that answered (models.RUN_SERVED)."""
         return self.kind == "serving" and not self.failed

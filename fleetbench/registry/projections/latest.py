@@ -1,7 +1,7 @@
 """The fleet's latest curves: each node's latest successful run of each model and its points
-(tables latest_runs, latest_points), and its latest successful serving run of each model
-(latest_serving_runs), kept by ingest in the run's own transaction, and the questions read
-from them.
+that measured concurrency (tables latest_runs, latest_points), and its latest successful
+serving run of each model (latest_serving_runs), kept by ingest in the run's own
+transaction, and the questions read from them.
 
 Placement, /metrics and the fit check ask about every node's latest run at once. Searching
 the runs for it (a backward index probe per node, then its points) grows with the history;
@@ -128,7 +128,7 @@ def _add_latest(connection: Connection, runs: Sequence[StoredRun]) -> int:
         {"node_id": c.node_id, "model_id": c.model_id, **row}
         for c in candidates
         if (c.node_id, c.model_id) in won
-        for row in _points_with_knee(c.points)
+        for row in _points_with_knee(c.concurrency_points)
     ]
     insert_rows(connection, _POINTS, rows)
     return len(won) + len(rows)
