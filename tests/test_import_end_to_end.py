@@ -212,6 +212,19 @@ def test_a_table_with_a_bad_row_does_not_keep_the_others_out(live_registry: Live
     assert live_registry.count("runs") == 1 and live_registry.count("run_points") == 2
 
 
+def test_a_column_its_author_added_is_read_past_with_a_warning(tmp_path: Path) -> None:
+    table = tmp_path / "posted.md"
+    table.write_text(
+        "| PP | TG | B | S_TG t/s | GPU temp |\n|---|---|---|---|---|\n"
+        "| 512 | 128 | 1 | 28.30 | 61 C |\n| 512 | 128 | 8 | 133.65 | 70 C |\n"
+    )
+    done = import_file(table, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert f"warning: {table}: line 1: column(s) 'GPU temp' read past" in done.stderr
+    [report] = json.loads(done.stdout)
+    assert [(p["b"], p["s_tg"]) for p in report["points"]] == [(1, 28.3), (8, 133.65)]
+
+
 def test_a_table_made_with_tgs_is_never_offered_as_concurrent_users(
     live_registry: LiveRegistry,
 ) -> None:

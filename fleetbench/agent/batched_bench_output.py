@@ -53,7 +53,8 @@ class ParsedRun:
 
     line: int  # 1-based line where it starts, for messages
     format: str  # "table" or "jsonl"
-    columns: list[str]
+    columns: list[str | None]  # None: a column read past (left_out)
+    left_out: tuple[str, ...] = ()  # columns its author added, which fleetbench does not read
     settings: RunSettings = field(default_factory=RunSettings)
     engine: EngineBuild = field(default_factory=EngineBuild)
     points: list[Point] = field(default_factory=list)
@@ -96,12 +97,12 @@ def parse_batched_bench_output(
 ) -> list[ParsedRun]:
     """Every run found in `text`, in order; a header printed with no rows after it (the run
     crashed) is a run without points whose `failure` says why. Raises `NoTableFound` when
-    there is none, and `BadRow` for a row that is not a valid measurement or a header with a
-    column the tool never printed; with `skipped`, such a table is left out instead, its
-    BadRow appended there, and the other tables are read (BadRow is raised only when no
-    table is left). Other tools' tables are passed over, each said in `passed_over`. A file
-    whose one build line comes after every table (a report's footer) gives that build to
-    every table."""
+    there is none, and `BadRow` for a row that is not a valid measurement or a header naming
+    a column twice (a column its author added is read past: ParsedRun.left_out); with
+    `skipped`, such a table is left out instead, its BadRow appended there, and the other
+    tables are read (BadRow is raised only when no table is left). Other tools' tables are
+    passed over, each said in `passed_over`. A file whose one build line comes after every
+    table (a report's footer) gives that build to every table."""
     reader = _Reader()
     for number, raw in enumerate(text.splitlines(), start=1):
         reader.read(_unquoted(raw.strip()), number)
@@ -190,7 +191,7 @@ class _Reader:
             self._close_unread(number, header)
         if isinstance(header, Header):
             self.close()
-            self.table = _TableBuilder(number, header.columns, self.settings, self.build.engine())
+            self.table = _TableBuilder(number, header, self.settings, self.build.engine())
             self.settings = {}  # a settings line describes the one table after it
             return
         self.close()  # a row of some other table ends ours
@@ -280,7 +281,7 @@ def _whole_table_at(line: str) -> int | None:
 
 class _TableBuilder:
     def __init__(
-        self, line: int, columns: list[str], settings: dict[str, int], engine: EngineBuild
+        self, line: int, header: Header, settings: dict[str, int], engine: EngineBuild
     ) -> None:
         self.problem: BadRow | None = None  # its first row that is no valid measurement
         try:
@@ -288,7 +289,12 @@ class _TableBuilder:
         except BadRow as bad:
             run_settings, self.problem = RunSettings(), bad
         self.run = ParsedRun(
-            line=line, format="table", columns=columns, settings=run_settings, engine=engine
+            line=line,
+            format="table",
+            columns=header.columns,
+            left_out=header.left_out,
+            settings=run_settings,
+            engine=engine,
         )
         self.crash: str | None = None  # the error printed after its header, before any row
         self.rows = 0  # that belong to it, valid or not
@@ -308,6 +314,8 @@ class _TableBuilder:
         values: dict[str, float | int | None] = {}
         decimals: dict[str, int] = {}
         for column, cell in zip(self.run.columns, cells, strict=True):
+            if column is None:  # a column read past, whatever it holds
+                continue
             number = _number(cell, integer=column in _INT_COLUMNS)
             if number is _NOT_A_NUMBER:
                 return False

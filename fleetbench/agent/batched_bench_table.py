@@ -1,5 +1,6 @@
 """The lines of a llama-batched-bench table as people post them: the header in every
-spelling the tool has printed since 2023, rows, markdown alignment rows, a table whose line
+spelling the tool has printed since 2023 (with columns its author dropped, or added: those
+are read past and named), rows, markdown alignment rows, a table whose line
 breaks a feed or a paste turned into spaces, and other tools' tables, named as such. Pure:
 a line in, its cells and what they are out."""
 
@@ -39,18 +40,20 @@ _LLAMA_BENCH = {"model", "test", "t/s"}
 
 @dataclass(frozen=True)
 class Header:
-    """A llama-batched-bench header: the Point field of each column, in order."""
+    """A llama-batched-bench header: the Point field of each column, in order, None for a
+    column its author added (`GPU temp`), read past and named in `left_out`."""
 
-    columns: list[str]
+    columns: list[str | None]
+    left_out: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class NotOurs:
-    """A table header that is not llama-batched-bench's, or that names a column it never
-    printed, and why."""
+    """A table header that is not llama-batched-bench's, or one of its headers that names a
+    column twice, and why."""
 
     reason: str
-    ours: bool  # a batched-bench header with a column the tool never printed: an error
+    ours: bool  # a batched-bench header naming a column twice: an error
 
 
 def header_of(cells: list[str]) -> Header | NotOurs:
@@ -59,16 +62,14 @@ def header_of(cells: list[str]) -> Header | NotOurs:
     known = {k for k in keys if k is not None}
     if {"pp", "tg", "b"} <= known:
         unknown = [cell for cell, key in zip(cells, keys, strict=True) if key is None]
-        if named := [cell for cell in unknown if cell]:
-            names = ", ".join(repr(c) for c in named)
-            return NotOurs(f"a llama-batched-bench header with a column not known: {names}", True)
-        if unknown:
+        if not all(unknown):
             return NotOurs("a table of PP, TG and B with a column without a name", False)
-        if len(known) < len(keys):
+        if len(known) < len(keys) - len(unknown):
             return NotOurs("a llama-batched-bench header naming a column twice", True)
         if not {"s_tg", "t_tg"} & known:
             return NotOurs("a llama-batched-bench header without S_TG or T_TG", False)
-        return Header([k for k in keys if k is not None])
+        # A column its author added is read past, never the reason to refuse the table.
+        return Header(keys, tuple(unknown))
     lowered = {c.lower() for c in cells}
     if lowered >= _LLAMA_BENCH:
         return NotOurs("a llama-bench table, not llama-batched-bench's", False)

@@ -142,8 +142,16 @@ def import_output(
             f"error: {file}: {problem}; that table is left out",
             highlight=False,
         )
+    for line, _, left_out in reports:
+        if left_out:
+            names = ", ".join(repr(name) for name in left_out)
+            err.print(
+                f"warning: {file}: line {line}: column(s) {names} read past: "
+                "not llama-batched-bench's",
+                highlight=False,
+            )
     if dry_run:
-        for line, report in reports:
+        for line, report, _ in reports:
             err.print(f"{file}: {imported_run_line(line, report)}", highlight=False)
         for other in passed_over:
             err.print(f"{file}: {other}: passed over", highlight=False)
@@ -159,7 +167,7 @@ def import_output(
             code=2,
         )
     url = registry or settings.registry_url
-    for number, (line, report) in enumerate(reports, start=1):
+    for number, (line, report, _) in enumerate(reports, start=1):
         build = report.engine.build_number
         if report.status == "failed":
             err.print(
@@ -171,7 +179,7 @@ def import_output(
         if build is not None:
             title += f", llama.cpp build {build}"
         print_table(err, curve_table(report.points, title=title))
-    import_through_the_spool([r for _, r in reports], settings, url, secret)
+    import_through_the_spool([r.report for r in reports], settings, url, secret)
     if skipped:
         raise typer.Exit(1)
 

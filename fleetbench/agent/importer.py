@@ -26,6 +26,7 @@ _PLACEHOLDER = uuid.UUID(int=0)
 class ImportedRun(NamedTuple):
     line: int  # where its table or records start in the text
     report: RunReport
+    left_out: tuple[str, ...] = ()  # columns its author added, read past
 
 
 def reports_from_output(
@@ -64,7 +65,8 @@ def reports_from_output(
             # stands and when it ran do.
             identity += f"\nline {parsed.line}, {measured_at.isoformat()}"
         run_id = uuid.uuid5(IMPORT_NAMESPACE, identity)
-        reports.append(ImportedRun(parsed.line, draft.model_copy(update={"run_id": run_id})))
+        report = draft.model_copy(update={"run_id": run_id})
+        reports.append(ImportedRun(parsed.line, report, parsed.left_out))
     return reports
 
 

@@ -173,10 +173,25 @@ def test_a_one_line_table_whose_rows_cannot_be_told_apart_is_a_clear_error() -> 
     assert "rows of 9, 10 cells under a header of 10" in str(raised.value)
 
 
-def test_a_column_the_tool_never_printed_is_named() -> None:
-    text = "| PP | TG | B | N_KV | S_TG t/s | J/token |\n|---|---|---|---|---|---|\n"
-    with pytest.raises(BadRow, match=r"line 1: .*a column not known: 'J/token'"):
-        parse_batched_bench_output(text + "| 128 | 32 | 1 | 160 | 50.00 | 0.4 |\n")
+def test_columns_the_author_added_or_dropped_are_read_past_and_named() -> None:
+    """A table as people post it: a column added (whatever it holds), others dropped (no
+    S_PP, no times); read by the columns it has."""
+    text = (
+        "| PP | TG | B | N_KV | S_TG t/s | J/token | GPU temp |\n|---|---|---|---|---|---|---|\n"
+        "| 128 | 32 | 1 | 160 | 50.00 | 0.4 | 61 C |\n"
+        "| 128 | 32 | 4 | 640 | 120.00 | 0.2 | 70 C |\n"
+    )
+    [run] = parse_batched_bench_output(text)
+    assert run.left_out == ("J/token", "GPU temp")
+    assert [(p.b, p.n_kv, p.s_tg, p.s_pp) for p in run.points] == [
+        (1, 160, 50.0, None),
+        (4, 640, 120.0, None),
+    ]
+    # derived from what remains: T_TG = B x TG / S_TG
+    assert [p.t_tg for p in run.points] == [pytest.approx(0.64), pytest.approx(128 / 120)]
+    assert header_of(["PP", "TG", "B", "S_TG t/s", "S_TG t/s"]) == NotOurs(
+        "a llama-batched-bench header naming a column twice", True
+    )
 
 
 def test_nothing_importable_says_what_it_looked_for_and_what_it_passed_over() -> None:
