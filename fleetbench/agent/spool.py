@@ -64,8 +64,8 @@ _BACKOFF_CAP_S = 3600.0
 _FAILURES_TO_STOP = 2
 # An I/O error with less than this left on the file system is the disk being full.
 _NEARLY_FULL_BYTES = 1 << 20
-# SQLite's answers that mean the file cannot be written (rather than locked or corrupt).
-_UNWRITABLE = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")
+# How long a write waits for another process's lock on the file.
+_BUSY_TIMEOUT_S = 30.0
 
 _CREATE = (
     """CREATE TABLE runs (
@@ -366,18 +366,19 @@ class Spool:
     @contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:
         """A read-write connection (WAL, synchronous=FULL: a committed run survives a power
-        cut). A full disk or an unwritable file raises SpoolUnwritable."""
+        cut). Anything that stops a write (a full disk, an unwritable file, another
+        process's lock held past _BUSY_TIMEOUT_S) raises SpoolUnwritable."""
         try:
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        except sqlite3.OperationalError as exc:
+            db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.DatabaseError as exc:
             raise self._unwritable(exc) from exc
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             yield db
-        except sqlite3.OperationalError as exc:
-            if not exc.sqlite_errorname.startswith(_UNWRITABLE):
-                raise
+        except sqlite3.DatabaseError as exc:
+            # Whatever stops the write (a full disk, a lock held past the wait, a damaged
+            # file): the caller keeps the run elsewhere (memory, stdout, the registry).
             raise self._unwritable(exc) from exc
         finally:
             db.close()
@@ -391,7 +392,9 @@ class Spool:
         failure: sqlite3.DatabaseError | None = None
         for target in (uri, f"{uri}?mode=ro", f"{uri}?mode=ro&immutable=1"):
             try:
-                db = sqlite3.connect(target, uri=True, timeout=30, isolation_level=None)
+                db = sqlite3.connect(
+                    target, uri=True, timeout=_BUSY_TIMEOUT_S, isolation_level=None
+                )
             except sqlite3.DatabaseError as exc:
                 failure = exc
                 continue
@@ -408,7 +411,7 @@ class Spool:
             return
         raise SpoolError(f"the spool at {self.path} cannot be read: {failure}")
 
-    def _unwritable(self, exc: sqlite3.OperationalError | OSError) -> SpoolUnwritable:
+    def _unwritable(self, exc: sqlite3.DatabaseError | OSError) -> SpoolUnwritable:
         free = self.free_bytes()
         if isinstance(exc, OSError):
             full = exc.errno == errno.ENOSPC

@@ -12,7 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetbench.agent import spool as spool_module
 from fleetbench.agent.client import RegistryClient
+from fleetbench.agent.config import AgentSettings
+from fleetbench.agent.delivery import Delivery
+from fleetbench.agent.errors import SpoolUnwritable
 from fleetbench.agent.spool import Spool
 from fleetbench.contract.wire import AgentIdentity
 from fleetbench.registry.config import RegistrySettings
@@ -168,3 +172,29 @@ def test_status_command_shows_the_spool(tmp_path: Path) -> None:
     assert "1 queued, 0 delivered, 0 rejected" in text.stdout
     [run] = json.loads(as_json.stdout)
     assert (run["state"], run["attempts"]) == ("queued", 0)
+
+
+def test_a_spool_locked_past_the_wait_cannot_be_written_and_the_run_is_kept_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the spool's write lock longer than a write waits: the write is
+    one SpoolUnwritable naming the lock, which every caller handles (the daemon keeps the run
+    in memory; `sweep --report` prints it and delivers it itself), never a traceback."""
+    monkeypatch.setattr(spool_module, "_BUSY_TIMEOUT_S", 0.2)
+    path = tmp_path / "spool.db"
+    spool = Spool(path)
+    first, second = make_report(), make_report()
+    spool.add(first, now=NOW)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(SpoolUnwritable, match=r"cannot be written \(database is locked"):
+            spool.add(second, now=NOW)
+        delivery = Delivery(spool, AgentSettings())
+        delivery.keep(second, "nightly")
+        assert delivery.unspooled == [second]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    spool.add(second, now=NOW)
+    assert [r.run_id for r in spool.runs()] == [str(first.run_id), str(second.run_id)]
