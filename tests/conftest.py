@@ -203,7 +203,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = item.nodeid.split("::")[0]
         if module in TIER_OF_MODULE:
             marks.add(TIER_OF_MODULE[module])
-        if _serves(item, fixtures):
+        if "server" not in marks and _serves(item, fixtures):
             marks.add("server")
         if {item.name, item.name.split("[")[0]} & SLOW.get(module, set()):
             marks.add("slow")
@@ -212,11 +212,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _serves(item: pytest.Item, fixtures: set[str]) -> bool:
-    pending: list[object] = [getattr(item, "function", None)]
+    roots: list[object] = [getattr(item, "function", None)]
     definitions = getattr(item, "_fixtureinfo", None)
     if definitions is not None:
         for name in fixtures:
-            pending.extend(d.func for d in definitions.name2fixturedefs.get(name, ()))
+            roots.extend(d.func for d in definitions.name2fixturedefs.get(name, ()))
+    return any(_reaches_server(root) for root in roots)
+
+
+@functools.cache  # a fixture's code is read once, however many tests use it
+def _reaches_server(root: object) -> bool:
+    pending = [root]
     seen: set[object] = set()
     while pending:
         followed = _followed(pending.pop())

@@ -306,6 +306,11 @@ def agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return command(sys.executable, "-m", "fleetbench.agent.cli", *args, **env)
 
 
+def registry_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`fleetbench-registry ARGS` in a fresh process (see `command`)."""
+    return command(sys.executable, "-m", "fleetbench.registry.cli", *args, **env)
+
+
 def command(
     *argv: str | Path, cwd: Path | None = None, timeout: float = 120, **env: str
 ) -> subprocess.CompletedProcess[str]:

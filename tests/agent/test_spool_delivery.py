@@ -23,7 +23,6 @@ HOUR = 3600.0
 DAY = 24 * HOUR
 NOW = 1_800_000_000.0
 
-# The spool's table as agents before set-aside runs wrote it.
 # The runs table as development agents before 0.1.0 first made it (no format number).
 DEVELOPMENT_SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -38,6 +37,22 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_due ON runs (state, next_attempt_at);
 """
+
+
+def spool_of_another_format(path: Path, user_version: int = 0) -> bytes:
+    """A spool as an agent of another format left it (0: a development agent before 0.1.0,
+    which wrote no format number), one run queued; its bytes."""
+    report = make_report()
+    db = sqlite3.connect(path)
+    db.executescript(DEVELOPMENT_SCHEMA)
+    db.execute(f"PRAGMA user_version = {user_version}")
+    db.execute(
+        "INSERT INTO runs VALUES (?, ?, 'queued', 2, 0, 'timeout', 0, NULL)",
+        (str(report.run_id), report.model_dump_json()),
+    )
+    db.commit()
+    db.close()
+    return path.read_bytes()
 
 
 def _run(spool: Spool, run_id: object) -> SpooledRun:
@@ -257,17 +272,7 @@ def test_a_spool_of_a_format_this_agent_does_not_read_is_refused_and_left_as_it_
     tmp_path: Path, user_version: int, made_by: str
 ) -> None:
     path = tmp_path / "spool.db"
-    queued = make_report()
-    db = sqlite3.connect(path)
-    db.executescript(DEVELOPMENT_SCHEMA)
-    db.execute(f"PRAGMA user_version = {user_version}")
-    db.execute(
-        "INSERT INTO runs VALUES (?, ?, 'queued', 2, 0, 'timeout', 0, NULL)",
-        (str(queued.run_id), queued.model_dump_json()),
-    )
-    db.commit()
-    db.close()
-    before = path.read_bytes()
+    before = spool_of_another_format(path, user_version)
 
     with pytest.raises(SpoolError) as refused:
         Spool(path)

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ import pytest
 from fleetbench.agent.errors import SpoolUnwritable
 from fleetbench.agent.spool import Spool
 from fleetbench.contract.wire import RunReport
-from tests.agent.test_spool_delivery import DEVELOPMENT_SCHEMA
+from tests.agent.test_spool_delivery import spool_of_another_format
 from tests.factories import LiveRegistry, a_daemon, agent, free_port, make_report
 
 FULL = r"the spool at {path} cannot be written \(disk full: (\d+) bytes free\)"
@@ -196,24 +195,11 @@ def test_sweep_report_on_a_full_disk_prints_the_run_and_one_line(
     assert [r.run_id for r in Spool(path).runs()] == [str(earlier.run_id)]  # intact
 
 
-def _development_spool(path: Path) -> bytes:
-    """A spool as a development agent before 0.1.0 left it (no format number), one run
-    queued; its bytes."""
-    with sqlite3.connect(path) as db:
-        db.executescript(DEVELOPMENT_SCHEMA)
-        report = make_report()
-        db.execute(
-            "INSERT INTO runs VALUES (?, ?, 'queued', 0, 0, NULL, 0, NULL)",
-            (str(report.run_id), report.model_dump_json()),
-        )
-    return path.read_bytes()
-
-
 def test_sweep_report_with_a_development_agent_s_spool_delivers_directly(
     tiny_llama: Path, tmp_path: Path, live_registry: LiveRegistry
 ) -> None:
     path = tmp_path / "spool.db"
-    before = _development_spool(path)
+    before = spool_of_another_format(path)
 
     done = _sweep_report(
         tiny_llama, live_registry.url, path, tmp_path / "cache", live_registry.token("ci-node")
@@ -231,7 +217,7 @@ def test_sweep_report_with_a_development_agent_s_spool_delivers_directly(
 
 def test_the_daemon_will_not_start_on_a_development_agent_s_spool(tmp_path: Path) -> None:
     path = tmp_path / "spool.db"
-    before = _development_spool(path)
+    before = spool_of_another_format(path)
     config = tmp_path / "agent.toml"
     config.write_text(
         f'[agent]\nnode = "ci-node"\nregistry_url = "http://127.0.0.1:{free_port()}"\n'

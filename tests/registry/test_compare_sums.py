@@ -245,11 +245,8 @@ def test_flags_read_as_regression_causes_spell_them(live_registry: LiveRegistry)
     expected = "n_ctx=4096 kv_unified=True swa_full=False"
     assert expected == run_labels(make_report().engine, None, None, settings).settings
 
-    def stored() -> set[str]:
-        with session_factory(live_registry.engine)() as session:
-            return set(session.scalars(select(BuildPointSum.settings)))
-
     [node] = compare(live_registry)["nodes"]
     assert node["settings"].startswith(f"{expected} on ")
-    assert stored() == {expected}
+    with session_factory(live_registry.engine)() as session:
+        assert set(session.scalars(select(BuildPointSum.settings))) == {expected}
     assert_same(*kept_and_recounted(live_registry.engine))

@@ -1,7 +1,7 @@
 """Per-layer KV facts as the registry keeps and uses them: stored with the model's facts,
 sized by the node's build's rules in placement (which say which rules, for which build),
 "fit unknown" with its reason where the maths cannot say, no part of a run's identity when
-absent, the migration, and the prediction's error in /metrics; on SQLite and PostgreSQL."""
+absent, and the prediction's error in /metrics; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -4,9 +4,6 @@ a token is rotated once; every refused token is told the same."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,7 +15,7 @@ from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import session_factory, write_transaction
 from fleetbench.registry.models import Token
 from fleetbench.registry.tokens import Principal
-from tests.factories import LiveRegistry, running_registry
+from tests.factories import LiveRegistry, registry_cli, running_registry
 
 # What the design promises (KnownTokens.fresh_s and the epoch read every 0.25 s, with room
 # for a look-up): a request made this long after a revoke returned is refused.
@@ -34,18 +31,6 @@ def _token_id(registry: LiveRegistry, name: str) -> int:
 def _nodes(url: str, token: str) -> int:
     """The status of an authenticated read (reads are closed in these tests)."""
     return httpx.get(f"{url}/v1/nodes", headers={"Authorization": f"Bearer {token}"}).status_code
-
-
-def _registry_cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """`fleetbench-registry ARGS` in a process of its own, as an admin runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "fleetbench.registry.cli", *args],
-        env={**os.environ, "FLEETBENCH_DATABASE_URL": database_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def _closed(registry_settings: RegistrySettings) -> RegistrySettings:
@@ -78,7 +63,8 @@ def test_a_revoke_from_the_command_line_is_refused_by_a_serving_process(
         reader = registry.scoped_token("reader", name="dashboard")
         assert _nodes(registry.url, reader) == 200
         token_id = _token_id(registry, "dashboard")
-        done = _registry_cli(registry_settings.sqlalchemy_url, "token", "revoke", str(token_id))
+        url = registry_settings.sqlalchemy_url
+        done = registry_cli("token", "revoke", str(token_id), FLEETBENCH_DATABASE_URL=url)
         assert done.returncode == 0, done.stderr
         time.sleep(WITHIN_S)
         assert _nodes(registry.url, reader) == 401
@@ -150,7 +136,7 @@ def test_a_token_is_rotated_once(live_registry: LiveRegistry) -> None:
     live = [t for t in listed if t["node"] == "gpu-01" and t["state"] == "active"]
     assert len(live) == 2
     url = live_registry.engine.url.render_as_string(hide_password=False)
-    cli = _registry_cli(url, "token", "rotate", str(node_token))
+    cli = registry_cli("token", "rotate", str(node_token), FLEETBENCH_DATABASE_URL=url)
     assert cli.returncode == 1
     assert "rotated before" in cli.stderr
 

@@ -1,6 +1,5 @@
-"""The token lifecycle (registry.tokens): tokens made before the upgrade keep working as
-node tokens; create, list, revoke and rotate from the CLI and the admin API; a rotation
-strands no run in an agent's spool."""
+"""The token lifecycle (registry.tokens): create, list, revoke and rotate from the CLI and
+the admin API; a rotation strands no run in an agent's spool."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from fleetbench.registry.config import RegistrySettings
-from tests.factories import JSON, LiveRegistry, make_report, running_registry
+from tests.factories import LiveRegistry, make_report, post_report, running_registry
 
 # Few write slots, a short queue wait and a short body time limit: what the attack needs
 # against the defaults (64 slots, 2 s), at a test's scale.
@@ -73,6 +73,12 @@ class SlowSender:
         for sock in self.sockets:
             sock.close()
 
+    def wait_answered(self, seconds: float = 20) -> None:
+        """Until every connection is answered, or `seconds` have passed."""
+        deadline = time.monotonic() + seconds
+        while None in self.statuses() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
     def statuses(self) -> list[int | None]:
         return [int(a.split()[1]) if a.startswith(b"HTTP/1.1 ") else None for a in self.answers]
 
@@ -97,12 +103,7 @@ def _warm(registry: LiveRegistry, tokens: list[str]) -> None:
 def _reports_meanwhile(registry: LiveRegistry, count: int) -> list[int]:
     token = registry.token("honest")
     with registry.client(token) as client:
-        return [
-            client.post(
-                "/v1/runs", content=make_report(node="honest").model_dump_json(), headers=JSON
-            ).status_code
-            for _ in range(count)
-        ]
+        return [post_report(client, make_report(node="honest")).status_code for _ in range(count)]
 
 
 def test_slow_bodies_without_a_token_leave_the_reports_alone(
@@ -138,9 +139,7 @@ def test_slow_bodies_with_valid_tokens_are_cut_off_and_hold_no_slot(
         with slow_bodies(registry.url, heads) as attack:
             time.sleep(0.5)
             reported = _reports_meanwhile(registry, 5)
-            deadline = time.monotonic() + 20
-            while None in attack.statuses() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            attack.wait_answered()
             answered = attack.statuses()
     assert reported == [201] * 5
     assert answered == [408] * len(heads), [a[:120] for a in attack.answers]
@@ -156,14 +155,10 @@ def test_one_token_sends_a_few_bodies_at_once(registry_settings: RegistrySetting
         _warm(registry, [token])
         heads = [_head(registry.url, "POST", "/v1/runs", token, 100_000)] * 3
         with slow_bodies(registry.url, heads) as attack:
-            deadline = time.monotonic() + 20
-            while None in attack.statuses() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            attack.wait_answered()
             answered = sorted(s or 0 for s in attack.statuses())
         with registry.client(token) as client:
-            later = client.post(
-                "/v1/runs", content=make_report(node="greedy").model_dump_json(), headers=JSON
-            )
+            later = post_report(client, make_report(node="greedy"))
     assert answered == [408, 408, 429]
     assert later.status_code == 201, later.text
 
@@ -180,11 +175,7 @@ def test_an_admin_write_with_a_wrong_token_is_refused_before_its_body(
     address = urlsplit(live_registry.url)
     with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
         sock.sendall(_head(live_registry.url, method, path, "fba_wrong", 1_000_000) + b"{" * 100)
-        answer = b""
-        while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
-            if not (part := sock.recv(65536)):
-                break
-            answer += part
+        answer = _answer_of(sock)
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
 
 
