@@ -41,7 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fleetbench.registry.body_limit import BODILESS_METHODS, json_answer
 from fleetbench.registry.tokens import Principal
 
-__all__ = ["Admission", "Lane", "LaneLimits", "UploadLimits", "shed"]
+__all__ = ["Admission", "Lane", "LaneLimits", "UploadLimits", "client_address", "shed"]
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,8 @@ class Admission:
             await self.app(scope, receive, send)
             return
         writing = lane is self.writes
-        token, address = _bearer(scope), _client(scope)
+        # a read's token is the route's to check (deps): only a write's is read here
+        token, address = (_bearer(scope), client_address(scope)) if writing else (None, "")
         try:
             if writing:
                 body = await self._body(await self.authenticate(token, address), receive)
@@ -230,7 +231,7 @@ def _bearer(scope: Scope) -> str | None:
     return None
 
 
-def _client(scope: Scope) -> str:
+def client_address(scope: Scope) -> str:
     client = scope.get("client")
     return str(client[0]) if client else "unknown"
 

@@ -22,12 +22,13 @@ from datetime import UTC, datetime
 
 from fastapi import HTTPException, status
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from fleetbench.registry import tokens
 from fleetbench.registry.admission import Lane, shed
+from fleetbench.registry.errors import DATABASE_UNAVAILABLE, database_unavailable
 from fleetbench.registry.tokens import Principal
 
 __all__ = ["REFUSED", "Authenticator", "EpochWatch", "FailedLogins", "KnownTokens", "refused"]
@@ -224,14 +225,12 @@ class Authenticator:
             with self._sessions() as session:
                 return tokens.authenticate(session, digest)
         except (DBAPIError, PoolTimeout) as exc:
-            if isinstance(exc, DBAPIError) and not (
-                exc.connection_invalidated or isinstance(exc, OperationalError)
-            ):
+            if isinstance(exc, DBAPIError) and not database_unavailable(exc):
                 raise
             log.warning("a token not looked up: database unavailable: %s", exc)
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE,
-                detail="the registry's database is unavailable: retry later",
+                detail=DATABASE_UNAVAILABLE,
                 headers={"Retry-After": str(self._retry_after_s)},
             ) from None
         except tokens.TokenRefused:

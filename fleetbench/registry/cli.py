@@ -101,7 +101,7 @@ def _open(settings: RegistrySettings) -> Engine:
     engine = _engine(settings)
     try:
         if settings.is_default_sqlite:
-            _upgrade(engine)
+            upgrade_schema(engine)
         else:
             ensure_schema_current(engine, fix_command="fleetbench-registry migrate")
     except SchemaOutOfDate as exc:
@@ -110,17 +110,12 @@ def _open(settings: RegistrySettings) -> Engine:
     return engine
 
 
-def _upgrade(engine: Engine) -> str | None:
-    """The schema to head; returns the revision it was at."""
-    return upgrade_schema(engine)
-
-
 @app.command()
 def migrate() -> None:
     """Upgrade the database schema to the latest revision."""
     engine = _engine(RegistrySettings())
     try:
-        before = _upgrade(engine)
+        before = upgrade_schema(engine)
         _, head = schema_revisions(engine)
     except SchemaOutOfDate as exc:
         _error(str(exc))

@@ -18,6 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from fleetbench.registry import crud
+from fleetbench.registry.admission import client_address
 from fleetbench.registry.authentication import Authenticator
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.models import Model, Node
@@ -62,13 +63,9 @@ async def _settings(request: Request) -> RegistrySettings:
     return settings
 
 
-def _process_of(request: Request) -> ProcessState:
+async def _process(request: Request) -> ProcessState:
     process: ProcessState = request.app.state.process
     return process
-
-
-async def _process(request: Request) -> ProcessState:
-    return _process_of(request)
 
 
 SessionDep = Annotated[Session, Depends(_session)]
@@ -94,9 +91,7 @@ async def _principal(request: Request, token: str | None) -> Principal:
     if admitted is not None:
         return admitted
     authenticator: Authenticator = request.app.state.authenticator
-    found = await authenticator.principal(
-        token, request.client.host if request.client else "unknown"
-    )
+    found = await authenticator.principal(token, client_address(request.scope))
     request.state.principal = found  # a second dependency of the route asks no more
     return found
 
@@ -129,8 +124,13 @@ async def _node(request: Request, credentials: _Credentials) -> AuthenticatedNod
     return _as_node(await _principal(request, _bearer_token(credentials)))
 
 
+def _reads(principal: Principal) -> bool:
+    """Whether the token reads everything: a reader's or an admin's."""
+    return principal.scope in ("reader", "admin")
+
+
 def _may_read(principal: Principal) -> None:
-    if principal.scope not in ("reader", "admin"):
+    if not _reads(principal):
         raise _forbidden(principal, "a reader or admin token (reads are closed)")
 
 
@@ -157,7 +157,7 @@ async def _paths_shown(request: Request, credentials: _ReadCredentials) -> bool:
         if refused.status_code != status.HTTP_401_UNAUTHORIZED:
             raise
         return False
-    return principal.scope in ("reader", "admin")
+    return _reads(principal)
 
 
 PathsShown = Annotated[bool, Depends(_paths_shown)]

@@ -22,7 +22,16 @@ from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.ingest.answers import ReportRefused, RunConflict
 from fleetbench.registry.plans import PlanChanged, PlanRefused
 
-__all__ = ["REFUSALS", "install_error_answers"]
+__all__ = ["DATABASE_UNAVAILABLE", "REFUSALS", "database_unavailable", "install_error_answers"]
+
+DATABASE_UNAVAILABLE = "the registry's database is unavailable: retry later"
+
+
+def database_unavailable(exc: DBAPIError) -> bool:
+    """A lost or refused database connection (a PostgreSQL restart, SQLite's lock held by
+    another process): the registry unavailable, not the request wrong."""
+    return bool(exc.connection_invalidated) or isinstance(exc, OperationalError)
+
 
 log = logging.getLogger("fleetbench.registry")
 
@@ -54,13 +63,11 @@ async def _database_busy(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
-    """A lost or refused database connection (a PostgreSQL restart, SQLite's lock held by
-    another process) is the registry being unavailable, not the request being wrong."""
     assert isinstance(exc, DBAPIError)
-    if not (exc.connection_invalidated or isinstance(exc, OperationalError)):
+    if not database_unavailable(exc):
         raise exc
     log.warning("database unavailable: %s", exc.orig)
-    return _unavailable(request, "the registry's database is unavailable: retry later")
+    return _unavailable(request, DATABASE_UNAVAILABLE)
 
 
 def _unavailable(request: Request, detail: str) -> JSONResponse:

@@ -25,10 +25,11 @@ import re
 from typing import Any
 from urllib.parse import unquote_plus
 
+from fleetbench.printable import EscapingFormatter
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.tokens import PREFIXES
 
-__all__ = ["RedactSecrets", "log_config", "redact", "uvicorn_options"]
+__all__ = ["RedactingFormatter", "log_config", "redact", "uvicorn_options"]
 
 REDACTED = "[redacted]"
 # Parameter names, lower case, whose values are secrets wherever they appear...
@@ -87,43 +88,36 @@ def redact(text: str) -> str:
     return _REGISTRY_TOKEN.sub(REDACTED, text)
 
 
-class RedactSecrets(logging.Filter):
-    """Redacts each record's message (an access log line's request target among them)."""
+class RedactingFormatter(EscapingFormatter):
+    """Each line escaped and its secrets redacted (an access log line's request target
+    among them), the message formatted once."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except (TypeError, ValueError):  # a malformed call: logging reports it itself
-            return True
-        redacted = redact(message)
-        if redacted != message:
-            record.msg, record.args = redacted, None
-        return True
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = redact(record.message)
+        return super().formatMessage(record)
 
 
 def log_config() -> dict[str, Any]:
     """uvicorn's logging (its `log_config`) with each line escaped and secrets redacted,
     and the registry's own loggers (fleetbench.*) beside uvicorn's on stderr."""
-    escaping = "fleetbench.printable.EscapingFormatter"
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {
-            "default": {"()": escaping, "fmt": "%(levelname)s: %(message)s"},
-            "access": {"()": escaping, "fmt": "%(levelname)s: %(message)s"},
+            "redacting": {
+                "()": f"{__name__}.RedactingFormatter",
+                "fmt": "%(levelname)s: %(message)s",
+            },
         },
-        "filters": {"secrets": {"()": f"{__name__}.RedactSecrets"}},
         "handlers": {
             "default": {
                 "class": "logging.StreamHandler",
-                "formatter": "default",
-                "filters": ["secrets"],
+                "formatter": "redacting",
                 "stream": "ext://sys.stderr",
             },
             "access": {
                 "class": "logging.StreamHandler",
-                "formatter": "access",
-                "filters": ["secrets"],
+                "formatter": "redacting",
                 "stream": "ext://sys.stdout",
             },
         },

@@ -514,7 +514,7 @@ class LatestRun(Base):
 
 class LatestPoint(Base):
     """A point of a LatestRun, with whether it lies past the knee of its (PP, TG) curve at
-    the default threshold (NULL: not known, e.g. copied by a migration)."""
+    the default threshold (NULL: the curve has no knee, or the point no S_TG)."""
 
     __tablename__ = "latest_points"
     __table_args__ = (

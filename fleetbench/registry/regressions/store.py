@@ -15,7 +15,7 @@ from sqlalchemy import ColumnElement, bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
-from fleetbench.registry.models import Node, Regression
+from fleetbench.registry.models import Regression
 from fleetbench.registry.regressions.knee_shifts import KNEE_METRIC, find_knee_shifts, knee_series
 from fleetbench.registry.regressions.rules import (
     DetectionSettings,
@@ -157,7 +157,7 @@ def _record_step(row: Regression, step: Step) -> None:
 def list_regressions(
     session: Session,
     *,
-    node: str | None = None,
+    node_id: int | None = None,
     model_ids: Sequence[int] | None = None,
     since: datetime | None = None,
     min_change: float | None = None,
@@ -169,8 +169,8 @@ def list_regressions(
     """Stored steps newest first (regressions only unless asked), with the total count.
     `series` narrows to one (PP, TG, B, metric)."""
     conditions: list[ColumnElement[bool]] = []
-    if node is not None:
-        conditions.append(Regression.node.has(Node.name == node))
+    if node_id is not None:
+        conditions.append(Regression.node_id == node_id)
     if model_ids is not None:
         conditions.append(Regression.model_id.in_(model_ids))
     if since is not None:

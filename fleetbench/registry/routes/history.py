@@ -63,12 +63,11 @@ def read_regressions(
     """Series that got slower (or faster) and stayed so, newest first, with the cause. A node
     or model the registry does not know is a 404, not an empty list (a gate must not pass on
     a misspelt name)."""
-    if node is not None:
-        node_or_404(session, node)
+    node_id = node_or_404(session, node).id if node is not None else None
     model_ids = [m.id for m in models_or_404(session, model)] if model is not None else None
     rows, count = regression_store.list_regressions(
         session,
-        node=node,
+        node_id=node_id,
         model_ids=model_ids,
         since=since,
         min_change=min_change / 100 if min_change is not None else None,
@@ -170,7 +169,7 @@ def read_series(
     ]
     rows, _ = regression_store.list_regressions(
         session,
-        node=found_node.name,
+        node_id=found_node.id,
         model_ids=[m.id for m in models],
         include_improvements=True,
         include_acknowledged=True,

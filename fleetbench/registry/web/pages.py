@@ -33,10 +33,7 @@ _ASSET = re.compile(r"^[a-z][a-z0-9-]*\.(js|css)$")
 _MEDIA_TYPES = {"js": "text/javascript; charset=utf-8", "css": "text/css; charset=utf-8"}
 
 # Swagger UI's files the docs page loads (fastapi-offline ships them in its static/)
-SWAGGER_UI_FILES = {
-    "swagger-ui-bundle.js": _MEDIA_TYPES["js"],
-    "swagger-ui.css": _MEDIA_TYPES["css"],
-}
+SWAGGER_UI_FILES = ("swagger-ui-bundle.js", "swagger-ui.css")
 _PACKAGED_ASSET_HEADERS = {
     "Cache-Control": "public, max-age=86400",
     "X-Content-Type-Options": "nosniff",
@@ -66,7 +63,7 @@ def plotly_js_path() -> Path | None:
 @cache
 def swagger_ui_path(name: str) -> Path | None:
     """One of SWAGGER_UI_FILES inside the installed `fastapi-offline` package."""
-    return _packaged_file("fastapi_offline", "static", name) if name in SWAGGER_UI_FILES else None
+    return _packaged_file("fastapi_offline", "static", name)
 
 
 def _packaged_asset(path: Path | None, name: str, package: str) -> FileResponse:
