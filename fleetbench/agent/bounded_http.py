@@ -110,7 +110,8 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 class _DeadlineTransport(httpx.HTTPTransport):
     def __init__(self, clock: DeadlineClock, retries: int) -> None:
         super().__init__(retries=retries)
-        # httpx takes no network backend: its pool is made again, as it makes it, with ours
+        # httpx takes no network backend: its pool is made again with ours (httpcore's limits:
+        # the client sends one request at a time)
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(),
             keepalive_expiry=5.0,

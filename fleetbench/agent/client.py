@@ -7,7 +7,6 @@ saying what came (bounded_http)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -266,23 +265,23 @@ class RegistryClient:
         self._clock.deadline = deadline
         try:
             with self._http.stream(method, path, **kwargs) as response:
-                answer = _Answer(response.status_code, response.headers, b"")
-                if answer.status_code >= 400:  # its detail alone is shown, cut short
+                status, headers = response.status_code, response.headers
+                if status >= 400:  # its detail alone is shown, cut short
                     body = read_bounded(response, _ERROR_BYTES, deadline, cut=True)
-                elif answer.status_code >= 300 and answer.status_code != 304:
+                elif status >= 300 and status != 304:
                     raise UnexpectedAnswer(
-                        f"{self._who} answered {answer.status_code}, a redirect to "
-                        f"{answer.headers.get('Location', 'nowhere')}: the agent follows "
+                        f"{self._who} answered {status}, a redirect to "
+                        f"{headers.get('Location', 'nowhere')}: the agent follows "
                         "none; give the registry's own URL",
-                        status_code=answer.status_code,
+                        status_code=status,
                     )
                 else:
                     body = read_bounded(response, limit, deadline)
         except AnswerTooLarge as exc:
             raise UnexpectedAnswer(
-                f"{self._who} answered {answer.status_code} with {exc}, more than any answer "
+                f"{self._who} answered {status} with {exc}, more than any answer "
                 "of a registry's to this",
-                status_code=answer.status_code,
+                status_code=status,
             ) from exc
         except (httpx.TransportError, DeadlinePassed) as exc:
             if time.monotonic() >= deadline:
@@ -292,7 +291,7 @@ class RegistryClient:
             raise RegistryUnavailable(f"{self._who} unreachable: {exc}") from exc
         finally:
             self._clock.deadline = None
-        answer = dataclasses.replace(answer, content=body)
+        answer = _Answer(status, headers, body)
         retry_after = _retry_after(answer.headers.get("Retry-After"))
         if answer.status_code >= 500:
             raise RegistryUnavailable(

@@ -6,8 +6,9 @@ FleetbenchError
  │    ├── RegistryUnavailable   no answer, a timeout or a 5xx: try again later
  │    │    └── UnexpectedAnswer     not the registry's answer: a redirect, a page, too large
  │    └── RequestRejected       a 4xx: the registry will not take the request as it is
- └── SpoolError             the local spool cannot be read
-      └── SpoolUnwritable       ... or cannot be written (a full disk, a read-only file)
+ └── SpoolError             the local spool cannot be read, or is of a format not read here
+      └── SpoolUnwritable       ... or cannot be written (a full disk, a read-only or
+                                damaged file, another process's lock held too long)
 
 Bad input files raise ValueErrors of their own: fleetbench.agent.batched_bench_output's
 BatchedBenchOutputError (NoTableFound, BadRow) and fleetbench.agent.gguf_model.ModelFileError.

@@ -58,12 +58,12 @@ def import_through_the_spool(
         with registry_client(url, token=token) as client:
             result = spool.flush(client, every_queued=True, only=ids)
         states = {r.run_id: r for r in spool.runs() if r.run_id in ids}
-    except SpoolUnwritable as exc:  # the disk filled meanwhile
+    except SpoolError as exc:  # unreadable, of another format, or the disk filled meanwhile
+        again = "; import again once the spool can be written"
         raise fail(
-            f"{exc}; import again once the spool can be written", code=SPOOL_UNWRITABLE_EXIT
+            f"{exc}{again if isinstance(exc, SpoolUnwritable) else ''}",
+            code=SPOOL_UNWRITABLE_EXIT,
         ) from exc
-    except SpoolError as exc:  # unreadable, or of a format this agent does not read
-        raise fail(str(exc), code=SPOOL_UNWRITABLE_EXIT) from exc
     failed = False
     for report in reports:
         run_id = str(report.run_id)

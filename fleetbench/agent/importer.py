@@ -26,7 +26,7 @@ _PLACEHOLDER = uuid.UUID(int=0)
 class ImportedRun(NamedTuple):
     line: int  # where its table or records start in the text
     report: RunReport
-    left_out: tuple[str, ...] = ()  # columns its author added, read past
+    left_out: tuple[str, ...]  # columns its author added, read past
 
 
 def reports_from_output(

@@ -103,10 +103,10 @@ def _node_memory_bytes() -> int:
 
 def _loadable(place: str, allowed_dirs: Collection[Path]) -> bool:
     """Whether `place`, every symlink and `..` in it resolved (as the kernel would, from
-    the working directory), lies in one of `allowed_dirs` (resolved alike). Nothing is
+    the working directory), lies in one of `allowed_dirs` (resolved already). Nothing is
     opened, and what the place holds is never said."""
     real = Path(os.path.realpath(place))
-    return any(real.is_relative_to(os.path.realpath(directory)) for directory in allowed_dirs)
+    return any(real.is_relative_to(directory) for directory in allowed_dirs)
 
 
 def _find_model(
@@ -116,6 +116,7 @@ def _find_model(
     directories the node allows is refused before anything there is looked at: whoever
     writes plans learns nothing of a node's other files (that one exists, its size, its
     digest), nor has it read."""
+    allowed_dirs = [Path(os.path.realpath(directory)) for directory in allowed_dirs]
     for place in [*([model.path] if model.path is not None else []), *model.search_dirs]:
         if not _loadable(place, allowed_dirs):
             return None, (

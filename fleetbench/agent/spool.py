@@ -163,7 +163,8 @@ class Spool:
         the same run id with another report is an error (it would be refused as 409).
         With `again` (a run imported again), a run delivered or set aside before is queued
         once more, so the registry says what it holds, and one never delivered takes the
-        new report. Raises SpoolUnwritable when the disk is full."""
+        new report. Raises SpoolUnwritable when the file cannot be written (a full disk,
+        another process's lock held too long), SpoolError when it is of another format."""
         body = report.model_dump_json()
         moment = time.time() if now is None else now
         run_id = str(report.run_id)
@@ -202,8 +203,8 @@ class Spool:
         """Delivers every queued run that is due (with `every_queued`, every queued run,
         whatever its backoff; with `only`, of those runs ids only) by the rules in the
         module's docstring, and prunes delivered runs older than `keep_delivered_s`.
-        `progress` is called after each run is tried. Raises SpoolUnwritable when the disk is
-        full."""
+        `progress` is called after each run is tried. Raises SpoolUnwritable when the file
+        cannot be written."""
         moment = time.time() if now is None else now
         self._ensure_schema()
         with self._writing() as db:
@@ -512,7 +513,9 @@ def _wire_version_refused(failure: RequestRejected) -> bool:
 
 
 def _own_5xx(failure: ClientError) -> bool:
-    """A 5xx answer without Retry-After: about this run, not a busy registry."""
+    """An answer without Retry-After that is no registry's to take (a 5xx, or what
+    UnexpectedAnswer says: a redirect, a page, too large): about this run, not a busy
+    registry."""
     return (
         isinstance(failure, RegistryUnavailable)
         and failure.status_code is not None
