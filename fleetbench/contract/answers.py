@@ -105,6 +105,11 @@ class PlacementCandidate(BaseModel):
     past_knee: bool | None = Field(
         default=None, description="the concurrency lies past the node's knee (None: unknown)"
     )
+    mbu: float | None = Field(
+        default=None,
+        description="offline: the point's memory-bandwidth utilisation, S_TG / B x the bytes "
+        "a decode step reads / the node's peak bandwidth (None: unknown)",
+    )
     kv_cache_gib: float | None = Field(
         default=None,
         description="KV cache of all users at this concurrency, at context_tokens each "

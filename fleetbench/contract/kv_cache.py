@@ -33,6 +33,7 @@ __all__ = [
     "KvPrediction",
     "KvUnknown",
     "fits",
+    "kv_bytes_read",
     "kv_cache_bytes",
     "kv_cells",
     "predict_kv",
@@ -176,6 +177,39 @@ def kv_cache_bytes(
     )
     found = predict_kv(model, shape)
     return found.bytes if isinstance(found, KvPrediction) else None
+
+
+def kv_bytes_read(
+    model: ModelInfo,
+    depth: float,
+    *,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    flash_attn: str | None = None,
+) -> float | None:
+    """The KV cache one sequence's decode step reads at `depth` cells: every cached layer's
+    K and V rows of the cells it attends to (a sliding-window layer its window at most),
+    and an indexer's K rows; None where it cannot be said. The newest rules: the rows as
+    they are stored (V at the widest layer's width without flash attention), whatever
+    number of cells the context was padded to."""
+    bytes_k = CACHE_TYPE_BYTES.get(cache_type_k.lower())
+    bytes_v = CACHE_TYPE_BYTES.get(cache_type_v.lower())
+    layers = _cached_layers(model, math.inf, flash_attn)
+    indexer = _indexer_layers(model, math.inf)
+    if bytes_k is None or bytes_v is None or isinstance(layers, KvUnknown):
+        return None
+    if isinstance(indexer, KvUnknown):
+        return None
+    window = model.sliding_window or depth
+    return (
+        sum(
+            group.count
+            * min(depth, window if group.swa else depth)
+            * (group.k * bytes_k + group.v * bytes_v)
+            for group in layers
+        )
+        + depth * indexer * bytes_k
+    )
 
 
 def rules_for(build: int | None) -> str:

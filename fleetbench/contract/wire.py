@@ -44,6 +44,19 @@ from fleetbench.contract.bounds import (
     check_json,
     inline_schema,
 )
+from fleetbench.contract.hardware import (
+    AmdGpu,
+    AmdProbe,
+    AppleProbe,
+    DeclaredDevice,
+    HardwareData,
+    HostProbe,
+    MemoryBandwidth,
+    NvidiaGpu,
+    NvidiaProbe,
+    Probes,
+    ShortText,
+)
 
 __all__ = [
     "ERROR_LENGTH",
@@ -51,14 +64,24 @@ __all__ = [
     "SCHEMA_VERSION",
     "AgentIdentity",
     "AllocatedBuffer",
+    "AmdGpu",
+    "AmdProbe",
+    "AppleProbe",
+    "Contention",
+    "DeclaredDevice",
     "DeviceMemoryUse",
     "EngineBuild",
     "FailedPoint",
     "HardwareData",
     "HardwareFingerprint",
+    "HostProbe",
     "KvLayers",
+    "MemoryBandwidth",
     "ModelInfo",
+    "NvidiaGpu",
+    "NvidiaProbe",
     "Point",
+    "Probes",
     "RunReport",
     "RunSettings",
     "RunStatus",
@@ -262,6 +285,19 @@ class ModelInfo(_Part):
         default=None, description="layers that attend within the sliding window only"
     )
     layers: KvLayers | None = Field(default=None, description="the KV geometry layer by layer")
+    weight_bytes: Count | None = Field(
+        default=None,
+        description="bytes of the tensors every decode step reads whole: every layer's, the "
+        "output's (the token embedding's only where the output is tied to it: otherwise a "
+        "step reads one row of it), the routed experts' not",
+    )
+    expert_bytes: Count | None = Field(
+        default=None, description="bytes of a mixture of experts' routed experts, all of them"
+    )
+    expert_count: Int32 | None = Field(default=None, description="routed experts per layer")
+    expert_used_count: Int32 | None = Field(
+        default=None, description="experts each token is routed to, per layer"
+    )
 
     @field_validator("name")
     @classmethod
@@ -304,88 +340,6 @@ class RunSettings(_Part):
     )
 
 
-class _Open(BaseModel):
-    """A probe's section: the keys fleetbench reads are typed; others are kept as sent."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-ShortText = Annotated[Text, Field(max_length=200)]
-Bytes = Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]
-
-
-class HostProbe(_Open):
-    cpu_model: ShortText | None = None
-    cpu_sockets: Int32 | None = None
-    cpu_cores: Int32 | None = None
-    cpu_threads: Int32 | None = None
-    memory_bytes: Bytes | None = None
-    os: ShortText | None = None
-    os_release: ShortText | None = None
-    kernel: ShortText | None = None
-    arch: ShortText | None = None
-
-
-class NvidiaGpu(_Open):
-    name: ShortText | None = None
-    uuid: ShortText | None = None
-    memory_bytes: Bytes | None = None
-    compute_capability: ShortText | None = None
-    power_limit_w: Figure | None = None
-
-
-class NvidiaProbe(_Open):
-    driver_version: ShortText | None = None
-    cuda_version: ShortText | None = None
-    gpus: list[NvidiaGpu] = Field(default_factory=list, max_length=256)
-
-
-class AppleProbe(_Open):
-    chip: ShortText | None = None
-    model: ShortText | None = None
-    model_name: ShortText | None = None
-    memory_bytes: Bytes | None = None
-    cpu_cores: Int32 | None = None
-    cpu_cores_by_level: list[Int32] | None = Field(default=None, max_length=16)
-    gpu: ShortText | None = None
-    gpu_cores: Int32 | None = None
-
-
-class AmdGpu(_Open):
-    name: ShortText | None = None
-    gpu_id: ShortText | None = None
-    sku: ShortText | None = None
-    vbios: ShortText | None = None
-    power_cap_w: Figure | None = None
-    pci_bus: ShortText | None = None
-
-
-class AmdProbe(_Open):
-    driver_version: ShortText | None = None
-    gpus: list[AmdGpu] = Field(default_factory=list, max_length=256)
-
-
-class Probes(_Open):
-    """One section per probe that found its hardware (agent/probes); a section of a probe
-    this registry does not know is kept as opaque JSON."""
-
-    host: HostProbe | None = None
-    nvidia: NvidiaProbe | None = None
-    apple: AppleProbe | None = None
-    amd: AmdProbe | None = None
-
-
-class HardwareData(_Open):
-    """What the probes saw (`fleetbench-agent fingerprint`). Plain JSON, at most
-    16 levels deep and 10,000 values, text without NUL or lone surrogates."""
-
-    probes: Probes = Field(default_factory=Probes)
-    notes: dict[str, Annotated[Text, Field(max_length=4000)]] = Field(
-        default_factory=dict, description="per probe, why it found nothing or failed"
-    )
-    complete: bool | None = Field(default=None, description="false when a probe failed")
-
-
 class HardwareFingerprint(_Part):
     """What defines the machine: `hash` is stable across reboots; `data` is the full probe
     output it was computed from, in the shape of HardwareData (kept exactly as sent)."""
@@ -401,6 +355,26 @@ class HardwareFingerprint(_Part):
         check_json(data, max_depth=HARDWARE_MAX_DEPTH, max_items=HARDWARE_MAX_VALUES)
         HardwareData.model_validate(data)  # raises naming the key; the dict is kept as sent
         return data
+
+
+class Contention(_Part):
+    """What else used the node while a run measured (agent/contention.py): other
+    processes' CPU time, the load, other processes on its GPUs. `reason` says why the run
+    counts as measured under contention (the agent's thresholds); None: it does not."""
+
+    seconds: Figure = Field(description="wall seconds watched")
+    cpu_count: Int32 | None = Field(default=None, description="logical CPUs")
+    other_cpu_share: Figure | None = Field(
+        default=None,
+        description="CPU time of every other process over seconds x cpu_count (0 to 1)",
+    )
+    load_average_max: Figure | None = Field(
+        default=None, description="the highest 1-minute load average seen"
+    )
+    gpu_processes: list[ShortText] = Field(
+        default_factory=list, max_length=64, description="other processes on its GPUs: pid name"
+    )
+    reason: Annotated[Text, Field(min_length=1, max_length=1000)] | None = None
 
 
 class AgentIdentity(_Part):
@@ -512,6 +486,10 @@ class RunReport(_Part):
     )
     device_memory: list[DeviceMemoryUse] = Field(
         default_factory=list, max_length=64, description="an offline run's GPUs"
+    )
+    contention: Contention | None = Field(
+        default=None,
+        description="what else used the node while it ran (None: not watched, e.g. an import)",
     )
     agent: AgentIdentity | None = Field(
         default=None,
