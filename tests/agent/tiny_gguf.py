@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 
 
 def write_tiny_gguf(
@@ -99,6 +99,60 @@ def write_tiny_llama(
         t(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
         t(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
         t(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_tiny_mixed(path: Path, *, tied: bool = False, experts: bool = False) -> Path:
+    """A one-layer model of 256-wide rows whose tensors are of several ggml types, each
+    size known by hand: token_embd F16 256 x 32 (16384 bytes), output Q8_0 256 x 32 (32
+    rows of 8 blocks of 34: 8704; left out when `tied`), output_norm and attn_norm F32
+    (1024 each), attn_q Q4_K 256 x 256 (256 rows of one 144-byte block: 36864), ffn_down
+    Q6_K 256 x 256 (256 x 210: 53760). With `experts`, a mixture of 4 experts (2 used) in
+    its place: ffn_{gate,up}_exps Q8_0 256 x 64 x 4 (256 rows of 272 bytes: 69632 each),
+    ffn_down_exps Q8_0 64 x 256 x 4 (1024 rows of 68: 69632), a shared expert's
+    ffn_gate_shexp F16 256 x 64 (32768) and the router's ffn_gate_inp F32 256 x 4 (4096)."""
+    arch = "qwen2moe" if experts else "llama"
+    w = GGUFWriter(path, arch)
+    w.add_name("tiny-mixed")
+    w.add_block_count(1)
+    w.add_embedding_length(256)
+    w.add_head_count(2)
+    w.add_file_type(LlamaFileType.MOSTLY_Q8_0)
+    if experts:
+        w.add_expert_count(4)
+        w.add_expert_used_count(2)
+
+    def quantized(name: str, rows: int, row_bytes: int, kind: GGMLQuantizationType) -> None:
+        # quantized data is given as bytes, a row of blocks each; the writer works out the
+        # elements from the type's block size
+        w.add_tensor(name, np.zeros((rows, row_bytes), dtype=np.uint8), raw_dtype=kind)
+
+    w.add_tensor("token_embd.weight", np.zeros((32, 256), dtype=np.float16))
+    if not tied:
+        quantized("output.weight", 32, 8 * 34, GGMLQuantizationType.Q8_0)
+    w.add_tensor("output_norm.weight", np.ones(256, dtype=np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(256, dtype=np.float32))
+    quantized("blk.0.attn_q.weight", 256, 144, GGMLQuantizationType.Q4_K)
+    if experts:
+        w.add_tensor("blk.0.ffn_gate_inp.weight", np.zeros((4, 256), dtype=np.float32))
+        w.add_tensor("blk.0.ffn_gate_shexp.weight", np.zeros((64, 256), dtype=np.float16))
+        for name in ("ffn_gate_exps", "ffn_up_exps"):
+            w.add_tensor(
+                f"blk.0.{name}.weight",
+                np.zeros((4, 64, 8 * 34), dtype=np.uint8),
+                raw_dtype=GGMLQuantizationType.Q8_0,
+            )
+        w.add_tensor(
+            "blk.0.ffn_down_exps.weight",
+            np.zeros((4, 256, 2 * 34), dtype=np.uint8),
+            raw_dtype=GGMLQuantizationType.Q8_0,
+        )
+    else:
+        quantized("blk.0.ffn_down.weight", 256, 210, GGMLQuantizationType.Q6_K)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
