@@ -23,6 +23,7 @@ class ReplayedNVML:
     """pynvml's calls answered with one real machine's values (NVML cannot run here)."""
 
     NVMLError = pynvml.NVMLError
+    NVML_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
 
     def __init__(self, gpus: list[dict[str, Any]], driver: str, cuda: int) -> None:
         self.gpus, self.driver, self.cuda = gpus, driver, cuda
@@ -73,6 +74,17 @@ class ReplayedNVML:
     def nvmlDeviceGetEnforcedPowerLimit(self, gpu: dict[str, Any]) -> int:
         return int(float(gpu["power_limit_w"]) * 1000)
 
+    def nvmlDeviceGetMaxClockInfo(self, gpu: dict[str, Any], clock: int) -> int:
+        # a capture without the figure: what a driver that cannot say it answers
+        if clock != pynvml.NVML_CLOCK_MEM or "max_memory_clock_mhz" not in gpu:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(gpu["max_memory_clock_mhz"])
+
+    def nvmlDeviceGetMemoryBusWidth(self, gpu: dict[str, Any]) -> int:
+        if "memory_bus_bits" not in gpu:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(gpu["memory_bus_bits"])
+
 
 def captured_h100() -> ReplayedNVML:
     """The H100 of nvidia-smi-q.txt, with its compute capability from the query CSV."""
@@ -113,6 +125,15 @@ def test_nvidia_probe_on_a_captured_h100() -> None:
                 "memory_bytes": 81559 << 20,
                 "compute_capability": "9.0",
                 "power_limit_w": 700.0,
+            }
+        ],
+        # this replay has no bus width (nvidia-smi does not print it): the table's figure
+        "bandwidth": [
+            {
+                "bytes_per_s": 3.35e12,
+                "source": "table",
+                "detail": "NVIDIA H100 80GB HBM3: https://www.nvidia.com/en-us/data-center/h100/"
+                " (H100 SXM, H100 NVL)",
             }
         ],
     }

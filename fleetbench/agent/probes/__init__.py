@@ -31,10 +31,12 @@ class NoData(Exception):
 
 @dataclass(frozen=True)
 class Collected:
-    """What a probe found, and which of its keys define the machine."""
+    """What a probe found, which of its keys define the machine, and what it could not
+    find of its hardware (e.g. a GPU's memory bandwidth), for the fingerprint's notes."""
 
     data: dict[str, Any]
     identity: tuple[str, ...]
+    note: str | None = None
 
 
 class Probe(Protocol):
@@ -87,7 +89,7 @@ def run_probes(enabled: Iterable[str] | None = None) -> list[ProbeResult]:
         except Exception as exc:  # a probe's failure is data, never the agent's
             results.append(ProbeResult(name, False, note=f"{type(exc).__name__}: {exc}"))
         else:
-            results.append(ProbeResult(name, True, collected))
+            results.append(ProbeResult(name, True, collected, note=collected.note))
     return results
 
 

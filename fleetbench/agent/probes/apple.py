@@ -9,8 +9,9 @@ from typing import Any
 
 from fleetbench.agent import _proc
 from fleetbench.agent.probes import Collected, NoData, register
+from fleetbench.contract.device_bandwidth import published_bandwidth
 
-__all__ = ["AppleProbe", "parse_system_profiler"]
+__all__ = ["AppleProbe", "chip_bandwidth", "parse_system_profiler"]
 
 COMMAND = ["system_profiler", "SPHardwareDataType", "SPDisplaysDataType", "-json"]
 
@@ -23,7 +24,19 @@ class AppleProbe:
         data = parse_system_profiler(_proc.run(COMMAND, timeout=60))
         if not data.get("chip", "").startswith("Apple"):
             raise NoData(f"not Apple silicon: {data.get('chip')}")
-        return Collected(data, identity=tuple(k for k in data if k != "model_name"))
+        identity = tuple(k for k in data if k != "model_name")  # before the bandwidth
+        bandwidth = chip_bandwidth(data)
+        if bandwidth is None:
+            return Collected(data, identity, note=f"no published bandwidth of {data['chip']}")
+        return Collected({**data, "bandwidth": bandwidth}, identity)
+
+
+def chip_bandwidth(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The chip's published peak (contract.device_bandwidth), its bin told by the GPU
+    cores, as the probe's data holds it; None where the table has no single figure (a new
+    chip, a virtual Mac). macOS states no memory bandwidth of its own."""
+    figure = published_bandwidth(data.get("chip", ""), gpu_cores=data.get("gpu_cores"))
+    return figure.model_dump(exclude_none=True) if figure is not None else None
 
 
 _MEMORY = re.compile(r"^\s*([\d.]+)\s*(GB|TB|MB)\s*$")

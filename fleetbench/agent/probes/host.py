@@ -1,25 +1,36 @@
 """The host: CPU, memory and operating system, read from /proc and /etc where they say it
 (so that a captured machine's files give that machine's figures), else from psutil and the
-platform module."""
+platform module; and the CPUs' memory bandwidth, measured (probes/memory_probe.py)."""
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from fleetbench.agent.probes import Collected, register
+from fleetbench.agent.probes.memory_probe import measured_bandwidth
+from fleetbench.contract.device_bandwidth import published_bandwidth
+from fleetbench.contract.wire import MemoryBandwidth
 
 __all__ = ["HostProbe", "parse_cpuinfo", "parse_meminfo", "parse_os_release"]
 
 
 @register("host")
 class HostProbe:
-    def __init__(self, *, proc: Path = Path("/proc"), etc: Path = Path("/etc")) -> None:
+    def __init__(
+        self,
+        *,
+        proc: Path = Path("/proc"),
+        etc: Path = Path("/etc"),
+        measure: Callable[[], MemoryBandwidth | None] = measured_bandwidth,
+    ) -> None:
         self.proc = proc
         self.etc = etc
+        self.measure = measure  # this machine's; tests of captured machines hand in theirs
 
     def collect(self) -> Collected:
         cpuinfo = _read(self.proc / "cpuinfo")
@@ -36,6 +47,9 @@ class HostProbe:
             "kernel": platform.release(),
             "arch": platform.machine(),
         }
+        bandwidth = self._bandwidth(data["cpu_model"], data["cpu_sockets"])
+        if bandwidth is not None:
+            data["bandwidth"] = bandwidth.model_dump(exclude_none=True)
         # The kernel and OS release define the machine's software as much as its hardware:
         # an upgrade of either is a change a regression may be blamed on.
         identity = (
@@ -49,7 +63,18 @@ class HostProbe:
             "kernel",
             "arch",
         )
-        return Collected(data, identity)
+        return Collected(data, identity)  # the bandwidth, measured anew, is no identity
+
+    def _bandwidth(self, cpu_model: str | None, sockets: int | None) -> MemoryBandwidth | None:
+        """What the cores reached (in a VM, a share of the sockets), else the table's peak
+        of the CPU model; never a failed host probe."""
+        try:
+            measured = self.measure()
+        except Exception:
+            measured = None
+        if measured is not None or not cpu_model:
+            return measured
+        return published_bandwidth(cpu_model, sockets=sockets)
 
 
 def _read(path: Path) -> str | None:

@@ -9,7 +9,8 @@ from contextlib import ExitStack, contextmanager, suppress
 from typing import Any, TypeVar
 
 from fleetbench.agent.probes import Collected, NoData, register
-from fleetbench.contract.wire import DeviceMemoryUse
+from fleetbench.contract.device_bandwidth import published_bandwidth
+from fleetbench.contract.wire import DeviceMemoryUse, MemoryBandwidth
 
 __all__ = [
     "DeviceMemoryWatch",
@@ -17,6 +18,7 @@ __all__ = [
     "busiest_gpu_percent",
     "cuda_version_text",
     "each_gpu",
+    "gpu_bandwidth",
     "gpu_memory",
     "nvml_session",
 ]
@@ -27,6 +29,13 @@ _ABSENT = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_
 
 @register("nvidia")
 class NvidiaProbe:
+    """The driver, CUDA and each GPU (`gpus`, the identity), and each GPU's peak memory
+    bandwidth (`bandwidth`, in the order of `gpus`; not identity, so the hash of a node
+    fingerprinted before it was read stays the same). The list is all or nothing: where
+    one GPU has no figure (NVML does not say it and the table does not list it) there is
+    no list at all, and the fingerprint's note says which GPU, since a shorter list would
+    pair figures with the wrong GPUs."""
+
     def __init__(self, nvml: Any = None) -> None:
         self._nvml = nvml  # the pynvml module; tests hand in one that replays real values
 
@@ -34,18 +43,28 @@ class NvidiaProbe:
         with nvml_session(self._nvml) as (nvml, absent):
             if nvml is None:
                 raise NoData(f"no NVIDIA driver: {absent}")
-            gpus = [
-                _device(nvml, nvml.nvmlDeviceGetHandleByIndex(i))
-                for i in range(nvml.nvmlDeviceGetCount())
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            gpus = [_device(nvml, handle) for handle in handles]
+            bandwidths = [
+                gpu_bandwidth(nvml, handle, gpu["name"])
+                for handle, gpu in zip(handles, gpus, strict=True)
             ]
-            data = {
+            data: dict[str, Any] = {
                 "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),
                 "cuda_version": cuda_version_text(nvml.nvmlSystemGetCudaDriverVersion_v2()),
                 "gpus": gpus,
             }
         if not gpus:
             raise NoData("the NVIDIA driver reports no GPU")
-        return Collected(data, identity=("driver_version", "cuda_version", "gpus"))
+        identity = ("driver_version", "cuda_version", "gpus")
+        missing = [f"GPU {i} ({gpus[i]['name']})" for i, b in enumerate(bandwidths) if b is None]
+        if missing:
+            why = "NVML does not say it and the table does not list it"
+            return Collected(
+                data, identity, note=f"no memory bandwidth of {', '.join(missing)}: {why}"
+            )
+        data["bandwidth"] = [b.model_dump(exclude_none=True) for b in bandwidths if b]
+        return Collected(data, identity)
 
 
 @contextmanager
@@ -176,6 +195,24 @@ class DeviceMemoryWatch:
         self._live = None
         with suppress(Exception):  # NVML failing to shut down costs the sweep nothing
             self._session.close()
+
+
+def gpu_bandwidth(nvml: Any, handle: Any, name: str) -> MemoryBandwidth | None:
+    """The GPU's peak memory bandwidth: its top memory clock x its bus width x 2 transfers
+    per clock (NVML's figures; e.g. an H100 SXM's 2619 MHz x 5120 bit: 3.35 TB/s), else
+    the vendor's published figure for its name, else None. NVML cannot say it on an old
+    driver (NotSupported) or through a pynvml that lacks the function; a figure out of any
+    GPU's range is no figure either."""
+    try:
+        clock_mhz = int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM))
+        bus_bits = int(nvml.nvmlDeviceGetMemoryBusWidth(handle))
+        return MemoryBandwidth(
+            bytes_per_s=clock_mhz * 1e6 * bus_bits / 8 * 2,
+            source="nvml",
+            detail=f"{clock_mhz} MHz top memory clock x {bus_bits}-bit bus x 2 transfers per clock",
+        )
+    except (AttributeError, ValueError, nvml.NVMLError):  # ValueError: pydantic's bounds
+        return published_bandwidth(name)
 
 
 def _device(nvml: Any, handle: Any) -> dict[str, Any]:
