@@ -314,11 +314,15 @@ def registry_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 def command(
     *argv: str | Path, cwd: Path | None = None, timeout: float = 120, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """A command in a fresh process, with only the FLEETBENCH_* variables given, its output
+    """A command in a fresh process, with only the FLEETBENCH_* variables given (and the
+    suite's contention thresholds: its sweeps run beside parallel tests), its output
     read in a pipe (no terminal, no COLUMNS), as a script or a log reads it; an agent's spool
     in a folder of its own unless `env` names one (XDG_STATE_HOME or FLEETBENCH_SPOOL)."""
     clean = {
-        k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_") and k != "COLUMNS"
+        k: v
+        for k, v in os.environ.items()
+        if (not k.startswith("FLEETBENCH_") or k.startswith("FLEETBENCH_CONTENTION_"))
+        and k != "COLUMNS"
     }
     if "XDG_STATE_HOME" not in env and "FLEETBENCH_SPOOL" not in env:
         clean["XDG_STATE_HOME"] = _AGENT_STATE.mkdtemp()

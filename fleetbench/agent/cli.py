@@ -30,6 +30,12 @@ from fleetbench.agent.cli_questions import (
 )
 from fleetbench.agent.cli_serving import serve_sweep_command
 from fleetbench.agent.config import open_spool
+from fleetbench.agent.contention import (
+    ContentionThresholds,
+    busy_now,
+    contended_warning,
+    judged_report,
+)
 from fleetbench.agent.display import (
     SPOOL_UNWRITABLE_EXIT,
     curve_table,
@@ -97,6 +103,13 @@ def import_output(
     model_file: Annotated[
         Path | None, typer.Option(help="the GGUF file: adds its sha256 and architecture")
     ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help='the device it was measured on, e.g. "Apple M4 Pro" or "NVIDIA H100 80GB '
+            'HBM3": its hardware class and memory bandwidth (docs/design/bandwidth.md)',
+        ),
+    ] = None,
     registry: RegistryOption = None,
     token: NodeTokenOption = None,
     measured_at: Annotated[
@@ -127,6 +140,7 @@ def import_output(
             node=node,
             model=info,
             measured_at=when,
+            device=device,
             skipped=skipped,
             passed_over=passed_over,
         )
@@ -134,7 +148,7 @@ def import_output(
         raise fail(str(exc)) from exc
     except BatchedBenchOutputError as exc:
         raise fail(f"{file}: {exc}") from exc
-    except ValidationError as exc:  # --node or --model that no report may carry
+    except ValidationError as exc:  # --node, --model or --device that no report may carry
         raise fail(validation_problems(exc)) from exc
 
     for problem in skipped:
@@ -299,6 +313,9 @@ def sweep(
         lock.touch(exist_ok=True)
     except OSError as exc:
         raise fail(f"cannot make the sweep lock {lock}: {exc}") from exc
+    thresholds = ContentionThresholds.of(settings)
+    if (busy := busy_now(thresholds)) is not None:
+        err.print(f"warning: {busy}", highlight=False, soft_wrap=True)
     with (
         sweep_lock(lock) as acquired,
         # drawn when a point is done, never by a refresh thread waking while the engine
@@ -324,6 +341,7 @@ def sweep(
             sha256_cache=settings.cache_dir / "sha256.json",
             on_point=show,
         )
+    run = judged_report(run, thresholds)
     if (why := run_off_accelerator(run)) is not None:
         err.print(f"warning: {why}", highlight=False, soft_wrap=True)
     if (memory := memory_line(run)) is not None:
@@ -337,6 +355,8 @@ def sweep(
         print_table(err if unspooled else out, table)
     if run.error is not None:
         err.print(error_line(run.error), highlight=False, soft_wrap=True)
+    if (contended := contended_warning(run.contention)) is not None:
+        err.print(f"warning: {contended}", highlight=False, soft_wrap=True)
     if spooled is not None:
         hand_over(run, spooled, settings, registry)
     if run.status == "failed":

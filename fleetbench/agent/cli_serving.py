@@ -18,6 +18,12 @@ from fleetbench.agent.cli_options import (
     command_settings,
     int_list,
 )
+from fleetbench.agent.contention import (
+    ContentionThresholds,
+    busy_now,
+    contended_warning,
+    judged,
+)
 from fleetbench.agent.display import err, error_line, out, serving_table
 from fleetbench.agent.errors import SpoolError
 from fleetbench.agent.handover import hand_over, spool_run
@@ -47,6 +53,7 @@ def outcome_json(outcome: ServingOutcome) -> dict[str, Any]:
         "warnings": outcome.warnings,
         "search": dataclasses.asdict(outcome.search) if outcome.search else None,
         "postponed": outcome.postponed,
+        "contention": outcome.contention.model_dump(mode="json") if outcome.contention else None,
     }
 
 
@@ -142,11 +149,15 @@ def serve_sweep_command(
     from fleetbench.agent.serving.report import finished_report
     from fleetbench.agent.serving.sweep import serve_sweep
 
+    thresholds = ContentionThresholds.of(settings)
+    if (busy := busy_now(thresholds)) is not None:
+        err.print(f"warning: {busy}", highlight=False, soft_wrap=True)
     started_at = datetime.now(UTC)
     steps = 1 + spec.max_concurrency.bit_length() * 2 if spec.slo else len(spec.concurrency)
     with Progress(console=err, transient=True, disable=as_json) as progress:
         task = progress.add_task(f"{base_url}: concurrency", total=steps)
         outcome = serve_sweep(base_url, model, spec, on_point=lambda _: progress.advance(task))
+    outcome.contention = judged(outcome.contention, thresholds)
     for warning in outcome.warnings:
         err.print(f"warning: {warning}", soft_wrap=True)
     if as_json:
@@ -170,6 +181,8 @@ def serve_sweep_command(
         raise typer.Exit(1)
     for level, why in outcome.failures:
         err.print(error_line(f"concurrency {level}: {why}"), soft_wrap=True)
+    if (contended := contended_warning(outcome.contention)) is not None:
+        err.print(f"warning: {contended}", highlight=False, soft_wrap=True)
     if report:
         run = finished_report(outcome, spec, model=model, node=node_name, started_at=started_at)
         spooled = spool_run(run, settings)

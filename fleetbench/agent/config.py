@@ -113,6 +113,20 @@ class AgentSettings(BaseSettings):
         gt=0,
         description="how long a sweep postponed as busy waits before it tries again",
     )
+    # what else may use the node while a run measures (agent/contention.py)
+    contention_cpu_share: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="a run counts as measured under contention (kept out of placement and "
+        "regression baselines by the registry) when other processes used more than this "
+        "share of all CPUs while it ran (1: never)",
+    )
+    contention_gpu_processes: bool = Field(
+        default=True,
+        description="... or when another process used a GPU the run's own processes "
+        "used (as NVML lists them; not judged in a container with process ids of its own)",
+    )
     # the registry's sweep plans (fleetbench.contract.plans), beside agent.toml's own
     plans: bool = Field(default=True, description="run the sweep plans the registry has")
     plan_poll_s: float = Field(

@@ -9,7 +9,8 @@ plans' also when an admin asks the node to sweep now. Never two sweeps at once: 
 thread in the process, a file lock across processes. While other work holds the CPU or GPU
 above a threshold an offline sweep is postponed, and while a server is serving others'
 requests its serving sweep is, saying why: benchmarks neither disturb production nor get
-polluted by it.
+polluted by it. Work that starts during a sweep is watched for (agent.contention): a run
+it disturbed is marked as measured under contention, and the registry keeps it apart.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import psutil
 
 from fleetbench.agent.client import RegistryClient
 from fleetbench.agent.config import open_spool
+from fleetbench.agent.contention import ContentionThresholds, judged_report
 from fleetbench.agent.daemon_config import (
     ConfigError,
     DaemonConfig,
@@ -134,8 +136,16 @@ class Daemon:
         if isinstance(report, str):  # the server is serving others: measured nothing
             self._postpone(sweep, f"postponed {sweep.name}: {report}")
             return "postponed: " + report
+        report = judged_report(report, ContentionThresholds.of(self.settings))
         self.delivery.keep(report, sweep.name)
         log.info("sweep %s: run %s %s", sweep.name, report.run_id, report.status)
+        if report.contention is not None and report.contention.reason is not None:
+            log.warning(
+                "sweep %s measured under contention (kept out of placement and regression "
+                "baselines): %s",
+                sweep.name,
+                report.contention.reason,
+            )
         if (why := run_off_accelerator(report)) is not None:
             log.warning("sweep %s measured the CPU, not the GPU: %s", sweep.name, why)
         self._last_runs[sweep.name] = (report.started_at, report.status)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from datetime import datetime
 from typing import NamedTuple
@@ -12,9 +13,19 @@ from fleetbench.agent.batched_bench_output import (
     parse_batched_bench_output,
 )
 from fleetbench.agent.fingerprint import THIS_AGENT
-from fleetbench.contract.wire import SCHEMA_VERSION, ModelInfo, RunReport, defining_json
+from fleetbench.contract.device_bandwidth import device_key, published_name
+from fleetbench.contract.wire import (
+    SCHEMA_VERSION,
+    DeclaredDevice,
+    HardwareData,
+    HardwareFingerprint,
+    ModelInfo,
+    Probes,
+    RunReport,
+    defining_json,
+)
 
-__all__ = ["IMPORT_NAMESPACE", "ImportedRun", "reports_from_output"]
+__all__ = ["IMPORT_NAMESPACE", "ImportedRun", "declared_hardware", "reports_from_output"]
 
 # Import run ids are derived from what was measured (not from when: the time defaults to
 # the file's mtime, which a copy changes): importing the same table again is a harmless
@@ -29,12 +40,23 @@ class ImportedRun(NamedTuple):
     left_out: tuple[str, ...]  # columns its author added, read past
 
 
+def declared_hardware(device: str) -> HardwareFingerprint:
+    """The fingerprint of a device named by hand: declared, not probed, spelt as the
+    published figures spell it where they know it (its hash is the name's, so that every
+    table imported for one device is one machine's)."""
+    named = published_name(device)
+    data = HardwareData(probes=Probes(declared=DeclaredDevice(device=named)), complete=True)
+    digest = hashlib.sha256(f"declared:{device_key(device)}".encode()).hexdigest()
+    return HardwareFingerprint(hash=digest, data=data.model_dump(mode="json", exclude_none=True))
+
+
 def reports_from_output(
     text: str,
     *,
     node: str,
     model: ModelInfo,
     measured_at: datetime,
+    device: str | None = None,
     skipped: list[BadRow] | None = None,
     passed_over: list[PassedOver] | None = None,
 ) -> list[ImportedRun]:
@@ -42,7 +64,9 @@ def reports_from_output(
     header with no rows (the run crashed: its error is the reason); with `skipped`, tables
     holding a row that is no valid measurement are left out and said there, and other
     tools' tables in `passed_over`. Raises BatchedBenchOutputError for text that cannot be
-    read."""
+    read. `device`: what measured it, as whoever imports it names it (its bandwidth, class
+    and fit are that device's)."""
+    hardware = declared_hardware(device) if device else None
     reports = []
     for parsed in parse_batched_bench_output(text, skipped=skipped, passed_over=passed_over):
         draft = RunReport(
@@ -58,6 +82,7 @@ def reports_from_output(
             model=model,
             settings=parsed.settings,
             points=parsed.points,
+            hardware=hardware,
         )
         identity = _measured(draft)
         if parsed.failure is not None:
@@ -72,9 +97,10 @@ def reports_from_output(
 
 def _measured(report: RunReport) -> str:
     """What a run id is derived from: what defines the run, without the model's per-layer
-    facts (read from the model file when one is given: the same table imported with and
-    without it is one run)."""
-    model = report.model.model_copy(update={"layers": None})
+    facts and the bytes its decode reads (read from the model file by agents that read
+    them: the same table imported by an older agent and a newer one is one run)."""
+    later = ("layers", "weight_bytes", "expert_bytes", "expert_count", "expert_used_count")
+    model = report.model.model_copy(update=dict.fromkeys(later))
     return defining_json(
         report.model_copy(update={"model": model}), exclude={"run_id", "started_at"}
     )

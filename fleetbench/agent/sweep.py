@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+from fleetbench.agent.contention import ContentionWatch
 from fleetbench.agent.fingerprint import THIS_AGENT, take_fingerprint
 from fleetbench.agent.gguf_model import ModelFileError, describe_gguf, sha256_of
 from fleetbench.agent.probes.nvidia import DeviceMemoryWatch
@@ -26,6 +27,7 @@ from fleetbench.contract.wire import (
     ERROR_LENGTH,
     REASON_LENGTH,
     SCHEMA_VERSION,
+    Contention,
     DeviceMemoryUse,
     EngineBuild,
     FailedPoint,
@@ -64,11 +66,13 @@ def measure_run(
     sha256_cache: Path | None = None,
     on_point: PointCallback = lambda _: None,
     gpu_memory: DeviceMemoryWatch | None = None,
+    contention: ContentionWatch | None = None,
 ) -> RunReport:
     """A whole sweep on `runner` as a run report. The model's sha256 comes from the cache
     when the file is unchanged; its architecture from the engine when it reads it, else
     from the file's header; each NVIDIA GPU's memory in use from `gpu_memory` (default:
-    NVML read every 0.5 s)."""
+    NVML read every 0.5 s); what else used the node meanwhile from `contention` (the
+    figures: the caller judges them with its settings, contention.judged)."""
     name = name or model_path.name.removesuffix(".gguf")
     report = functools.partial(
         run_report, node=node, spec=spec, started_at=datetime.now(UTC), hardware=take_fingerprint()
@@ -82,8 +86,10 @@ def measure_run(
             model=ModelInfo(name=name), failure=ModelFileError(reason), engine=runner.engine()
         )
     watch = gpu_memory or DeviceMemoryWatch()
+    others = contention or ContentionWatch()
     try:
-        with watch:  # ended before its readings are taken, whichever way the sweep ends
+        # both ended before their figures are taken, whichever way the sweep ends
+        with others, watch:
             outcome = runner.run(model_path, spec, on_point=on_point)
     except SweepFailed as exc:
         read = exc.started.model if exc.started is not None else None
@@ -92,9 +98,15 @@ def measure_run(
             failure=exc,
             engine=runner.engine(),
             device_memory=watch.readings(),
+            contention=others.figures(),
         )
     read = outcome.model or _architecture(model_path, name, sha256_cache)
-    return report(model=_named(read, name, sha256), outcome=outcome, device_memory=watch.readings())
+    return report(
+        model=_named(read, name, sha256),
+        outcome=outcome,
+        device_memory=watch.readings(),
+        contention=others.figures(),
+    )
 
 
 def _named(read: ModelInfo | None, name: str, sha256: str) -> ModelInfo:
@@ -122,11 +134,12 @@ def run_report(
     hardware: HardwareFingerprint | None = None,
     engine: EngineBuild | None = None,
     device_memory: list[DeviceMemoryUse] | None = None,
+    contention: Contention | None = None,
 ) -> RunReport:
     """The report of a sweep: `outcome` when it ran to the end, `failure` when it did not
     (the points measured before a crash are kept; the rest of the grid is failed). `engine`:
     what ran, for a failure the engine said nothing of; `device_memory`: its GPUs' memory
-    in use, where NVML reads it."""
+    in use, where NVML reads it; `contention`: what else used the node meanwhile."""
     if outcome is not None:
         points, failures = outcome.points, outcome.failures
         status = "partial" if failures else "ok"
@@ -174,6 +187,7 @@ def run_report(
         failures=failures,
         buffers=buffers,
         device_memory=device_memory or [],
+        contention=contention,
     )
 
 

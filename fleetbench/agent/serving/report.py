@@ -100,6 +100,7 @@ def serving_report(
         )
         if search is not None
         else None,
+        contention=outcome.contention,
     )
 
 

@@ -4,6 +4,8 @@ largest concurrency that meets it (serving.slo). Failure is data: a level whose 
 request failed is a failure with the reason, and a server that stops answering fails the
 levels left, while the points measured before are kept. Never a load test of a server
 serving others: before each level its requests in flight are asked (servers.in_flight).
+What else used this node while the levels ran is watched (agent.contention), the server's
+process, where it runs here, counting as the run's own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from fleetbench.agent.contention import ContentionWatch
 from fleetbench.agent.serving.dialects import dialect_for
 from fleetbench.agent.serving.load import Limits, Load, Prompt, run_level
 from fleetbench.agent.serving.servers import (
@@ -30,7 +33,7 @@ from fleetbench.agent.serving.slo import LevelFailed, SearchResult, search
 from fleetbench.agent.serving.stats import describe_errors, serving_point
 from fleetbench.contract.bounds import storable_text
 from fleetbench.contract.serve_spec import ServeSpec
-from fleetbench.contract.wire import ServingPoint
+from fleetbench.contract.wire import Contention, ServingPoint
 
 __all__ = ["ServingOutcome", "serve_sweep"]
 
@@ -55,6 +58,7 @@ class ServingOutcome:
     search: SearchResult | None = None  # with an objective: what the search found
     # Nothing measured: the server was serving others' requests before the first level.
     postponed: str | None = None
+    contention: Contention | None = None  # what else used this node while the levels ran
 
 
 def _prompts(
@@ -204,8 +208,10 @@ def serve_sweep(
         outcome.postponed = busy
         return outcome
     levels = _Levels(url, model, spec, outcome, next_prompt, busy_patience_s, on_point)
+    watch = ContentionWatch(server_url=url)
     try:
-        _measure_all(levels, planned)
+        with watch:
+            _measure_all(levels, planned)
     except Exception as exc:  # an answer no rule foresaw: the sweep's end, never the agent's
         why = storable_text(f"the sweep stopped: {type(exc).__name__}: {exc}", 500)
         done = {p.concurrency for p in outcome.points} | {c for c, _ in outcome.failures}
@@ -216,6 +222,7 @@ def serve_sweep(
                 p.concurrency for p in outcome.points if not p.errors and not objective.misses(p)
             ]
             outcome.search = SearchResult(str(objective), max(met, default=None), why)
+    outcome.contention = watch.figures()
     outcome.points.sort(key=lambda p: p.concurrency)
     return outcome
 
