@@ -12,6 +12,7 @@ from fleetbench.contract.wire import SCHEMA_VERSION
 from fleetbench.registry.config import RegistrySettings
 from tests.agent.tiny_gguf import write_tiny_gguf
 from tests.factories import ARTICLE_MODEL, FIXTURES, LiveRegistry, agent, running_registry
+from tests.model_headers import write_mistral_nemo_q4_k_m
 
 ROOT = Path(__file__).parent.parent
 ARTICLE_EXAMPLE = ROOT / "examples" / "m4pro-mistral-nemo-q4km.md"
@@ -312,3 +313,34 @@ def test_a_crashed_run_is_stored_as_failed_with_its_reason(live_registry: LiveRe
     )
     assert detail["settings"]["n_ctx"] == 4096 and detail["points"] == []
     assert live_registry.count("run_points") == 0
+
+
+def test_the_article_table_against_its_chips_bandwidth(
+    live_registry: LiveRegistry, tmp_path: Path
+) -> None:
+    """The article's M4 Pro table imported with a header of Mistral NeMo 12B Q4_K_M's
+    published tensors (no weights) and the chip it was measured on: each point's MBU
+    against Apple's 273 GB/s."""
+    header = write_mistral_nemo_q4_k_m(tmp_path / "nemo.gguf")
+    token = live_registry.token("m4pro")
+    imported = import_file(
+        ARTICLE_EXAMPLE,
+        "--model-file",
+        str(header),
+        "--device",
+        "apple  m4 pro",  # as typed: stored as Apple spells it
+        "--registry",
+        live_registry.url,
+        "--token",
+        token,
+    )
+    assert imported.returncode == 0, imported.stderr
+    with live_registry.client() as client:
+        [listed] = client.get("/v1/runs").json()["data"]
+        run = client.get(f"/v1/runs/{listed['id']}").json()
+        nodes = client.get("/v1/nodes").json()["data"]
+    assert (run["bandwidth"]["bytes_per_s"], run["bandwidth"]["source"]) == (273e9, "table")
+    mbu = [point["mbu"] for point in run["points"]]
+    assert 0.7 <= mbu[0] <= 0.85
+    assert mbu[0] > mbu[1] > mbu[2] and mbu[-1] < mbu[-2] < mbu[2]
+    assert [n["hardware"] for n in nodes] == ["Apple M4 Pro"]

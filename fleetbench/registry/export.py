@@ -78,6 +78,8 @@ RUN_COLUMNS: tuple[str, ...] = (
     "repeats",
     "s_pp_stdev",
     "s_tg_stdev",
+    "mbu",
+    "impossible",
     "reason",
 )
 
@@ -180,6 +182,8 @@ def run_rows(run: Run) -> list[dict[str, Cell]]:
             "repeats": point.repeats,
             "s_pp_stdev": point.s_pp_stdev,
             "s_tg_stdev": point.s_tg_stdev,
+            "mbu": point.mbu,
+            "impossible": point.impossible,
             "reason": None,
         }
         keyed.append(((point.pp, point.tg, point.b, 0), row))

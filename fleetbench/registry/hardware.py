@@ -1,7 +1,8 @@
 """What a node's fingerprint says about the memory its model and KV cache must fit in.
 
 The fingerprint's data is the probes' output (agent/probes): NVIDIA GPUs with their memory,
-Apple silicon with its unified memory, the host's RAM. llama.cpp offloads to the GPUs when
+Apple silicon with its unified memory, the host's RAM, or a device an import named (whose
+memory is not known). llama.cpp offloads to the GPUs when
 there are any, so their memory is the budget; on Apple silicon Metal may use about 75% of
 unified memory (its recommended working set, which llama.cpp warns past); a CPU-only node has
 its RAM. AMD's probe reports no memory size, so fit is not checked there.
@@ -70,6 +71,8 @@ def _summary(probes: Probes) -> HardwareSummary:
         return HardwareSummary(described, memory, "unified")
     if amd is not None and amd.gpus:
         return HardwareSummary(_with_driver(_count_names(amd.gpus), amd.driver_version), None, None)
+    if probes.declared is not None:  # named by whoever imported a table: nothing probed
+        return HardwareSummary(probes.declared.device, None, None)
     if host is not None:
         total = host.memory_bytes
         cpu = host.cpu_model or "CPU"

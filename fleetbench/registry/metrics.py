@@ -16,7 +16,8 @@ one process (the tests) keep separate counts. Three kinds of metrics:
 - the fleet, read from the database at scrape time in one query: from each node's latest
   successful (`ok` or `partial`) run of each model, per `node`, `model`, `pp`, `tg`, `b`:
   `fleetbench_decode_tokens_per_second` (S_TG), `fleetbench_per_user_tokens_per_second`
-  (S_TG / B) and `fleetbench_prefill_tokens_per_second` (S_PP); per `node`, `model`:
+  (S_TG / B), `fleetbench_prefill_tokens_per_second` (S_PP) and
+  `fleetbench_memory_bandwidth_utilisation` (MBU: contract.bandwidth); per `node`, `model`:
   `fleetbench_latest_run_timestamp_seconds` (its start),
   `fleetbench_latest_run_build_number` and `fleetbench_kv_prediction_error_percent` (the
   KV-cache maths against what llama.cpp allocated); and `fleetbench_fleet_collect_success`
@@ -115,6 +116,14 @@ class FleetCollector(Collector):
                 labels=_POINT_LABELS,
             ),
             GaugeMetricFamily(
+                "fleetbench_memory_bandwidth_utilisation",
+                "MBU: S_TG / B x the bytes a decode step reads / the node's peak memory "
+                "bandwidth (above 1 only against a measured CPU figure), from each node's "
+                "latest successful run of each model; points whose model facts or node "
+                "bandwidth are unknown have none",
+                labels=_POINT_LABELS,
+            ),
+            GaugeMetricFamily(
                 "fleetbench_latest_run_timestamp_seconds",
                 "start of each node's latest successful run of each model (Unix time)",
                 labels=_RUN_LABELS,
@@ -147,9 +156,9 @@ class FleetCollector(Collector):
         ]
 
     def collect(self) -> Iterable[Metric]:
-        decode, per_user, prefill, started, build, kv_error, success, truncated, duration = (
-            self._families()
-        )
+        families = self._families()
+        decode, per_user, prefill, mbu, started, build, kv_error = families[:7]
+        success, truncated, duration = families[7:]
         begun = time.perf_counter()
         try:
             with self._sessions() as session:
@@ -190,9 +199,11 @@ class FleetCollector(Collector):
                 per_user.add_metric(point_key, row.s_tg / row.b)
             if row.s_pp is not None:
                 prefill.add_metric(point_key, row.s_pp)
+            if row.mbu is not None:
+                mbu.add_metric(point_key, row.mbu)
         success.add_metric([], 1)
         duration.add_metric([], time.perf_counter() - begun)
-        return [decode, per_user, prefill, started, build, kv_error, success, truncated, duration]
+        return families
 
 
 class RegistryMetrics:

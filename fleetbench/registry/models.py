@@ -31,6 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
+    "POINT_POSSIBLE",
     "RUN_NEWEST_FIRST",
     "RUN_SERVED",
     "RUN_SUCCESSFUL",
@@ -61,6 +62,7 @@ __all__ = [
     "TokenEpoch",
     "WebhookOutbox",
     "newer_run",
+    "successful_offline",
     "table_of",
 ]
 
@@ -241,6 +243,12 @@ class ModelFacts(CreatedByNode, Base):
     n_ctx_train: Mapped[int | None]
     sliding_window: Mapped[int | None]
     n_swa_layers: Mapped[int | None]
+    # What a decode step reads (contract.bandwidth): the weights read whole, the routed
+    # experts, how many there are and how many a token uses
+    weight_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    expert_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    expert_count: Mapped[int | None]
+    expert_used_count: Mapped[int | None]
     # wire.KvLayers, where the model's layers differ (NULL: they are alike, or not stated)
     layers: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
@@ -280,6 +288,13 @@ class Run(Base):
     kv_predicted_bytes: Mapped[int | None] = mapped_column(BigInteger)
     kv_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
     device_memory: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)  # DeviceMemoryUse
+    # The peak memory bandwidth its points are held against (wire.MemoryBandwidth, from its
+    # fingerprint: contract.bandwidth.node_bandwidth); NULL: unknown
+    bandwidth: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # What else used the node while it ran (wire.Contention), and why it counts as measured
+    # under contention (NULL: it does not): such a run joins no curve, series or compare
+    contention: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    contention_reason: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(index=True)
@@ -323,8 +338,18 @@ RUN_NEWEST_FIRST = (Run.started_at.desc(), Run.received_at.desc(), Run.id)
 # A node's model's runs in that order: placement, the curves and the regression judge read
 # its newest runs with a LIMIT, one probe whatever the history holds.
 Index("ix_runs_node_model_newest", Run.node_id, Run.model_id, *RUN_NEWEST_FIRST)
-RUN_SUCCESSFUL = and_(Run.status != "failed", Run.kind == "offline")
-RUN_SERVED = and_(Run.status != "failed", Run.kind == "serving")  # ... a serving curve
+# ... measured on a node nothing else was using (a contended run is kept, and shown, alone)
+
+
+def successful_offline(run: Any) -> ColumnElement[bool]:
+    """RUN_SUCCESSFUL of `run`: the runs table, or an alias of it."""
+    return and_(run.status != "failed", run.kind == "offline", run.contention_reason.is_(None))
+
+
+RUN_SUCCESSFUL = successful_offline(Run)
+RUN_SERVED = and_(  # ... a serving curve
+    Run.status != "failed", Run.kind == "serving", Run.contention_reason.is_(None)
+)
 
 RunOrder = tuple[SQLColumnExpression[Any], SQLColumnExpression[Any], SQLColumnExpression[Any]]
 """A run's (started_at, received_at, id) columns, wherever a table keeps them."""
@@ -361,6 +386,14 @@ class RunPoint(Base):
     repeats: Mapped[int]
     s_pp_stdev: Mapped[float | None]
     s_tg_stdev: Mapped[float | None]
+    # Its memory-bandwidth utilisation against the run's bandwidth (contract.bandwidth), and
+    # why it cannot be true where it is above the limit: such a point joins no curve
+    mbu: Mapped[float | None]
+    impossible: Mapped[str | None] = mapped_column(Text)
+
+
+# A point that could be true: not above its node's bandwidth (contract.bandwidth)
+POINT_POSSIBLE = RunPoint.impossible.is_(None)
 
 
 class ServingPointRow(Base):
@@ -534,6 +567,7 @@ class LatestPoint(Base):
     b: Mapped[int] = mapped_column(primary_key=True)
     s_pp: Mapped[float | None]
     s_tg: Mapped[float | None]
+    mbu: Mapped[float | None]
     past_knee: Mapped[bool | None]
 
 

@@ -47,6 +47,7 @@ def prunable_runs(cutoff: datetime, limit: int | None = None) -> Select[uuid.UUI
         newer.build_id == Run.build_id,
         newer.kind == Run.kind,
         newer.status != "failed",
+        newer.contention_reason.is_(None),  # a contended run stands for no build
         newer_run(
             (newer.started_at, newer.received_at, newer.id),
             (Run.started_at, Run.received_at, Run.id),

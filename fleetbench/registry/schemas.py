@@ -60,6 +60,14 @@ class _Public(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
+class BelowClassPublic(_Public):
+    hardware_class: str
+    model: str
+    mbu: float = Field(description="the node's best MBU at B = 1 on the model")
+    class_median: float = Field(description="the median of its class's nodes on the model")
+    class_nodes: int
+
+
 class NodePublic(_Public):
     name: str
     labels: dict[str, Any]
@@ -88,6 +96,12 @@ class NodePublic(_Public):
     kv_prediction_error_pct: float | None = Field(
         default=None,
         description="its latest run's KV cache: (predicted - allocated) / allocated, in %",
+    )
+    below_class: BelowClassPublic | None = Field(
+        default=None,
+        description="its memory-bandwidth utilisation at B = 1 is under 70% of the median of "
+        "its hardware class's nodes on a model (classes of 3 nodes or more): a power cap, a "
+        "wrong build, a thermal limit, a neighbour (null: it is not)",
     )
     health: Health
 
@@ -166,6 +180,19 @@ class RunPublic(_Public):
         description="which of llama.cpp's rules predicted kv_predicted_bytes, for the run's "
         "build (null: no prediction)",
     )
+    bandwidth: wire.MemoryBandwidth | None = Field(
+        default=None,
+        description="the peak memory bandwidth its points' MBU is held against, from its "
+        "fingerprint (null: unknown)",
+    )
+    contention: wire.Contention | None = Field(
+        default=None, description="what else used the node while it ran (null: not watched)"
+    )
+    contended: str | None = Field(
+        default=None,
+        description="why it counts as measured under contention (null: it does not): such a "
+        "run joins no curve, placement, regression series or compare",
+    )
 
 
 class RunsPublic(_Public):
@@ -173,9 +200,23 @@ class RunsPublic(_Public):
     count: int
 
 
+class PointDetail(wire.Point):
+    """A point as stored, held against its node's bandwidth."""
+
+    mbu: float | None = Field(
+        default=None,
+        description="memory-bandwidth utilisation (docs/design/bandwidth.md; null: unknown)",
+    )
+    impossible: str | None = Field(
+        default=None,
+        description="why it cannot be true (above the device's bandwidth), null where it can: "
+        "such a point joins no curve, placement or regression series",
+    )
+
+
 class RunDetail(RunPublic):
     hardware: FingerprintPublic | None
-    points: list[wire.Point]
+    points: list[PointDetail]
     failures: list[wire.FailedPoint]
     server: wire.ServerIdentity | None = Field(description="a serving run's server")
     serving_points: list[wire.ServingPoint]
@@ -219,6 +260,9 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "kv_rules": rules_for(run.build.build_number)
         if run.kv_predicted_bytes is not None
         else None,
+        "bandwidth": run.bandwidth,
+        "contention": run.contention,
+        "contended": run.contention_reason,
     }
 
 
@@ -231,7 +275,7 @@ def run_detail(run: Run) -> RunDetail:
         {
             **_run_fields(run),
             "hardware": run.fingerprint,
-            "points": [wire.Point.model_validate(p, from_attributes=True) for p in run.points],
+            "points": [PointDetail.model_validate(p, from_attributes=True) for p in run.points],
             "failures": [
                 wire.FailedPoint.model_validate(f, from_attributes=True) for f in run.failures
             ],
@@ -357,6 +401,11 @@ class CurvePointPublic(BaseModel):
     )
     prefill_tps: float | None = Field(description="S_PP")
     past_knee: bool
+    mbu: float | None = Field(
+        description="memory-bandwidth utilisation: S_TG / B x the bytes a decode step reads "
+        "/ the node's peak bandwidth (docs/design/bandwidth.md; None: the model's facts or "
+        "the node's bandwidth are unknown)"
+    )
 
 
 class CurvePublic(BaseModel):
@@ -370,6 +419,9 @@ class CurvePublic(BaseModel):
     pp: int
     tg: int
     knee: int | None = Field(description="the largest B before the gains per stream fade")
+    bandwidth: wire.MemoryBandwidth | None = Field(
+        description="the peak memory bandwidth its MBU is held against, and its source"
+    )
     points: list[CurvePointPublic]
 
 

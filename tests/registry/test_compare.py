@@ -77,9 +77,11 @@ def seed(
     noise: float = 0.01,
     seed: int = 7,
     first_hour: int = 0,
+    contention: wire.Contention | None = None,
 ) -> None:
     """`runs[build]` runs of each build on each node, interleaved in time from
-    `first_hour`, each point's speeds scaled by the slowdown and by 1% noise (seeded)."""
+    `first_hour`, each point's speeds scaled by the slowdown and by 1% noise (seeded);
+    `contention`: what else used the nodes while they ran."""
     rng = random.Random(seed)
     batch: list[tuple[wire.RunReport, int]] = []
     with session_factory(engine)() as session, write_transaction(session):
@@ -103,6 +105,7 @@ def seed(
                         build_number=build,
                         started_at=DAY0 + timedelta(hours=hour),
                         hardware=gpu(card, node),
+                        contention=contention,
                     )
                     batch.append((report, found.id))
         for stored in ingest_batch(session, batch):
@@ -163,6 +166,17 @@ def test_noise_alone_goes(live_registry: LiveRegistry) -> None:
     assert {c["verdict"] for c in answer["classes"]} == {"go"}
     assert all(not p["held"] for c in answer["classes"] for p in c["points"])
     assert H100 in answer["reason"] and A100 in answer["reason"]
+
+
+def test_runs_measured_under_contention_add_no_noise(live_registry: LiveRegistry) -> None:
+    seed(live_registry.engine, FLEET, {OLD: 3, NEW: 3})
+    before = compare(live_registry)
+    busy = wire.Contention(seconds=60, other_cpu_share=0.9, reason="others used 90% of the CPUs")
+    # two runs of the new build at a third of the speed, each measured beside another job
+    seed(live_registry.engine, FLEET, {NEW: 2}, lambda *_: 0.3, first_hour=100, contention=busy)
+    after = compare(live_registry)
+    assert after["verdict"] == before["verdict"] == "go"
+    assert after["classes"] == before["classes"]
 
 
 def test_too_few_runs_is_unknown_with_the_runs_needed(live_registry: LiveRegistry) -> None:

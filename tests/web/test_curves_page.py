@@ -6,7 +6,14 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.factories import ARTICLE_MODEL, ARTICLE_TABLE, make_serving_report, post_report
+from fleetbench.agent.importer import declared_hardware
+from tests.factories import (
+    ARTICLE_MODEL,
+    ARTICLE_MODEL_INFO,
+    ARTICLE_TABLE,
+    make_serving_report,
+    post_report,
+)
 from tests.web.conftest import TIMES, Dashboard, Fleet, hours_ago
 
 # A newer build that scales further: the gains per added stream stay above a quarter of a
@@ -18,7 +25,17 @@ OLD, NEW = "llama.cpp b11429 Metal", "llama.cpp b11500 Metal"
 
 def test_curves_show_each_build_with_its_knee(dashboard: Dashboard, fleet: Fleet) -> None:
     fleet.report("m4pro", started_at=hours_ago(48))
-    fleet.report("m4pro", started_at=hours_ago(3), table=NEW_TABLE, build_number=11500)
+    # the newer run knows the bytes a step reads and the chip (273 GB/s): MBU per point
+    facts = ARTICLE_MODEL_INFO.model_copy(update={"weight_bytes": 7_100_000_000})
+    hardware = declared_hardware("Apple M4 Pro")
+    fleet.report(
+        "m4pro",
+        started_at=hours_ago(3),
+        table=NEW_TABLE,
+        build_number=11500,
+        model=facts,
+        hardware=hardware,
+    )
 
     # From the fleet to the node to its curves, by the links.
     page = dashboard.open("/")
@@ -62,8 +79,13 @@ def test_curves_show_each_build_with_its_knee(dashboard: Dashboard, fleet: Fleet
 
     rows = dashboard.table("#points")
     assert len(rows) == 12
-    assert rows[4][:8] == [OLD, "512 / 128", "16", "163.18", "10.20", "98.1", "284.82", "past knee"]
-    assert rows[10][:8] == [NEW, "512 / 128", "16", "300.00", "18.75", "53.3", "300.00", "knee"]
+    assert rows[4][:9] == [
+        OLD, "512 / 128", "16", "163.18", "10.20", "98.1", "284.82", "—", "past knee"
+    ]  # fmt: skip
+    # 18.75 steps a second of 7.1 GB and 16 caches of 0.094 GB, of 273 GB/s: 59%
+    assert rows[10][:9] == [
+        NEW, "512 / 128", "16", "300.00", "18.75", "53.3", "300.00", "59%", "knee"
+    ]  # fmt: skip
     assert page.get_attribute("#links a:text-is('Ask placement for this model')", "href") == (
         f"/placement?model={ARTICLE_MODEL}"
     )

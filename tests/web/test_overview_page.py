@@ -10,7 +10,7 @@ from playwright.sync_api import Route
 
 from fleetbench.contract import wire
 from fleetbench.registry.config import RegistrySettings
-from tests.factories import ARTICLE_MODEL, ARTICLE_MODEL_INFO, running_registry
+from tests.factories import ARTICLE_MODEL, ARTICLE_MODEL_INFO, ARTICLE_TABLE, running_registry
 from tests.registry.test_accelerator import h100_fingerprint_data
 from tests.registry.test_allocation import BUFFERS, SETTINGS
 from tests.web.conftest import Dashboard, Fleet, apple_m4_pro, hours_ago
@@ -215,4 +215,28 @@ def test_the_node_page_checks_the_kv_maths_against_what_llama_cpp_allocated(
     assert row[5] == "3072.0 MiB (predicted +4.2%)"
     rules = page.get_attribute("#models td.kv-check", "title")
     assert rules == "llama.cpp b10243+ rules, for b11429"
+    dashboard.assert_clean()
+
+
+def test_a_node_far_below_its_class_stands_out_with_its_figures(
+    dashboard: Dashboard, fleet: Fleet
+) -> None:
+    facts = ARTICLE_MODEL_INFO.model_copy(update={"weight_bytes": 7_100_000_000})
+    for node in ("mac-1", "mac-2", "mac-3"):
+        fleet.report(node, model=facts, hardware=apple_m4_pro(), started_at=hours_ago(2))
+    capped = [(b, s_pp, s_tg / 2) for b, s_pp, s_tg in ARTICLE_TABLE]
+    fleet.report(
+        "mac-capped", model=facts, hardware=apple_m4_pro(), table=capped, started_at=hours_ago(2)
+    )
+    dashboard.open("/")
+    hardware = {r[0]: r[2] for r in dashboard.table("#nodes")}
+    assert hardware["mac-1"] == "Apple M4 Pro, 24 GiB"
+    # 28.3 / 2 t/s of 7.19 GB a step: 37% of 273 GB/s, where the class's median is 75%
+    assert hardware["mac-capped"] == (
+        "Apple M4 Pro, 24 GiB below its class"
+        f"below its class: 37% of its memory bandwidth at B = 1 on {ARTICLE_MODEL}, against "
+        "75% for the 4 nodes of Apple M4 Pro, 24 GiB"
+    )
+    page = dashboard.open("/nodes/mac-capped")
+    assert "below its class 37% of its memory bandwidth" in (page.text_content("#node-facts") or "")
     dashboard.assert_clean()

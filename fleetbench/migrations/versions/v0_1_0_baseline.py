@@ -297,6 +297,10 @@ def upgrade() -> None:
         sa.Column("n_ctx_train", sa.Integer(), nullable=True),
         sa.Column("sliding_window", sa.Integer(), nullable=True),
         sa.Column("n_swa_layers", sa.Integer(), nullable=True),
+        sa.Column("weight_bytes", sa.BigInteger(), nullable=True),
+        sa.Column("expert_bytes", sa.BigInteger(), nullable=True),
+        sa.Column("expert_count", sa.Integer(), nullable=True),
+        sa.Column("expert_used_count", sa.Integer(), nullable=True),
         sa.Column("layers", sa.JSON(), nullable=True),
         sa.Column("created_by_node_id", sa.Integer(), nullable=True),
         sa.ForeignKeyConstraint(
@@ -366,6 +370,9 @@ def upgrade() -> None:
         sa.Column("kv_predicted_bytes", sa.BigInteger(), nullable=True),
         sa.Column("kv_allocated_bytes", sa.BigInteger(), nullable=True),
         sa.Column("device_memory", sa.JSON(), nullable=True),
+        sa.Column("bandwidth", sa.JSON(), nullable=True),
+        sa.Column("contention", sa.JSON(), nullable=True),
+        sa.Column("contention_reason", sa.Text(), nullable=True),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
@@ -640,6 +647,8 @@ def upgrade() -> None:
         sa.Column("repeats", sa.Integer(), nullable=False),
         sa.Column("s_pp_stdev", sa.Double(), nullable=True),
         sa.Column("s_tg_stdev", sa.Double(), nullable=True),
+        sa.Column("mbu", sa.Double(), nullable=True),
+        sa.Column("impossible", sa.Text(), nullable=True),
         sa.ForeignKeyConstraint(
             ["run_id"], ["runs.id"], name=op.f("fk_run_points_run_id_runs"), ondelete="CASCADE"
         ),
@@ -691,6 +700,7 @@ def upgrade() -> None:
         sa.Column("b", sa.Integer(), nullable=False),
         sa.Column("s_pp", sa.Double(), nullable=True),
         sa.Column("s_tg", sa.Double(), nullable=True),
+        sa.Column("mbu", sa.Double(), nullable=True),
         sa.Column("past_knee", sa.Boolean(), nullable=True),
         sa.ForeignKeyConstraint(
             ["node_id", "model_id"],

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, selectinload
 from fleetbench.contract import wire
 from fleetbench.registry.curves.rules import curve_figures
 from fleetbench.registry.models import (
+    POINT_POSSIBLE,
     RUN_NEWEST_FIRST,
     RUN_SUCCESSFUL,
     EngineBuild,
@@ -55,6 +56,7 @@ class CurvePoint:
     b: int
     s_tg: float
     s_pp: float | None
+    mbu: float | None
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Curve:
     pp: int
     tg: int
     points: list[CurvePoint]  # by B
+    bandwidth: dict[str, Any] | None  # what its MBU is held against (wire.MemoryBandwidth)
 
 
 # The node's newest runs the builds' curves are found among: a build it has not run in as
@@ -95,14 +98,24 @@ def _statements() -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ...]]]:
     )
     ranked = select(recent.c.id, newest_first.label("rank")).subquery("ranked")
     runs = (
-        select(Run.id, Run.started_at, *series.BUILD_COLUMNS)
+        select(Run.id, Run.started_at, Run.bandwidth, *series.BUILD_COLUMNS)
         .join(EngineBuild, EngineBuild.id == Run.build_id)
         .where(Run.id.in_(select(ranked.c.id).where(ranked.c.rank == 1)))
         .order_by(Run.started_at, Run.received_at)
     )
     points = select(
-        RunPoint.run_id, RunPoint.pp, RunPoint.tg, RunPoint.b, RunPoint.s_tg, RunPoint.s_pp
-    ).where(RunPoint.run_id.in_(bindparam("run_ids", expanding=True)), RunPoint.s_tg.is_not(None))
+        RunPoint.run_id,
+        RunPoint.pp,
+        RunPoint.tg,
+        RunPoint.b,
+        RunPoint.s_tg,
+        RunPoint.s_pp,
+        RunPoint.mbu,
+    ).where(
+        RunPoint.run_id.in_(bindparam("run_ids", expanding=True)),
+        RunPoint.s_tg.is_not(None),
+        POINT_POSSIBLE,
+    )
     return runs, points
 
 
@@ -117,12 +130,12 @@ def latest_curves(session: Session, *, node_id: int, model_ids: Sequence[int]) -
     groups: dict[uuid.UUID, dict[tuple[int, int], list[CurvePoint]]] = defaultdict(
         lambda: defaultdict(list)
     )
-    for run_id, pp, tg, b, s_tg, s_pp in connection.execute(
+    for run_id, pp, tg, b, s_tg, s_pp, mbu in connection.execute(
         points_statement, {"run_ids": [run.id for run in runs]}
     ).all():
-        groups[run_id][(pp, tg)].append(CurvePoint(b, s_tg, s_pp))
+        groups[run_id][(pp, tg)].append(CurvePoint(b, s_tg, s_pp, mbu))
     found: list[Curve] = []
-    for run_id, started_at, *build in runs:
+    for run_id, started_at, bandwidth, *build in runs:
         for (pp, tg), points in sorted(groups[run_id].items()):
             found.append(
                 Curve(
@@ -132,6 +145,7 @@ def latest_curves(session: Session, *, node_id: int, model_ids: Sequence[int]) -
                     pp,
                     tg,
                     sorted(points, key=lambda p: p.b),
+                    bandwidth,
                 )
             )
     return found
@@ -158,7 +172,11 @@ def curves_answer(
                 pp=curve.pp,
                 tg=curve.tg,
                 knee=knee,
-                points=[CurvePointPublic(**vars(f)) for f in figures],
+                bandwidth=curve.bandwidth,
+                points=[
+                    CurvePointPublic(**vars(f), mbu=p.mbu)
+                    for f, p in zip(figures, curve.points, strict=True)
+                ],
             )
         )
     return CurvesPublic(

@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 from fleetbench.contract import wire
 from fleetbench.contract.accelerator import on_accelerator
 from fleetbench.contract.allocation import allocated_bytes, beside_kv_bytes, predicted_kv_bytes
+from fleetbench.contract.bandwidth import PointLimit, node_bandwidth, point_limit
 from fleetbench.contract.wire import model_name_key
 from fleetbench.registry.bulk import insert_rows
 from fleetbench.registry.hardware import hardware_class, summarize_hardware
@@ -84,10 +85,46 @@ class IncomingRun:
         hardware = report.hardware.data if report.hardware else None
         return on_accelerator(hardware, report.engine.backend, report.settings.n_gpu_layers)
 
+    @functools.cached_property
+    def bandwidth(self) -> wire.MemoryBandwidth | None:
+        """The peak bandwidth its points are held against (contract.bandwidth)."""
+        hardware = self.report.hardware
+        if hardware is None:
+            return None
+        data = wire.HardwareData.model_validate(hardware.data)  # validated once already
+        return node_bandwidth(data, on_accelerator=self.on_accelerator[0])
+
+    @functools.cached_property
+    def limits(self) -> list[PointLimit]:
+        """Each point's MBU, and why it cannot be true where it is above the limit."""
+        report = self.report
+        return [
+            point_limit(
+                b=p.b,
+                pp=p.pp,
+                tg=p.tg,
+                s_tg=p.s_tg,
+                model=report.model,
+                settings=report.settings,
+                bandwidth=self.bandwidth,
+            )
+            for p in report.points
+        ]
+
+    @property
+    def contention_reason(self) -> str | None:
+        contention = self.report.contention
+        return contention.reason if contention is not None else None
+
     @property
     def in_series(self) -> bool:
         """Whether it joins its node's offline curves: the latest, the series, the bound."""
-        return self.report.kind == "offline" and self.report.status != "failed"
+        report = self.report
+        return report.kind == "offline" and report.status != "failed" and not self.contended
+
+    @property
+    def contended(self) -> bool:
+        return self.contention_reason is not None
 
     def stored(self, fingerprints: Fingerprints) -> StoredRun:
         """The run, stored, as the projections read it."""
@@ -98,9 +135,13 @@ class IncomingRun:
             **{name: getattr(self, name) for name in _STORED_UNDER},
             kind=report.kind,
             failed=report.status == "failed",
+            contended=self.contended,
             started_at=report.started_at,
             settings=report.settings,
-            points=[CurvePoint(p.pp, p.tg, p.b, p.s_pp, p.s_tg) for p in report.points],
+            points=[
+                CurvePoint(p.pp, p.tg, p.b, p.s_pp, p.s_tg, limit.mbu, limit.impossible is not None)
+                for p, limit in zip(report.points, self.limits, strict=True)
+            ],
             server=report.server,
             engine_on_accelerator=self.on_accelerator[0],
             beside_kv_bytes=beside_kv_bytes(report.buffers),
@@ -387,13 +428,22 @@ def insert_runs(
                 "kv_predicted_bytes": predicted_kv_bytes(report),
                 "kv_allocated_bytes": allocated_bytes(report.buffers, "kv"),
                 "device_memory": [m.model_dump(mode="json") for m in report.device_memory] or None,
+                "bandwidth": run.bandwidth.model_dump(mode="json") if run.bandwidth else None,
+                "contention": report.contention.model_dump(mode="json")
+                if report.contention
+                else None,
+                "contention_reason": run.contention_reason,
                 **report.settings.model_dump(),
             }
         )
     result = insert_rows(connection, table_of(Run), rows, _new_runs_only)
     inserted = {row[0] for row in result.all()} if result is not None else set()
     new = [run for run in runs if run.id in inserted]
-    points = [{"run_id": r.id, **p.model_dump()} for r in new for p in r.report.points]
+    points = [
+        {"run_id": r.id, **p.model_dump(), "mbu": limit.mbu, "impossible": limit.impossible}
+        for r in new
+        for p, limit in zip(r.report.points, r.limits, strict=True)
+    ]
     insert_rows(connection, table_of(RunPoint), points)
     failures = [{"run_id": r.id, **f.model_dump()} for r in new for f in r.report.failures]
     insert_rows(connection, table_of(FailedPoint), failures)

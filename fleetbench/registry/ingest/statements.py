@@ -30,6 +30,10 @@ MODEL_FACTS = (
     "n_ctx_train",
     "sliding_window",
     "n_swa_layers",
+    "weight_bytes",
+    "expert_bytes",
+    "expert_count",
+    "expert_used_count",
 )
 
 

@@ -192,6 +192,7 @@ def _placement_statement(
             point.b,
             point.s_pp,
             point.s_tg,
+            point.mbu,
             point.past_knee,
             detectable.change.label("min_detectable_change"),
             heads.c.run_id,
@@ -254,6 +255,7 @@ def _placement_statement(
             chosen.c.b,
             chosen.c.s_pp,
             chosen.c.s_tg,
+            chosen.c.mbu,
             chosen.c.past_knee,
             chosen.c.min_detectable_change,
             chosen.c.engine_on_accelerator,
@@ -310,6 +312,7 @@ def placement_rows(
                 s_pp=row.s_pp,
                 s_tg=row.s_tg,  # the query keeps only points with an S_TG
                 past_knee=row.past_knee,
+                mbu=row.mbu,
                 engine_on_accelerator=row.engine_on_accelerator,
                 min_detectable_change=row.min_detectable_change,
             )

@@ -77,6 +77,7 @@ class NodeChoice:
     s_pp: float | None
     s_tg: float
     past_knee: bool | None = None  # beyond the knee of the curve it lies on (None: unknown)
+    mbu: float | None = None  # offline: its memory-bandwidth utilisation (contract.bandwidth)
     source: Literal["offline", "serving"] = "offline"
     per_user_p10: float | None = None  # serving: what the slowest tenth of users got
     ttft_ms_p90: float | None = None
@@ -454,6 +455,7 @@ def _candidate(
         "measured_at": choice.measured_at,
         "run_id": choice.run_id,
         "past_knee": choice.past_knee,
+        "mbu": choice.mbu,
         "kv_cache_gib": kv_bytes / GIB if kv_bytes is not None else None,
         "kv_rules": kv_rules,
         "fit": "fits" if fit_basis is not None else "not checked",

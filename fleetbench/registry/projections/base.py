@@ -44,6 +44,8 @@ class CurvePoint:
     b: int
     s_pp: float | None
     s_tg: float | None
+    mbu: float | None = None  # its memory-bandwidth utilisation (contract.bandwidth)
+    impossible: bool = False  # above its node's bandwidth: no curve takes it
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class StoredRun:
     facts_id: int | None
     kind: str  # offline or serving
     failed: bool
+    contended: bool  # measured while other processes used the node (wire.Contention)
     started_at: datetime
     received_at: datetime
     settings: wire.RunSettings
@@ -70,21 +73,24 @@ class StoredRun:
     @property
     def in_series(self) -> bool:
         """Whether it joins its node's offline curves (models.RUN_SUCCESSFUL)."""
-        return self.kind == "offline" and not self.failed
+        return self.kind == "offline" and not self.failed and not self.contended
 
     @property
     def concurrency_points(self) -> Sequence[CurvePoint]:
         """The points that measured B users at once: all of them, but for a table made with
         `-tgs` (tg_separate: each sequence decoded alone, one after another), which measured
-        one user at a time: its B = 1 points alone. The others stay in the run."""
+        one user at a time: its B = 1 points alone. A point above its node's bandwidth
+        (contract.bandwidth), which cannot be true, is left out too. The others stay in the
+        run."""
+        possible = [p for p in self.points if not p.impossible]
         if self.settings.tg_separate:
-            return [p for p in self.points if p.b == 1]
-        return self.points
+            return [p for p in possible if p.b == 1]
+        return possible
 
     @property
     def served(self) -> bool:
         """Whether it measured a server that answered (models.RUN_SERVED)."""
-        return self.kind == "serving" and not self.failed
+        return self.kind == "serving" and not self.failed and not self.contended
 
     @property
     def order_key(self) -> tuple[datetime, datetime, int]:
@@ -148,12 +154,23 @@ def stored_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> list[
         return []
     points: dict[uuid.UUID, list[CurvePoint]] = {}
     for row in connection.execute(
-        select(RunPoint.run_id, RunPoint.pp, RunPoint.tg, RunPoint.b, RunPoint.s_pp, RunPoint.s_tg)
+        select(
+            RunPoint.run_id,
+            RunPoint.pp,
+            RunPoint.tg,
+            RunPoint.b,
+            RunPoint.s_pp,
+            RunPoint.s_tg,
+            RunPoint.mbu,
+            RunPoint.impossible,
+        )
         .where(RunPoint.run_id.in_(list(run_ids)))
         .order_by(RunPoint.id)
     ):
         points.setdefault(row.run_id, []).append(
-            CurvePoint(row.pp, row.tg, row.b, row.s_pp, row.s_tg)
+            CurvePoint(
+                row.pp, row.tg, row.b, row.s_pp, row.s_tg, row.mbu, row.impossible is not None
+            )
         )
     rows = connection.execute(
         select(*table_of(Run).columns, HardwareFingerprint.memory_bytes)
@@ -164,6 +181,7 @@ def stored_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> list[
         StoredRun(
             **{name: getattr(run, name) for name in _AS_STORED},
             failed=run.status == "failed",
+            contended=run.contention_reason is not None,
             settings=wire.RunSettings.model_construct(
                 **{name: getattr(run, name) for name in wire.RunSettings.model_fields}
             ),

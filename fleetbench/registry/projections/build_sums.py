@@ -37,6 +37,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 
 from fleetbench.registry.models import (
+    POINT_POSSIBLE,
     RUN_SERVED,
     RUN_SUCCESSFUL,
     BuildPointSum,
@@ -102,7 +103,7 @@ def _offline(metric: str) -> Select[Any]:
             case((relative.is_not(None), RunPoint.repeats)),
         )
         .join(RunPoint, RunPoint.run_id == Run.id)
-        .where(RUN_SUCCESSFUL)
+        .where(RUN_SUCCESSFUL, POINT_POSSIBLE)
     )
 
 

@@ -53,7 +53,7 @@ from fleetbench.registry.projections.base import (
     stored_runs,
 )
 
-__all__ = ["LATEST", "LATEST_SERVING", "latest_points_statement"]
+__all__ = ["LATEST", "LATEST_SERVING", "OF_ITS_RUN", "latest_points_statement"]
 
 
 def _only_if_newer(upsert: Any) -> Any:
@@ -209,12 +209,19 @@ def _points_with_knee(points: Sequence[CurvePoint]) -> list[dict[str, Any]]:
                 "b": point.b,
                 "s_pp": point.s_pp,
                 "s_tg": point.s_tg,
+                "mbu": point.mbu,
                 "past_knee": point.b > knee
                 if knee is not None and point.s_tg is not None
                 else None,
             }
         )
     return rows
+
+
+# A latest point joined to its latest run
+OF_ITS_RUN = and_(
+    LatestRun.node_id == LatestPoint.node_id, LatestRun.model_id == LatestPoint.model_id
+)
 
 
 # --- /metrics ---------------------------------------------------------------------------
@@ -240,15 +247,10 @@ def latest_points_statement() -> Select[*tuple[Any, ...]]:
             LatestPoint.b,
             LatestPoint.s_pp,
             LatestPoint.s_tg,
+            LatestPoint.mbu,
         )
         .select_from(LatestPoint)
-        .join(
-            LatestRun,
-            and_(
-                LatestRun.node_id == LatestPoint.node_id,
-                LatestRun.model_id == LatestPoint.model_id,
-            ),
-        )
+        .join(LatestRun, OF_ITS_RUN)
         .join(Node, Node.id == LatestPoint.node_id)
         .join(Model, Model.id == LatestPoint.model_id)
         .join(EngineBuild, EngineBuild.id == LatestRun.build_id)

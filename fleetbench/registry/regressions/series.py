@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session, aliased
 
 from fleetbench.contract.answers import Metric, StepMetric
 from fleetbench.registry.models import (
+    POINT_POSSIBLE,
     RUN_NEWEST_FIRST,
     RUN_SERVED,
     RUN_SUCCESSFUL,
@@ -41,6 +42,7 @@ from fleetbench.registry.models import (
     Run,
     RunPoint,
     ServingPointRow,
+    successful_offline,
 )
 from fleetbench.registry.regressions.labels import run_labels, serving_labels
 from fleetbench.registry.regressions.rules import SeriesRun
@@ -161,7 +163,9 @@ _SERIES_RUNS = (
 )
 # The points of the runs read, or of them at one `pp`, `tg`, `b`: by the ids read (runs
 # stored since by another process would be in a second probe of the newest runs).
-_POINTS = select(*_POINT_COLUMNS).where(RunPoint.run_id.in_(bindparam("run_ids", expanding=True)))
+_POINTS = select(*_POINT_COLUMNS).where(
+    RunPoint.run_id.in_(bindparam("run_ids", expanding=True)), POINT_POSSIBLE
+)
 _POINTS_AT = _POINTS.where(
     RunPoint.pp == bindparam("pp"), RunPoint.tg == bindparam("tg"), RunPoint.b == bindparam("b")
 )
@@ -254,8 +258,7 @@ def _pairs_statement() -> Any:
         .where(
             candidate.node_id == pairs.c.node_id,
             candidate.model_id == pairs.c.model_id,
-            candidate.status != "failed",
-            candidate.kind == "offline",  # RUN_SUCCESSFUL, of the probe's runs
+            successful_offline(candidate),  # RUN_SUCCESSFUL, of the probe's runs
         )
         .order_by(candidate.started_at.desc(), candidate.received_at.desc(), candidate.id)
         .limit(to_read)

@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 from fastapi import APIRouter, HTTPException, Response, status
 
 from fleetbench.registry import crud
+from fleetbench.registry.below_class import BelowClass, nodes_below
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.deps import PathsShown, ReadAccess, SessionDep, SettingsDep
 from fleetbench.registry.health import missed_schedule, node_health
@@ -26,7 +27,10 @@ def _plans(states: list[dict[str, object]], shown: bool) -> list[dict[str, objec
 
 
 def _public(
-    summary: crud.NodeSummary, settings: RegistrySettings, shown: bool
+    summary: crud.NodeSummary,
+    settings: RegistrySettings,
+    shown: bool,
+    below: dict[int, BelowClass],
 ) -> dict[str, object]:
     now = datetime.now(UTC)
     missed = missed_schedule(
@@ -50,6 +54,7 @@ def _public(
         "sweep_requested_at": summary.sweep_requested_at,
         "accelerator_note": summary.accelerator_note,
         "kv_prediction_error_pct": summary.kv_prediction_error_pct,
+        "below_class": below.get(summary.node_id),
         "health": node_health(
             last_run_at=summary.last_run_at,
             last_status=summary.last_status,
@@ -66,9 +71,11 @@ def _public(
 def read_nodes(session: SessionDep, settings: SettingsDep, shown: PathsShown) -> Response:
     """Every node: its hardware and engine build, when it last ran, its plans (the version
     it runs of each, skips and why: why, to a reader or admin token), when it runs next,
-    whether it missed its schedule, its health."""
+    whether it missed its schedule, whether it is far below its hardware class, its
+    health."""
     summaries = crud.list_nodes(session)
-    nodes = [NodePublic.model_validate(_public(s, settings, shown)) for s in summaries]
+    below = nodes_below(session)
+    nodes = [NodePublic.model_validate(_public(s, settings, shown, below)) for s in summaries]
     # Serialized here: FastAPI would validate and dump the list a second time.
     page = NodesPublic(data=nodes, count=len(nodes))
     return Response(page.model_dump_json(), media_type="application/json")
@@ -83,5 +90,5 @@ def read_node(
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"node {name!r} not found")
     summary, fingerprints = found
-    public = _public(summary, settings, shown)
+    public = _public(summary, settings, shown, nodes_below(session))
     return NodeDetail.model_validate({**public, "fingerprints": fingerprints})

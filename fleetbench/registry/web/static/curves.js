@@ -82,7 +82,19 @@ async function showNode(node) {
       detail.health ? badge(detail.health) : dash(),
       detail.accelerator_note ? ` (${detail.accelerator_note})` : null,
     ),
-    fact("Hardware", detail.hardware ?? dash()),
+    fact(
+      "Hardware",
+      detail.hardware ?? dash(),
+      detail.below_class
+        ? [
+            " ",
+            badge("below its class", "past knee"),
+            ` ${Math.round(100 * detail.below_class.mbu)}% of its memory bandwidth at B = 1 on ` +
+              `${detail.below_class.model}, against ${Math.round(100 * detail.below_class.class_median)}% ` +
+              `for the ${detail.below_class.class_nodes} nodes of its class`,
+          ]
+        : null,
+    ),
     fact("Engine", detail.engine ?? dash()),
     fact(
       "KV-cache maths",
@@ -135,7 +147,14 @@ async function showNode(node) {
         h("td", {}, h("a", { href: curvesUrl(node, model) }, model)),
         h("td", { class: "num" }, truncated ? `${count}+` : String(count)),
         h("td", {}, timeElement(run.started_at)),
-        h("td", {}, h("span", { class: `badge ${run.status}` }, run.status)),
+        h(
+          "td",
+          {},
+          h("span", { class: `badge ${run.status}` }, run.status),
+          run.contended
+            ? [" ", h("span", { class: "badge past-knee", title: run.contended }, "contended")]
+            : null,
+        ),
         h("td", {}, engineText(run.engine) ?? dash()),
         h("td", { class: "kv-check", title: run.kv_rules }, kvCheckText(run) ?? dash()),
       ),
@@ -352,6 +371,17 @@ function pointRows(curves, names) {
           h("td", { class: "num" }, fmt(p.per_user_tps)),
           h("td", { class: "num" }, fmt(p.ms_per_token, 1)),
           h("td", { class: "num" }, fmt(p.prefill_tps)),
+          h(
+            "td",
+            {
+              class: "num",
+              title: curve.bandwidth
+                ? `of ${fmt(curve.bandwidth.bytes_per_s / 1e9)} GB/s (${curve.bandwidth.source}` +
+                  `${curve.bandwidth.detail ? `: ${curve.bandwidth.detail}` : ""})`
+                : "the node's memory bandwidth is unknown",
+            },
+            p.mbu == null ? dash() : `${Math.round(100 * p.mbu)}%`,
+          ),
           h(
             "td",
             {},

@@ -46,6 +46,18 @@ function healthRank(node) {
   return rank === -1 ? HEALTH_ORDER.length : rank;
 }
 
+/** "below its class" with its figure, where the node's MBU at B = 1 is far below its
+ * hardware class's median on a model. */
+function belowClass(below) {
+  if (!below) return null;
+  const pct = (x) => `${Math.round(100 * x)}%`;
+  const text =
+    `below its class: ${pct(below.mbu)} of its memory bandwidth at B = 1 on ` +
+    `${below.model}, against ${pct(below.class_median)} for the ` +
+    `${below.class_nodes} nodes of ${below.hardware_class}`;
+  return [" ", badge("below its class", "past knee"), h("div", { class: "muted" }, text)];
+}
+
 function renderRow(node) {
   const health = healthOf(node);
   const regressions = node.open_regressions;
@@ -54,7 +66,7 @@ function renderRow(node) {
     { dataset: { node: node.name } },
     h("td", {}, h("a", { href: curvesUrl(node.name) }, node.name)),
     h("td", {}, health ? badge(health) : dash()),
-    h("td", {}, node.hardware ?? dash()),
+    h("td", {}, node.hardware ?? dash(), belowClass(node.below_class)),
     h("td", {}, node.engine ?? dash()),
     h(
       "td",
