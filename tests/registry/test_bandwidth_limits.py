@@ -16,8 +16,11 @@ from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_MODEL_INFO,
     ARTICLE_TABLE,
+    DAY0,
+    WOBBLE,
     LiveRegistry,
     make_report,
+    post_history,
     post_report,
 )
 
@@ -149,3 +152,29 @@ def test_a_node_far_below_its_class_is_flagged_with_its_figures(
     assert below["mbu"] == pytest.approx(0.6 * below["class_median"], rel=1e-6)
     detail = _get(live_registry, "/v1/nodes/mac-capped")
     assert detail["below_class"] == below
+
+
+def test_runs_measured_under_contention_are_no_step_and_no_baseline(
+    live_registry: LiveRegistry,
+) -> None:
+    """Both databases' series reads (PostgreSQL's reads many pairs at once) leave them out."""
+    busy = wire.Contention(seconds=60, other_cpu_share=0.9, reason="others used 90% of the CPUs")
+    post_history(live_registry, [(11429, w) for w in WOBBLE[:5]])
+    # a new build measured twice beside another job, at half the speed: no regression
+    post_history(
+        live_registry,
+        [(11500, 0.5 * w) for w in WOBBLE[5:7]],
+        start=DAY0 + timedelta(days=5),
+        contention=busy,
+    )
+    assert _get(live_registry, "/v1/regressions")["count"] == 0
+    # measured again on an idle node, 15% slower: the step is found against the history
+    # before the build, the contended runs no part of it
+    post_history(
+        live_registry,
+        [(11500, 0.85 * w) for w in WOBBLE[5:7]],
+        start=DAY0 + timedelta(days=7),
+    )
+    found = _get(live_registry, "/v1/regressions")["data"]
+    eight = next(r for r in found if (r["metric"], r["b"]) == ("s_tg", 8))
+    assert eight["change_pct"] == pytest.approx(-15, abs=1.5)
