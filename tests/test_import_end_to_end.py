@@ -344,3 +344,12 @@ def test_the_article_table_against_its_chips_bandwidth(
     assert 0.7 <= mbu[0] <= 0.85
     assert mbu[0] > mbu[1] > mbu[2] and mbu[-1] < mbu[-2] < mbu[2]
     assert [n["hardware"] for n in nodes] == ["Apple M4 Pro"]
+    # placement's table says how much of the chip's bandwidth the offered point used
+    placed = agent(
+        "placement", "--model", ARTICLE_MODEL, "--min-tps-per-user", "15",
+        "--registry", live_registry.url,
+    )  # fmt: skip
+    assert placed.returncode == 0, placed.stderr
+    [row] = [line for line in placed.stdout.splitlines() if line.startswith("│ m4pro")]
+    cells = [cell.strip() for cell in row.strip("│").split("│")]
+    assert (cells[1], cells[8]) == ("8", f"{mbu[3]:.0%}")
