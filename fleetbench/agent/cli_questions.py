@@ -41,7 +41,7 @@ from fleetbench.cli_compare import (
     print_compare,
     verdict_exit,
 )
-from fleetbench.contract.answers import PlacementKind
+from fleetbench.contract.answers import PlacementKind, PlacementOrder
 
 if TYPE_CHECKING:  # httpx loads when a question is asked (handover.registry_client)
     from fleetbench.agent.client import RegistryClient
@@ -121,12 +121,20 @@ def placement(
     limit: LimitOption = None,
     kind: KindOption = None,
     max_ttft_ms: MaxTtftOption = None,
+    order: Annotated[
+        PlacementOrder | None,
+        typer.Option(
+            help="throughput: best total throughput first; cost: the cheapest per million "
+            "tokens first, by each hardware class's price (fleetbench-registry price) "
+            "[registry default: throughput]"
+        ),
+    ] = None,
     registry: RegistryOption = None,
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Ask the registry which node and concurrency meets a per-user speed for a model (and
-    a time to first token, from serving runs)."""
+    a time to first token, from serving runs), best throughput or cheapest tokens first."""
     answer = _asked(
         registry,
         token,
@@ -139,6 +147,7 @@ def placement(
             limit=limit,
             kind=kind,
             max_ttft_ms=max_ttft_ms,
+            order=order,
         ),
     )
     _print_answer(answer, placement_table, as_json=as_json)

@@ -39,6 +39,7 @@ from fleetbench.contract.answers import (
     CompareKind,
     PlacementAnswer,
     PlacementKind,
+    PlacementOrder,
     RegressionsPublic,
     RunReceipt,
 )
@@ -139,6 +140,7 @@ class RegistryClient:
         limit: int | None = None,
         kind: PlacementKind | None = None,
         max_ttft_ms: float | None = None,
+        order: PlacementOrder | None = None,
     ) -> PlacementAnswer:
         return self._question(
             "/v1/placement",
@@ -151,6 +153,7 @@ class RegistryClient:
             limit=limit,
             kind=kind,
             max_ttft_ms=max_ttft_ms,
+            order=order,
         )
 
     def capacity(

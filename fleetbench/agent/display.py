@@ -119,7 +119,8 @@ def placement_table(answer: PlacementAnswer) -> Table:
     )
     table.add_column("node", no_wrap=True)
     headers = (
-        "B", "per user", "total", "TTFT p90 ms", "prefill", "PP/TG", "KV GiB", "MBU", "build"
+        "B", "per user", "total", "TTFT p90 ms", "prefill", "PP/TG", "KV GiB", "MBU", "$/M tok",
+        "build",
     )  # fmt: skip
     for header in headers:
         table.add_column(header, justify="right", no_wrap=True)
@@ -150,13 +151,14 @@ def placement_table(answer: PlacementAnswer) -> Table:
             f"{c.prompt_tokens}/{c.gen_tokens}",
             _fmt(c.kv_cache_gib),
             "-" if c.mbu is None else f"{c.mbu:.0%}",
+            _fmt(c.usd_per_million_tokens),
             "-" if c.llama_cpp_build is None else str(c.llama_cpp_build),
             source if c.source == "serving" else "offline curve",
             c.measured_at.strftime("%Y-%m-%d"),
             ", ".join(notes),
         )
     for r in answer.rejected:
-        table.add_row(r.node, str(r.concurrency), *[""] * 11, f"refused: {r.reason}")
+        table.add_row(r.node, str(r.concurrency), *[""] * 12, f"refused: {r.reason}")
     return table
 
 

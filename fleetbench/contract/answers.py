@@ -33,6 +33,7 @@ __all__ = [
     "PlacementAnswer",
     "PlacementCandidate",
     "PlacementKind",
+    "PlacementOrder",
     "PointRatio",
     "RegressionPublic",
     "RegressionsPublic",
@@ -44,6 +45,7 @@ __all__ = [
 
 FactsSource = Literal["node", "most nodes", "none"]
 PlacementKind = Literal["offline", "serving", "any"]
+PlacementOrder = Literal["throughput", "cost"]
 FitBasis = Literal["measured buffers", "predicted only", "server slots"]
 # A candidate whose series cannot show a slowdown this large (with 95% probability) is
 # called out: a regression of this size on its node would go unseen.
@@ -109,6 +111,17 @@ class PlacementCandidate(BaseModel):
         default=None,
         description="offline: the point's memory-bandwidth utilisation, S_TG / B x the bytes "
         "a decode step reads / the node's peak bandwidth (None: unknown)",
+    )
+    hardware_class: str | None = Field(
+        default=None, description="its run's hardware class (None: its run has no fingerprint)"
+    )
+    usd_per_hour: float | None = Field(
+        default=None, description="its class's price per hour as an admin set it (GET /v1/prices)"
+    )
+    usd_per_million_tokens: float | None = Field(
+        default=None,
+        description="what a million output tokens cost at this concurrency: usd_per_hour / "
+        "(total_tps x 3600) x 10^6 (None: no price for its class)",
     )
     kv_cache_gib: float | None = Field(
         default=None,
@@ -186,8 +199,13 @@ class PlacementAnswer(BaseModel):
         default=None, description="the p90 time to first token asked for (serving runs)"
     )
     context_tokens: int | None = None
+    order: PlacementOrder = Field(
+        default="throughput",
+        description="how candidates are listed: best total throughput first, or the cheapest "
+        "per million tokens first (candidates without a price last)",
+    )
     count: int = Field(description="how many nodes qualify; `candidates` lists the first `limit`")
-    candidates: list[PlacementCandidate] = Field(description="best total throughput first")
+    candidates: list[PlacementCandidate] = Field(description="in `order`")
     rejected: list[RejectedConcurrency] = Field(
         default_factory=list, description="faster choices refused because they would not fit"
     )

@@ -1,5 +1,5 @@
-"""`fleetbench-registry`: migrate the database, manage tokens and sweep plans, serve the
-API, prune old runs, compare two builds across the fleet."""
+"""`fleetbench-registry`: migrate the database, manage tokens, sweep plans and hardware
+prices, serve the API, prune old runs, compare two builds across the fleet."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -34,12 +33,12 @@ from fleetbench.cli_usage import bad_parameter, options_of
 from fleetbench.contract.bounds import Name
 from fleetbench.contract.plans import PlanBody
 from fleetbench.registry import crud, plans, retention, tokens
+from fleetbench.registry.cli_database import engine_of, err, error, open_database
+from fleetbench.registry.cli_prices import price_app
 from fleetbench.registry.compare.answer import CompareAnswer, compare_builds
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import (
     SchemaOutOfDate,
-    create_db_engine,
-    ensure_schema_current,
     schema_revisions,
     session_factory,
     upgrade_schema,
@@ -62,6 +61,7 @@ plan_app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(plan_app, name="plan")
+app.add_typer(price_app, name="price")
 
 
 @app.callback()
@@ -74,51 +74,16 @@ def _every_command(
 # The option that sets each of TokenRequest's fields, to name in a usage error.
 _TOKEN_OPTIONS = options_of(TokenRequest, {"expires_in_days": "expires_days"})
 
-# Messages go to stderr: `token create` prints only the token on stdout. No markup: what
-# they quote (a token's name, a database error) prints as written.
-err = Console(stderr=True, soft_wrap=True, markup=False)
-
-
-def _error(message: str) -> None:
-    err.print(Text.assemble(("error:", "red"), " ", message))
-
-
-def _describe(settings: RegistrySettings) -> str:
-    url = make_url(settings.sqlalchemy_url)
-    if url.get_backend_name() == "sqlite":
-        return f"SQLite file {url.database}"
-    return f"{url.get_backend_name()} database {url.render_as_string(hide_password=True)}"
-
-
-def _engine(settings: RegistrySettings) -> Engine:
-    err.print(f"registry database: {_describe(settings)}")
-    return create_db_engine(settings.sqlalchemy_url)
-
-
-def _open(settings: RegistrySettings) -> Engine:
-    """The engine, with the schema at head. The embedded default SQLite file is upgraded on
-    its own; any other database is left for an explicit `migrate`."""
-    engine = _engine(settings)
-    try:
-        if settings.is_default_sqlite:
-            upgrade_schema(engine)
-        else:
-            ensure_schema_current(engine, fix_command="fleetbench-registry migrate")
-    except SchemaOutOfDate as exc:
-        _error(str(exc))
-        raise typer.Exit(1) from exc
-    return engine
-
 
 @app.command()
 def migrate() -> None:
     """Upgrade the database schema to the latest revision."""
-    engine = _engine(RegistrySettings())
+    engine = engine_of(RegistrySettings())
     try:
         before = upgrade_schema(engine)
         _, head = schema_revisions(engine)
     except SchemaOutOfDate as exc:
-        _error(str(exc))
+        error(str(exc))
         raise typer.Exit(1) from exc
     if before == head:
         err.print(f"schema already at {head}")
@@ -169,7 +134,7 @@ def serve(
     if (ssl_certfile is None) != (ssl_keyfile is None):
         raise typer.BadParameter("give both or neither", param_hint="--ssl-certfile/--ssl-keyfile")
     settings = RegistrySettings()
-    _open(settings).dispose()
+    open_database(settings).dispose()
     served = {
         "host": host,
         "port": port,
@@ -233,7 +198,7 @@ def token_create(
         if not sep or not key:
             raise typer.BadParameter(f"label {item!r} is not KEY=VALUE", param_hint="--label")
         labels[key] = value
-    with session_factory(_open(RegistrySettings()))() as session:
+    with session_factory(open_database(RegistrySettings()))() as session:
         token, secret = tokens.create_token(
             session,
             scope=asked.scope,
@@ -254,7 +219,7 @@ def token_list(
 ) -> None:
     """Every token, without its secret: id, scope, name, node, state and when it was made,
     last used and expires."""
-    with session_factory(_open(RegistrySettings()))() as session:
+    with session_factory(open_database(RegistrySettings()))() as session:
         rows = [token_public(t).model_dump(mode="json") for t in tokens.list_tokens(session)]
     if as_json:
         typer.echo(json.dumps(rows))
@@ -271,11 +236,11 @@ TokenId = Annotated[int, typer.Argument(min=1, help="its id (token list)")]
 @token_app.command("revoke")
 def token_revoke(token_id: TokenId) -> None:
     """Revoke a token: every registry process refuses it within a second."""
-    with session_factory(_open(RegistrySettings()))() as session:
+    with session_factory(open_database(RegistrySettings()))() as session:
         token = tokens.revoke_token(session, token_id=token_id)
         session.commit()
     if token is None:
-        _error(f"no token {token_id}")
+        error(f"no token {token_id}")
         raise typer.Exit(1)
     err.print(f"token {token_id} revoked")
 
@@ -290,17 +255,17 @@ def token_rotate(
     """Replace a token with a new one of the same scope, node and name, printed on standard
     output; the old one keeps working for the grace period, so runs spooled meanwhile are
     delivered whichever token the agent holds."""
-    with session_factory(_open(RegistrySettings()))() as session:
+    with session_factory(open_database(RegistrySettings()))() as session:
         try:
             rotated = tokens.rotate_token(
                 session, token_id=token_id, grace=timedelta(hours=grace_hours)
             )
         except tokens.AlreadyRotated as exc:
-            _error(str(exc))
+            error(str(exc))
             raise typer.Exit(1) from None
         session.commit()
         if rotated is None:
-            _error(f"no active token {token_id}")
+            error(f"no active token {token_id}")
             raise typer.Exit(1)
         old, new, secret = rotated
         ends = old.expires_at
@@ -328,7 +293,7 @@ def prune(
             "give --days or set FLEETBENCH_RETENTION_DAYS", param_hint="--days"
         )
     cutoff = datetime.now(UTC) - timedelta(days=keep)
-    sessions = session_factory(_open(settings))
+    sessions = session_factory(open_database(settings))
 
     def show(pruned: retention.Pruned) -> None:
         err.print(f"  deleted {pruned.runs} runs ({pruned.points} points) so far")
@@ -357,7 +322,7 @@ def rebuild(
         chosen = [rebuilt_named(name) for name in projection] if projection else REBUILT
     except KeyError as exc:
         raise typer.BadParameter(exc.args[0], param_hint="--projection") from None
-    sessions = session_factory(_open(RegistrySettings()))
+    sessions = session_factory(open_database(RegistrySettings()))
 
     def show(rebuilt: Rebuilt) -> None:
         err.print(f"  {rebuilt.nodes} of {rebuilt.total} nodes rebuilt")
@@ -384,13 +349,13 @@ def plan_apply(
         )
     except ValidationError as exc:  # every problem, by its key in the file
         problems = exc.errors(include_url=False)
-        _error(f"{file}: " + "; ".join(f"{_dotted(p['loc'])}: {p['msg']}" for p in problems))
+        error(f"{file}: " + "; ".join(f"{_dotted(p['loc'])}: {p['msg']}" for p in problems))
         raise typer.Exit(2) from None
     except (OSError, ValueError) as exc:  # unreadable, or not TOML or JSON
-        _error(f"{file}: {exc}")
+        error(f"{file}: {exc}")
         raise typer.Exit(2) from None
     settings = RegistrySettings()
-    with session_factory(_open(settings))() as session, write_transaction(session):
+    with session_factory(open_database(settings))() as session, write_transaction(session):
         try:
             saved = plans.save_plan(
                 session,
@@ -400,10 +365,10 @@ def plan_apply(
                 max_points=settings.max_points_per_report,
             )
         except plans.PlanRefused as exc:
-            _error(f"{file}: {exc}")
+            error(f"{file}: {exc}")
             raise typer.Exit(2) from exc
         except plans.PlanChanged as exc:
-            _error(str(exc))
+            error(str(exc))
             raise typer.Exit(1) from exc
         session.commit()
     said = "saved as" if saved.new_version else "unchanged at"
@@ -420,10 +385,10 @@ def plan_list(
     as_json: Annotated[bool, typer.Option("--json", help="print them as JSON")] = False,
 ) -> None:
     """Every plan's current version, or (NAME) every version of one plan, newest first."""
-    with session_factory(_open(RegistrySettings()))() as session:
+    with session_factory(open_database(RegistrySettings()))() as session:
         found = plans.plan_history(session, name) if name else plans.current_plans(session)
     if name and not found:
-        _error(f"no plan {name!r}")
+        error(f"no plan {name!r}")
         raise typer.Exit(1)
     rows = [plan.model_dump(mode="json") for plan in found]
     if as_json:
@@ -444,14 +409,17 @@ def plan_list(
 @plan_app.command("retire")
 def plan_retire(name: Annotated[str, typer.Argument(help="the plan's name")]) -> None:
     """Stop every node running the plan (a version of it that is off; all stay on record)."""
-    with session_factory(_open(RegistrySettings()))() as session, write_transaction(session):
+    with (
+        session_factory(open_database(RegistrySettings()))() as session,
+        write_transaction(session),
+    ):
         try:
             saved = plans.retire_plan(session, name, by="fleetbench-registry plan retire")
         except (plans.PlanRefused, plans.PlanChanged) as exc:
-            _error(str(exc))
+            error(str(exc))
             raise typer.Exit(1) from exc
         if saved is None:
-            _error(f"no plan {name!r}")
+            error(f"no plan {name!r}")
             raise typer.Exit(1)
         session.commit()
     typer.echo(f"plan {name!r} retired at version {saved.plan.version}")
@@ -460,10 +428,13 @@ def plan_retire(name: Annotated[str, typer.Argument(help="the plan's name")]) ->
 @plan_app.command("sweep-now")
 def plan_sweep_now(node: Annotated[str, typer.Argument(help="the node's name")]) -> None:
     """Ask a node to run every plan of its now: it does at its next poll."""
-    with session_factory(_open(RegistrySettings()))() as session, write_transaction(session):
+    with (
+        session_factory(open_database(RegistrySettings()))() as session,
+        write_transaction(session),
+    ):
         found = crud.find_node(session, node)
         if found is None:
-            _error(f"node {node!r} not found")
+            error(f"node {node!r} not found")
             raise typer.Exit(1)
         plans.request_sweep(session, found.id)
         session.commit()
@@ -492,7 +463,7 @@ def compare(
     cli_compare.check_one_format(as_json=as_json, as_markdown=as_markdown)
     settings = RegistrySettings()
     try:
-        with session_factory(_open(settings))() as session:
+        with session_factory(open_database(settings))() as session:
             models = crud.find_models(session, model)
             answer: CompareAnswer | None = None
             if models:
@@ -509,10 +480,10 @@ def compare(
     except typer.Exit as exc:  # `_open`'s, for a schema behind (it said so): no answer
         raise typer.Exit(NO_ANSWER_EXIT) from exc
     except SQLAlchemyError as exc:
-        _error(f"the database cannot be read: {exc}")
+        error(f"the database cannot be read: {exc}")
         raise typer.Exit(NO_ANSWER_EXIT) from exc
     if answer is None:
-        _error(f"model {model!r} not found")
+        error(f"model {model!r} not found")
         raise typer.Exit(USAGE_EXIT)
     cli_compare.print_compare(console(), answer, as_json=as_json, as_markdown=as_markdown)
     raise typer.Exit(cli_compare.verdict_exit(answer.verdict))

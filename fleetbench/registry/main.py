@@ -35,6 +35,7 @@ from fleetbench.registry.routes import (
     nodes,
     placement,
     plans,
+    prices,
     rollouts,
     runs,
     tokens,
@@ -180,7 +181,9 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
     api = APIRouter(prefix="/v1", responses=API_RESPONSES)
     api.include_router(runs.ingest_router)
     api.include_router(plans.agent_router)
-    for module in (runs, nodes, models, placement, compare, rollouts, history, tokens, plans):
+    for module in (
+        runs, nodes, models, placement, compare, rollouts, history, tokens, plans, prices
+    ):  # fmt: skip
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(web_pages.router)  # the dashboard: /, /placement, ...

@@ -42,6 +42,7 @@ __all__ = [
     "EngineBuild",
     "FailedPoint",
     "HardwareFingerprint",
+    "HardwarePrice",
     "LatestPoint",
     "LatestRun",
     "LatestServingRun",
@@ -119,6 +120,19 @@ class Node(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime]
+
+
+class HardwarePrice(Base):
+    """What an hour of a hardware class costs, as an admin set it (`PUT /v1/prices`): one
+    price per class, which a team keeps current more easily than one per node. Placement
+    prices each candidate's tokens by it."""
+
+    __tablename__ = "hardware_prices"
+
+    hardware_class: Mapped[str] = mapped_column(String(300), primary_key=True)
+    usd_per_hour: Mapped[float]
+    set_at: Mapped[datetime]
+    set_by: Mapped[str | None] = mapped_column(String(200))  # the admin token's name
 
 
 class Token(Base):

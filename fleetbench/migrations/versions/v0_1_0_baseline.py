@@ -33,6 +33,14 @@ def upgrade() -> None:
         sa.UniqueConstraint("name", name=op.f("uq_nodes_name")),
     )
     op.create_table(
+        "hardware_prices",
+        sa.Column("hardware_class", sa.String(length=300), nullable=False),
+        sa.Column("usd_per_hour", sa.Double(), nullable=False),
+        sa.Column("set_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("set_by", sa.String(length=200), nullable=True),
+        sa.PrimaryKeyConstraint("hardware_class", name=op.f("pk_hardware_prices")),
+    )
+    op.create_table(
         "rollout_watches",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("model", sa.String(length=200), nullable=False),
@@ -740,5 +748,6 @@ def downgrade() -> None:
     op.drop_table("token_epoch")
     op.drop_table("sweep_plans")
     op.drop_table("rollout_watches")
+    op.drop_table("hardware_prices")
     op.drop_table("nodes")
     # (a table's indexes go with it)

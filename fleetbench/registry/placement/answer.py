@@ -39,6 +39,7 @@ from fleetbench.registry.placement.offline_rows import (
 from fleetbench.registry.placement.rules import (
     GIB,
     NodeChoice,
+    NodePrice,
     PlacementFindings,
     PlacementQuestion,
     ServingChoices,
@@ -48,8 +49,12 @@ from fleetbench.registry.placement.rules import (
     why_fit_unchecked,
 )
 from fleetbench.registry.placement.serving_rows import serving_rows
+from fleetbench.registry.prices.rules import usd_per_million_tokens
+from fleetbench.registry.prices.store import classes_of_runs, prices_of
 
-__all__ = ["place"]
+__all__ = ["EVERY_NODE", "place"]
+
+EVERY_NODE = 100_000  # the most candidates a question may list: one row per node
 
 
 def place(
@@ -75,6 +80,9 @@ def place(
         context_tokens=question.context_tokens,
     )
 
+    # by cost, every qualifying node is priced before the first are listed
+    listed = question.limit if question.order == "throughput" else EVERY_NODE
+
     def rows(caps: Mapping[FitConfig, int] | None = None) -> PlacementRows:
         return placement_rows(
             session,
@@ -82,7 +90,7 @@ def place(
             since=since,
             prompt_tokens=question.prompt_tokens,
             min_tps_per_user=question.min_tps_per_user,
-            limit=question.limit,
+            limit=listed,
             caps=caps,
             unserved=question.kind == "any",
         )
@@ -117,9 +125,11 @@ def place(
         for c in offline.qualifying
         if offline.configs[c.node] in caps
     }
-    predicted = _kv_caches(offline, facts, question.context_tokens)
+    prices = _prices(session, [*offline.qualifying, *served.qualifying])
+    qualifying = _in_order(offline.qualifying, served.qualifying, question, prices)
+    predicted = _kv_caches(offline, facts, question.context_tokens, qualifying)
     findings = PlacementFindings(
-        qualifying=_best_first(offline.qualifying, served.qualifying, question.limit),
+        qualifying=qualifying,
         qualifying_count=offline.qualifying_count + len(served.qualifying),
         fastest=_fastest(offline.fastest, served) if not served.qualifying else None,
         longest_prompt=offline.longest_prompt,
@@ -134,17 +144,42 @@ def place(
         facts_from=_facts_sources(offline, facts),
         small_slots=served.small_slots,
         untimed=untimed,
+        prices=prices,
     )
     return answer_placement(models[0].name, question, findings)
 
 
-def _best_first(
-    offline: Sequence[NodeChoice], serving: Sequence[NodeChoice], limit: int
+def _in_order(
+    offline: Sequence[NodeChoice],
+    serving: Sequence[NodeChoice],
+    question: PlacementQuestion,
+    prices: Mapping[str, NodePrice],
 ) -> list[NodeChoice]:
-    """Both kinds of candidates (each best total throughput first) as one list, the first
-    `limit` of it."""
+    """Both kinds of candidates (each best total throughput first) as one list in the
+    question's order, the first `limit` of it: best total throughput first, or the cheapest
+    per million tokens first (those without a price last, best throughput first)."""
     merged = sorted([*offline, *serving], key=lambda c: -c.s_tg)  # stable: ties keep order
-    return merged[:limit]
+    if question.order == "cost":
+
+        def cost(choice: NodeChoice) -> tuple[bool, float]:
+            price = prices.get(choice.node)
+            usd = price.usd_per_hour if price is not None else None
+            per_million = usd_per_million_tokens(usd, choice.s_tg) if usd else None
+            return (per_million is None, per_million or 0.0)
+
+        merged.sort(key=cost)
+    return merged[: question.limit]
+
+
+def _prices(session: Session, choices: Sequence[NodeChoice]) -> dict[str, NodePrice]:
+    """Each candidate's hardware class (its run's) and the class's price per hour."""
+    classes = classes_of_runs(session, {choice.run_id for choice in choices})
+    usd = prices_of(session, set(classes.values()))
+    return {
+        choice.node: NodePrice(hardware_class, usd.get(hardware_class))
+        for choice in choices
+        if (hardware_class := classes.get(choice.run_id)) is not None
+    }
 
 
 def _fastest(offline: NodeChoice | None, served: ServingChoices) -> NodeChoice | None:
@@ -174,12 +209,15 @@ def _kv_caches(
     found: PlacementRows,
     facts: FleetFacts,
     context_tokens: int | None,
+    listed: Sequence[NodeChoice],
 ) -> dict[str, KvPrediction | KvUnknown]:
     """The listed nodes' users' KV cache at their concurrency, at `context_tokens` each (or
     the point's own PP + TG), or why it cannot be said; nodes alike share one computation."""
     computed: dict[tuple[FitConfig, int, int], KvPrediction | KvUnknown] = {}
     caches = {}
-    for choice in found.qualifying:
+    for choice in listed:
+        if choice.node not in found.configs or choice.source != "offline":
+            continue  # a serving candidate's cache is its server's
         config = found.configs[choice.node]
         tokens = context_tokens or choice.pp + choice.tg
         key = (config, choice.b, tokens)

@@ -30,6 +30,7 @@ from fleetbench.contract.answers import (
     FitBasis,
     PlacementAnswer,
     PlacementKind,
+    PlacementOrder,
     RejectedConcurrency,
 )
 from fleetbench.contract.kv_cache import (
@@ -41,11 +42,13 @@ from fleetbench.contract.kv_cache import (
 )
 from fleetbench.contract.wire import ModelInfo
 from fleetbench.registry.curves.knee import find_knee
+from fleetbench.registry.prices.rules import usd_per_million_tokens
 
 __all__ = [
     "GIB",
     "NodeChoice",
     "NodeMemory",
+    "NodePrice",
     "PlacementFindings",
     "PlacementQuestion",
     "ServingChoices",
@@ -283,6 +286,15 @@ class PlacementQuestion:
     kind: PlacementKind = "any"
     max_ttft_ms: float | None = None
     limit: int = 100  # candidates listed
+    order: PlacementOrder = "throughput"
+
+
+@dataclass(frozen=True)
+class NodePrice:
+    """A candidate's hardware class and its price per hour (None: none is set)."""
+
+    hardware_class: str
+    usd_per_hour: float | None
 
 
 @dataclass(frozen=True)
@@ -310,6 +322,7 @@ class PlacementFindings:
     facts_from: Mapping[str, FactsSource] = field(default_factory=dict)
     small_slots: Sequence[tuple[str, int]] = ()
     untimed: int = 0
+    prices: Mapping[str, NodePrice] = field(default_factory=dict)  # by node
 
 
 def answer_placement(
@@ -323,6 +336,7 @@ def answer_placement(
             "kind": question.kind,
             "max_ttft_ms": question.max_ttft_ms,
             "context_tokens": question.context_tokens,
+            "order": question.order,
             "count": found.qualifying_count,
             "candidates": [
                 _candidate(
@@ -331,6 +345,7 @@ def answer_placement(
                     found.kv_rules.get(c.node),
                     found.fit_checked.get(c.node),
                     found.facts_from.get(c.node, "none"),
+                    found.prices.get(c.node),
                 )
                 for c in found.qualifying
             ],
@@ -356,7 +371,17 @@ def _reason(model: str, question: PlacementQuestion, found: PlacementFindings) -
                 f" ({served} listed from their serving runs, {len(qualifying) - served} from "
                 "their offline curves)"
             )
-        if found.qualifying_count > len(qualifying):
+        if question.order == "cost":
+            unpriced = sum(
+                (price := found.prices.get(c.node)) is None or price.usd_per_hour is None
+                for c in qualifying
+            )
+            reason += "; the cheapest per million tokens first"
+            if unpriced:
+                reason += f", {unpriced} without a price for their hardware class last"
+            if found.qualifying_count > len(qualifying):
+                reason += f"; the {len(qualifying)} first are listed"
+        elif found.qualifying_count > len(qualifying):
             reason += f"; the {len(qualifying)} with the highest total throughput are listed"
     elif fastest is not None:
         reason = (
@@ -442,7 +467,9 @@ def _candidate(
     kv_rules: str | None,
     fit_basis: FitBasis | None,
     facts_from: FactsSource,
+    price: NodePrice | None,
 ) -> dict[str, object]:
+    usd = price.usd_per_hour if price is not None else None
     return {
         "node": choice.node,
         "concurrency": choice.b,
@@ -456,6 +483,9 @@ def _candidate(
         "run_id": choice.run_id,
         "past_knee": choice.past_knee,
         "mbu": choice.mbu,
+        "hardware_class": price.hardware_class if price is not None else None,
+        "usd_per_hour": usd,
+        "usd_per_million_tokens": usd_per_million_tokens(usd, choice.s_tg) if usd else None,
         "kv_cache_gib": kv_bytes / GIB if kv_bytes is not None else None,
         "kv_rules": kv_rules,
         "fit": "fits" if fit_basis is not None else "not checked",

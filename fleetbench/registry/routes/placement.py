@@ -5,7 +5,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from fastapi.exceptions import RequestValidationError
 
-from fleetbench.contract.answers import CapacityAnswer, PlacementAnswer, PlacementKind
+from fleetbench.contract.answers import (
+    CapacityAnswer,
+    PlacementAnswer,
+    PlacementKind,
+    PlacementOrder,
+)
 from fleetbench.contract.bounds import NAME_LENGTH
 from fleetbench.registry.capacity.answer import plan_capacity
 from fleetbench.registry.deps import (
@@ -77,11 +82,18 @@ def read_placement(
     ] = 100,
     kind: Kind = "any",
     max_ttft_ms: MaxTtftMs = None,
+    order: Annotated[
+        PlacementOrder,
+        Query(
+            description="throughput: best total throughput first; cost: the cheapest per "
+            "million tokens first, by each hardware class's price (GET /v1/prices)"
+        ),
+    ] = "throughput",
 ) -> Response:
     """Which node and concurrency meets `min_tps_per_user` decode tokens/s per user (on a
     serving run: the p10 of its users' speeds), within `max_ttft_ms` to the first token
     when given, and, given `context_tokens`, holds every user's KV cache beside the
-    weights?"""
+    weights? Each candidate is priced where its hardware class has a price."""
     _timed_kind(kind, max_ttft_ms)
     question = PlacementQuestion(
         min_tps_per_user=min_tps_per_user,
@@ -91,6 +103,7 @@ def read_placement(
         kind=kind,
         max_ttft_ms=max_ttft_ms,
         limit=limit,
+        order=order,
     )
     answer = place(session, models_or_404(session, model), question)
     # Serialized here: FastAPI would dump and validate the answer again, which costs more

@@ -1,0 +1,41 @@
+"""What `/v1/prices` takes and answers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetbench.contract.bounds import Text
+from fleetbench.registry.hardware import DESCRIPTION_LENGTH
+
+__all__ = ["HardwarePricePublic", "HardwarePriceRequest", "HardwarePricesPublic"]
+
+MOST_USD_PER_HOUR = 1e6
+
+
+class HardwarePriceRequest(BaseModel):
+    """A hardware class's price per hour, to set (replacing the one it had)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hardware_class: Text = Field(
+        min_length=1,
+        max_length=DESCRIPTION_LENGTH,
+        description="as GET /v1/nodes and compare name it, e.g. '2x NVIDIA H100 80GB HBM3'",
+    )
+    usd_per_hour: float = Field(gt=0, le=MOST_USD_PER_HOUR, allow_inf_nan=False)
+
+
+class HardwarePricePublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    hardware_class: str
+    usd_per_hour: float
+    set_at: datetime
+    set_by: str | None = Field(description="the admin token that set it")
+
+
+class HardwarePricesPublic(BaseModel):
+    data: list[HardwarePricePublic]
+    count: int

@@ -1,0 +1,66 @@
+"""Each hardware class's price per hour, as an admin set it (table hardware_prices), and each
+run's hardware class, by which placement prices a candidate."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Sequence
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from fleetbench.registry.models import HardwareFingerprint, HardwarePrice, Run
+
+__all__ = ["classes_of_runs", "list_prices", "prices_of", "remove_price", "set_price"]
+
+
+def list_prices(session: Session) -> Sequence[HardwarePrice]:
+    return session.scalars(select(HardwarePrice).order_by(HardwarePrice.hardware_class)).all()
+
+
+def set_price(
+    session: Session, *, hardware_class: str, usd_per_hour: float, set_by: str | None
+) -> HardwarePrice:
+    """Sets (or replaces) the class's price; the caller commits."""
+    row = session.get(HardwarePrice, hardware_class)
+    now = datetime.now(UTC)
+    if row is None:
+        row = HardwarePrice(hardware_class=hardware_class)
+        session.add(row)
+    row.usd_per_hour, row.set_at, row.set_by = usd_per_hour, now, set_by
+    session.flush()
+    return row
+
+
+def remove_price(session: Session, hardware_class: str) -> bool:
+    """Removes the class's price; False where it had none. The caller commits."""
+    row = session.get(HardwarePrice, hardware_class)
+    if row is None:
+        return False
+    session.delete(row)
+    return True
+
+
+def classes_of_runs(session: Session, run_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The hardware class of each run's fingerprint (runs without one are left out)."""
+    if not run_ids:
+        return {}
+    rows = session.execute(
+        select(Run.id, HardwareFingerprint.hardware_class)
+        .join(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+        .where(Run.id.in_(list(run_ids)), HardwareFingerprint.hardware_class.is_not(None))
+    ).all()
+    return {run_id: hardware_class for run_id, hardware_class in rows if hardware_class}
+
+
+def prices_of(session: Session, classes: Collection[str]) -> dict[str, float]:
+    """The price per hour of each of these classes that has one."""
+    if not classes:
+        return {}
+    rows = session.execute(
+        select(HardwarePrice.hardware_class, HardwarePrice.usd_per_hour).where(
+            HardwarePrice.hardware_class.in_(list(classes))
+        )
+    ).all()
+    return dict(rows)
