@@ -158,7 +158,8 @@ def placement_table(answer: PlacementAnswer) -> Table:
             ", ".join(notes),
         )
     for r in answer.rejected:
-        table.add_row(r.node, str(r.concurrency), *[""] * 12, f"refused: {r.reason}")
+        # blank from "per user" to "measured", the reason under "notes"
+        table.add_row(r.node, str(r.concurrency), *[""] * 11, f"refused: {r.reason}")
     return table
 
 

@@ -477,7 +477,7 @@ def compare(
                     settings=settings.compare_settings(),
                     limit=limit,
                 )
-    except typer.Exit as exc:  # `_open`'s, for a schema behind (it said so): no answer
+    except typer.Exit as exc:  # `open_database`'s, for a schema behind (it said so): no answer
         raise typer.Exit(NO_ANSWER_EXIT) from exc
     except SQLAlchemyError as exc:
         error(f"the database cannot be read: {exc}")

@@ -15,6 +15,7 @@ from fleetbench.cli_usage import bad_parameter
 from fleetbench.registry.cli_database import err, error, open_database
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.db import session_factory, write_transaction
+from fleetbench.registry.hardware import hardware_class as class_named
 from fleetbench.registry.prices.answers import HardwarePricePublic, HardwarePriceRequest
 from fleetbench.registry.prices.store import list_prices, remove_price, set_price
 
@@ -29,7 +30,9 @@ price_app = typer.Typer(
 _ARGUMENTS = {"hardware_class": "HARDWARE_CLASS", "usd_per_hour": "USD_PER_HOUR"}
 HardwareClass = Annotated[
     str,
-    typer.Argument(help="as `GET /v1/nodes` and compare name it, e.g. '2x NVIDIA H100 80GB HBM3'"),
+    typer.Argument(
+        help="as `hardware_class` in GET /v1/nodes names it, e.g. '2x NVIDIA H100 80GB HBM3'"
+    ),
 ]
 
 
@@ -73,7 +76,7 @@ def price_remove(hardware_class: HardwareClass) -> None:
     """Remove a hardware class's price: its nodes' tokens are priced no more."""
     sessions = session_factory(open_database(RegistrySettings()))
     with sessions() as session, write_transaction(session):
-        removed = remove_price(session, hardware_class)
+        removed = remove_price(session, class_named(hardware_class) or hardware_class)
         session.commit()
     if not removed:
         error(f"no price is set for {hardware_class!r}")

@@ -302,11 +302,11 @@ class RegistryMetrics:
         self.shed_requests.labels(lane).inc()
 
     def ingest_steps(self, steps: Steps) -> None:
-        """What a batch of reports cost, step by step (registry.prices)."""
+        """What a batch of reports cost, step by step (registry.costs)."""
         self._add_steps("ingest", steps)
 
     def judge_steps(self, steps: Steps) -> None:
-        """What a pass of the regression judge cost, step by step (registry.prices)."""
+        """What a pass of the regression judge cost, step by step (registry.costs)."""
         self._add_steps("judge", steps)
 
     def _add_steps(self, work: str, steps: Steps) -> None:

@@ -75,6 +75,10 @@ class NodePublic(_Public):
     last_run_at: datetime | None
     runs: int
     hardware: str | None = Field(description="the latest run's hardware, described")
+    hardware_class: str | None = Field(
+        default=None,
+        description="its class, as compare and prices name it (`hardware` without the driver)",
+    )
     engine: str | None = Field(description="the latest run's engine build")
     last_status: wire.RunStatus | None
     open_regressions: int = Field(

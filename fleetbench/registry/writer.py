@@ -44,7 +44,7 @@ Result = TypeVar("Result")
 class Batch(Generic[Result]):
     """What a batch's write function gives back: each item's answer (a result, or the
     exception that refused it alone), what to do once the transaction is committed, and
-    where to count what the commit cost (registry.prices)."""
+    where to count what the commit cost (registry.costs)."""
 
     answers: list[Result | Exception]
     committed: Callable[[], None] | None = None

@@ -72,8 +72,13 @@ def test_an_admin_sets_lists_and_removes_a_class_s_price(live_registry: LiveRegi
             assert (
                 admin.put("/v1/prices", json={**body, "usd_per_hour": refused}).status_code == 422
             )
+        # a node's `hardware`, driver and all, names its class
+        with_driver = {**body, "hardware_class": f"  {H100} (driver 550.54.15) "}
+        assert admin.put("/v1/prices", json=with_driver).json()["hardware_class"] == H100
         listed = admin.get("/v1/prices").json()
-        assert [(p["hardware_class"], p["usd_per_hour"]) for p in listed["data"]] == [(H100, 2.5)]
+        assert [(p["hardware_class"], p["usd_per_hour"]) for p in listed["data"]] == [(H100, 3.5)]
+        nul = admin.delete("/v1/prices", params={"hardware_class": "a\x00b"})
+        assert nul.status_code == 422
         assert admin.delete("/v1/prices", params={"hardware_class": H100}).status_code == 204
         gone = admin.delete("/v1/prices", params={"hardware_class": H100})
         assert gone.status_code == 404 and H100 in gone.json()["detail"]
@@ -90,6 +95,10 @@ def test_placement_prices_each_candidate_and_lists_the_cheapest_first(
         for hardware_class, usd in ((H100, 4.0), (M4_PRO, 0.5)):
             body = {"hardware_class": hardware_class, "usd_per_hour": usd}
             assert admin.put("/v1/prices", json=body).status_code == 200
+
+    with live_registry.client() as reader:
+        nodes = {n["name"]: n["hardware_class"] for n in reader.get("/v1/nodes").json()["data"]}
+    assert nodes == {"h100-1": H100, "m4pro": M4_PRO, "unpriced": "an unlisted box"}
 
     by_throughput = _placement(live_registry)
     assert [c["node"] for c in by_throughput["candidates"]] == ["h100-1", "unpriced", "m4pro"]

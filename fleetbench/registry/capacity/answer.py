@@ -24,13 +24,11 @@ from fleetbench.contract.answers import (
 from fleetbench.registry.capacity.rules import NodeOffer, Plan, fewest_nodes, plans_per_class
 from fleetbench.registry.hardware import UNKNOWN_CLASS
 from fleetbench.registry.models import HardwareFingerprint, Model, Run
-from fleetbench.registry.placement.answer import place
+from fleetbench.registry.placement.answer import EVERY_NODE, place
 from fleetbench.registry.placement.rules import PlacementQuestion
 from fleetbench.registry.state import Bounded
 
 __all__ = ["plan_capacity"]
-
-EVERY_NODE = 100_000  # placement's largest limit: a plan weighs every candidate
 
 
 def _refusal(

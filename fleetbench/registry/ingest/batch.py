@@ -54,7 +54,7 @@ def ingest_batch(
     commits), and answers each: Stored (created, or already stored with the same body), or
     the RunConflict or ReportRefused that refused it before anything of it was written. Rows
     found or made are added to `learned`, for the caller to remember once committed; what
-    each step cost is added to `steps` (registry.prices).
+    each step cost is added to `steps` (registry.costs).
 
     Set-based: each step is one statement for the whole batch (a select of all its keys, a
     multi-row insert or upsert), whatever its size."""

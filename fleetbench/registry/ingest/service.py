@@ -20,7 +20,7 @@ class Ingest:
     """Stores reports through the writer (registry.writer): in batches, each batch one
     transaction, on one thread for SQLite and `writers` threads for PostgreSQL.
     `stored` is told after each commit that stored runs (their series are queued for the
-    regression check), `measured` what each committed batch cost (registry.prices); `known`
+    regression check), `measured` what each committed batch cost (registry.costs); `known`
     holds the rows it learns (the process's, registry.state).
 
     ingest = Ingest(sessions, IngestLimits(), writers=4, stored=judge.queued)

@@ -54,7 +54,7 @@ from fleetbench.registry.prices.store import classes_of_runs, prices_of
 
 __all__ = ["EVERY_NODE", "place"]
 
-EVERY_NODE = 100_000  # the most candidates a question may list: one row per node
+EVERY_NODE = 100_000  # placement's largest limit: every node's candidate
 
 
 def place(
@@ -83,14 +83,14 @@ def place(
     # by cost, every qualifying node is priced before the first are listed
     listed = question.limit if question.order == "throughput" else EVERY_NODE
 
-    def rows(caps: Mapping[FitConfig, int] | None = None) -> PlacementRows:
+    def rows(caps: Mapping[FitConfig, int] | None = None, limit: int = listed) -> PlacementRows:
         return placement_rows(
             session,
             model_ids=model_ids,
             since=since,
             prompt_tokens=question.prompt_tokens,
             min_tps_per_user=question.min_tps_per_user,
-            limit=listed,
+            limit=limit,
             caps=caps,
             unserved=question.kind == "any",
         )
@@ -103,7 +103,7 @@ def place(
     if question.kind == "serving" or question.max_ttft_ms is not None:
         # Offline curves have no TTFT: asked for one, they only say how many nodes they'd add.
         offline = PlacementRows([], 0, None, None, {})
-        untimed = rows().qualifying_count if question.kind == "any" else 0
+        untimed = rows(limit=1).qualifying_count if question.kind == "any" else 0
     elif question.context_tokens is None:
         offline = rows()
     else:
@@ -127,6 +127,9 @@ def place(
     }
     prices = _prices(session, [*offline.qualifying, *served.qualifying])
     qualifying = _in_order(offline.qualifying, served.qualifying, question, prices)
+    if question.order == "cost":  # the refusals of the nodes listed, not of the whole fleet
+        shown = {choice.node for choice in qualifying}
+        rejected = [refusal for refusal in rejected if refusal.node in shown]
     predicted = _kv_caches(offline, facts, question.context_tokens, qualifying)
     findings = PlacementFindings(
         qualifying=qualifying,

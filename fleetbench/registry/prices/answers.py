@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetbench.contract.bounds import Text
-from fleetbench.registry.hardware import DESCRIPTION_LENGTH
+from fleetbench.registry.hardware import DESCRIPTION_LENGTH, hardware_class
 
 __all__ = ["HardwarePricePublic", "HardwarePriceRequest", "HardwarePricesPublic"]
 
@@ -22,9 +22,19 @@ class HardwarePriceRequest(BaseModel):
     hardware_class: Text = Field(
         min_length=1,
         max_length=DESCRIPTION_LENGTH,
-        description="as GET /v1/nodes and compare name it, e.g. '2x NVIDIA H100 80GB HBM3'",
+        description="as `hardware_class` in GET /v1/nodes names it, e.g. '2x NVIDIA H100 80GB "
+        "HBM3' or 'Apple M4 Pro, 48 GiB' (a node's `hardware` with its driver is taken too: "
+        "the driver is left out)",
     )
     usd_per_hour: float = Field(gt=0, le=MOST_USD_PER_HOUR, allow_inf_nan=False)
+
+    @field_validator("hardware_class")
+    @classmethod
+    def _as_classes_are_named(cls, given: str) -> str:
+        named = hardware_class(given)
+        if named is None:
+            raise ValueError("names no hardware class")
+        return named
 
 
 class HardwarePricePublic(BaseModel):
@@ -33,7 +43,9 @@ class HardwarePricePublic(BaseModel):
     hardware_class: str
     usd_per_hour: float
     set_at: datetime
-    set_by: str | None = Field(description="the admin token that set it")
+    set_by: str | None = Field(
+        description="the admin token that set it, or `fleetbench-registry price set`"
+    )
 
 
 class HardwarePricesPublic(BaseModel):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from fleetbench.registry.models import HardwareFingerprint, HardwarePrice, Run
@@ -22,24 +24,25 @@ def list_prices(session: Session) -> Sequence[HardwarePrice]:
 def set_price(
     session: Session, *, hardware_class: str, usd_per_hour: float, set_by: str | None
 ) -> HardwarePrice:
-    """Sets (or replaces) the class's price; the caller commits."""
-    row = session.get(HardwarePrice, hardware_class)
-    now = datetime.now(UTC)
-    if row is None:
-        row = HardwarePrice(hardware_class=hardware_class)
-        session.add(row)
-    row.usd_per_hour, row.set_at, row.set_by = usd_per_hour, now, set_by
-    session.flush()
+    """Sets (or replaces) the class's price, in one upsert: two admins setting one class at
+    once each succeed, the later one's price kept. The caller commits."""
+    dialect = session.get_bind().dialect.name
+    insert_for: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    values = {"usd_per_hour": usd_per_hour, "set_at": datetime.now(UTC), "set_by": set_by}
+    upsert = insert_for(HardwarePrice).values(hardware_class=hardware_class, **values)
+    session.execute(upsert.on_conflict_do_update(index_elements=["hardware_class"], set_=values))
+    row = session.get(HardwarePrice, hardware_class, populate_existing=True)
+    assert row is not None  # (just written, in this transaction)
     return row
 
 
 def remove_price(session: Session, hardware_class: str) -> bool:
-    """Removes the class's price; False where it had none. The caller commits."""
-    row = session.get(HardwarePrice, hardware_class)
-    if row is None:
-        return False
-    session.delete(row)
-    return True
+    """Removes the class's price; False where it had none (or another admin removed it
+    first). The caller commits."""
+    removed = session.connection().execute(
+        delete(HardwarePrice).where(HardwarePrice.hardware_class == hardware_class)
+    )
+    return removed.rowcount > 0
 
 
 def classes_of_runs(session: Session, run_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, str]:

@@ -56,7 +56,7 @@ def judge_checks(
 ) -> set[tuple[int, int]]:
     """Judges the checks' series and stores what is found, in the session's transaction;
     returns the (node, model) pairs a regression is stored for. What each step cost is
-    added to `steps` (registry.prices)."""
+    added to `steps` (registry.costs)."""
     steps = steps if steps is not None else Steps()
     offline = {c.pair: c.since for c in checks if c.kind == "offline"}
     serving = {c.pair: c.since for c in checks if c.kind == "serving"}
@@ -135,7 +135,7 @@ def judge_next_batch(
     judgement fails is judged again check by check, so one series that cannot be judged
     holds up no other; a check that fails alone keeps its lease (a later pass takes it
     when the lease ends) and, alone, its error is raised. What each step cost is added to
-    `steps` (registry.prices)."""
+    `steps` (registry.costs)."""
     steps = steps if steps is not None else Steps()
     with steps.step("claim"):
         moment = now()

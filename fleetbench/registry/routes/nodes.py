@@ -8,6 +8,7 @@ from fleetbench.registry import crud
 from fleetbench.registry.below_class import BelowClass, nodes_below
 from fleetbench.registry.config import RegistrySettings
 from fleetbench.registry.deps import PathsShown, ReadAccess, SessionDep, SettingsDep
+from fleetbench.registry.hardware import hardware_class
 from fleetbench.registry.health import missed_schedule, node_health
 from fleetbench.registry.params import NodePath
 from fleetbench.registry.responses import NOT_FOUND
@@ -44,6 +45,7 @@ def _public(
         "last_run_at": summary.last_run_at,
         "runs": summary.runs,
         "hardware": summary.hardware,
+        "hardware_class": hardware_class(summary.hardware),
         "engine": summary.engine,
         "last_status": summary.last_status,
         "open_regressions": summary.open_regressions,

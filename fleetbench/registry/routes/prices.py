@@ -7,9 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
+from fleetbench.contract.bounds import WITHOUT_NUL
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.deps import AdminAuth, ReadAccess, SessionDep
 from fleetbench.registry.hardware import DESCRIPTION_LENGTH
+from fleetbench.registry.hardware import hardware_class as class_named
 from fleetbench.registry.prices.answers import (
     HardwarePricePublic,
     HardwarePriceRequest,
@@ -20,7 +22,9 @@ from fleetbench.registry.responses import BAD_BODY, NOT_FOUND, TOO_LARGE
 
 router = APIRouter(prefix="/prices", tags=["prices"])
 
-HardwareClass = Annotated[str, Query(min_length=1, max_length=DESCRIPTION_LENGTH)]
+HardwareClass = Annotated[
+    str, Query(min_length=1, max_length=DESCRIPTION_LENGTH, pattern=WITHOUT_NUL)
+]
 
 
 @router.get("", response_model=HardwarePricesPublic, dependencies=[ReadAccess])
@@ -52,7 +56,7 @@ def put_price(
 def delete_price(hardware_class: HardwareClass, session: SessionDep, _: AdminAuth) -> Response:
     """Removes a hardware class's price: its nodes' tokens are priced no more."""
     with write_transaction(session):
-        if not remove_price(session, hardware_class):
+        if not remove_price(session, class_named(hardware_class) or hardware_class):
             raise HTTPException(
                 status.HTTP_404_NOT_FOUND, detail=f"no price is set for {hardware_class!r}"
             )
