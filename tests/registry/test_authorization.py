@@ -81,6 +81,10 @@ ASKS = [
         done=201),
     Ask("DELETE", "/v1/plans/{name}"),
     Ask("POST", "/v1/plans/sweep-now/{name}", done=202),
+    Ask("GET", "/v1/prices"),
+    Ask("PUT", "/v1/prices", body=lambda: {"hardware_class": "NVIDIA L4", "usd_per_hour": 0.8}),
+    Ask("DELETE", "/v1/prices", {"hardware_class": "never priced"},
+        done=404),  # no price for that class: past the gate, it is looked up
     Ask("GET", "/v1/agent/plans"),
     Ask("PUT", "/v1/agent/status", body=lambda: {"local_sweeps": 1}, done=204),
 ]  # fmt: skip
@@ -98,7 +102,9 @@ def expected(ask: Ask, caller: str, *, reads_closed: bool) -> int:
     elif (
         ask.path.startswith(("/v1/tokens", "/v1/plans/sweep-now"))
         or ask.path.endswith("/acknowledge")
-        or (ask.path.startswith(("/v1/plans", "/v1/rollouts")) and ask.method != "GET")
+        or (
+            ask.path.startswith(("/v1/plans", "/v1/rollouts", "/v1/prices")) and ask.method != "GET"
+        )
     ):
         gate = "admin"
     elif not reads_closed:
