@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fleetbench.contract.answers import (
@@ -23,7 +22,7 @@ from fleetbench.contract.answers import (
 )
 from fleetbench.registry.capacity.rules import NodeOffer, Plan, fewest_nodes, plans_per_class
 from fleetbench.registry.hardware import UNKNOWN_CLASS
-from fleetbench.registry.models import HardwareFingerprint, Model, Run
+from fleetbench.registry.models import Model
 from fleetbench.registry.placement.answer import EVERY_NODE, place
 from fleetbench.registry.placement.rules import PlacementQuestion
 from fleetbench.registry.state import Bounded
@@ -49,26 +48,6 @@ def _refusal(
     return None
 
 
-def _classes(
-    session: Session, run_ids: Collection[uuid.UUID], held: Bounded[uuid.UUID, str]
-) -> dict[uuid.UUID, str]:
-    """The hardware class of each run's fingerprint; those `held` (the process's: a run's
-    hardware never changes) not read again, so that a question over 1,000 nodes reads only
-    the runs it has not seen."""
-    found = {run_id: named for run_id in run_ids if (named := held.get(run_id)) is not None}
-    missing = [run_id for run_id in run_ids if run_id not in found]
-    if missing:
-        for run_id, named in session.execute(
-            select(Run.id, HardwareFingerprint.hardware_class)
-            .join(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
-            .where(Run.id.in_(missing))
-        ):
-            if named is not None:  # (a class not known yet may be later: not kept)
-                held.put(run_id, named)
-                found[run_id] = named
-    return {run_id: found.get(run_id, UNKNOWN_CLASS) for run_id in run_ids}
-
-
 def plan_capacity(
     session: Session,
     models: Sequence[Model],
@@ -82,7 +61,7 @@ def plan_capacity(
     """The fewest nodes serving `users` users, each as placement's `question` asks (every
     candidate considered, whatever its `limit`), leaving out the `reserve`d nodes."""
     question = dataclasses.replace(question, limit=EVERY_NODE)
-    placed = place(session, models, question)
+    placed = place(session, models, question, classes=classes)
     now = datetime.now(UTC)
     stale_before = now - timedelta(hours=stale_after_hours)
     refused: list[CapacityRefusal] = []
@@ -99,8 +78,10 @@ def plan_capacity(
         for r in placed.rejected
         if r.node not in offered and r.node not in reserve
     ]
-    class_of = _classes(session, [c.run_id for c in usable], classes)
-    offers = [NodeOffer(c.node, class_of[c.run_id], c.concurrency, c.total_tps) for c in usable]
+    offers = [
+        NodeOffer(c.node, c.hardware_class or UNKNOWN_CLASS, c.concurrency, c.total_tps)
+        for c in usable
+    ]
     by_node = {c.node: c for c in usable}
     plan = fewest_nodes(offers, users)
     per_class = plans_per_class(offers, users)

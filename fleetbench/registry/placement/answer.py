@@ -15,6 +15,7 @@ candidates merged, best total throughput first.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -51,6 +52,7 @@ from fleetbench.registry.placement.rules import (
 from fleetbench.registry.placement.serving_rows import serving_rows
 from fleetbench.registry.prices.rules import usd_per_million_tokens
 from fleetbench.registry.prices.store import classes_of_runs, prices_of
+from fleetbench.registry.state import Bounded
 
 __all__ = ["EVERY_NODE", "place"]
 
@@ -58,10 +60,15 @@ EVERY_NODE = 100_000  # placement's largest limit: every node's candidate
 
 
 def place(
-    session: Session, models: Sequence[Model], question: PlacementQuestion
+    session: Session,
+    models: Sequence[Model],
+    question: PlacementQuestion,
+    *,
+    classes: Bounded[uuid.UUID, str],
 ) -> PlacementAnswer:
     """The placement answer for the models (files sharing one name count as one model).
-    A question's `max_ttft_ms` needs serving runs: with kind offline, ask without it."""
+    A question's `max_ttft_ms` needs serving runs: with kind offline, ask without it.
+    `classes`: the process's runs' hardware classes, read once (each candidate's)."""
     model_ids = [m.id for m in models]
     since = (
         datetime.now(UTC) - timedelta(days=question.max_age_days) if question.max_age_days else None
@@ -125,7 +132,7 @@ def place(
         for c in offline.qualifying
         if offline.configs[c.node] in caps
     }
-    prices = _prices(session, [*offline.qualifying, *served.qualifying])
+    prices = _prices(session, [*offline.qualifying, *served.qualifying], classes)
     qualifying = _in_order(offline.qualifying, served.qualifying, question, prices)
     if question.order == "cost":  # the refusals of the nodes listed, not of the whole fleet
         shown = {choice.node for choice in qualifying}
@@ -174,9 +181,11 @@ def _in_order(
     return merged[: question.limit]
 
 
-def _prices(session: Session, choices: Sequence[NodeChoice]) -> dict[str, NodePrice]:
+def _prices(
+    session: Session, choices: Sequence[NodeChoice], held: Bounded[uuid.UUID, str]
+) -> dict[str, NodePrice]:
     """Each candidate's hardware class (its run's) and the class's price per hour."""
-    classes = classes_of_runs(session, {choice.run_id for choice in choices})
+    classes = classes_of_runs(session, {choice.run_id for choice in choices}, held)
     usd = prices_of(session, set(classes.values()))
     return {
         choice.node: NodePrice(hardware_class, usd.get(hardware_class))

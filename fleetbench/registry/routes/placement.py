@@ -72,6 +72,7 @@ def _timed_kind(kind: PlacementKind, max_ttft_ms: float | None) -> None:
 @router.get("/placement", response_model=PlacementAnswer, responses=NOT_FOUND)
 def read_placement(
     session: SessionDep,
+    process: ProcessDep,
     model: ModelQuery,
     min_tps_per_user: MinTpsPerUser,
     prompt_tokens: Annotated[int | None, Query(ge=0, le=MAX_TOKENS)] = None,
@@ -105,7 +106,8 @@ def read_placement(
         limit=limit,
         order=order,
     )
-    answer = place(session, models_or_404(session, model), question)
+    models = models_or_404(session, model)
+    answer = place(session, models, question, classes=process.hardware_classes)
     # Serialized here: FastAPI would dump and validate the answer again, which costs more
     # than the query on a 1,000-node fleet.
     return Response(answer.model_dump_json(), media_type="application/json")
