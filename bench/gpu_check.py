@@ -30,6 +30,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RESULTS, start_registry, stop_registry, write_result
+from fleetbench.contract.energy import tokens_per_joule
 
 NODE = "gpu-check"
 GIB = 1 << 30
@@ -97,12 +98,32 @@ def sweep_figures(report: dict[str, Any]) -> dict[str, Any]:
         "build": report["engine"].get("build_number"),
         "binding": report["engine"].get("binding"),
         "points": [
-            {k: p.get(k) for k in ("pp", "tg", "b", "s_pp", "s_tg", "n_kv")}
+            {k: p.get(k) for k in ("pp", "tg", "b", "s_pp", "s_tg", "n_kv", "energy")}
+            | {"tokens_per_joule": tokens_per_joule(p["b"], p["tg"], _joules(p))}
             for p in report["points"]
         ],
         "buffers": report.get("buffers", []),
         "device_memory": report.get("device_memory", []),
+        "energy": report.get("energy"),
     }
+
+
+def _joules(point: dict[str, Any]) -> float | None:
+    return (point.get("energy") or {}).get("joules")
+
+
+def check_energy(check: Check, name: str, report: dict[str, Any], *, gpu: bool) -> None:
+    """A GPU run counted by NVML's energy counter, each point's joules or the reason none;
+    on the CPU, whatever the machine lets the agent read (often nothing: no error)."""
+    source = (report.get("energy") or {}).get("source")
+    counted = [p for p in report["points"] if _joules(p)]
+    refused = [
+        p["energy"]["invalid"] for p in report["points"] if (p.get("energy") or {}).get("invalid")
+    ]
+    detail = f"{source}: {len(counted)} points counted, {len(refused)} refused" + (
+        f" ({refused[0]})" if refused else ""
+    )
+    check(f"{name} energy", source == "nvml" and bool(counted) if gpu else None, detail)
 
 
 def check_memory(check: Check, name: str, report: dict[str, Any], *, gpu: bool) -> None:
@@ -239,6 +260,7 @@ def measure(args: argparse.Namespace, summary: dict[str, Any], check: Check) -> 
             expected = ("CUDA",) if gpu else ("CPU", None)
             check(f"{name} backend", backend in expected, f"{backend}")
             check_memory(check, name, report, gpu=gpu)
+            check_energy(check, name, report, gpu=gpu)
             step(f"{name} sweep", timings, began)
         cells = [[(p["pp"], p["tg"], p["b"]) for p in s["points"]] for s in sweeps.values()]
         check("both sweeps measured the same points", cells[0] == cells[1], f"{len(cells[0])}")

@@ -96,8 +96,8 @@ def point_rows(answer: CompareAnswer) -> list[tuple[str, ...]]:
             str(p.pp),
             str(p.tg),
             str(p.b),
-            f"{p.from_value:.2f}",
-            f"{p.to_value:.2f}",
+            _figure(p.metric, p.from_value),
+            _figure(p.metric, p.to_value),
             _mark(p),
             f"{p.ratio_low:.3f}-{p.ratio_high:.3f}",
             f"{p.detectable_pct:.1f}%",
@@ -107,8 +107,21 @@ def point_rows(answer: CompareAnswer) -> list[tuple[str, ...]]:
     ]
 
 
+def _figure(metric: str, value: float) -> str:
+    # joules per token run to thousandths on a GPU at a large B
+    return f"{value:.4g}" if metric == "joules_per_token" else f"{value:.2f}"
+
+
 def class_rows(answer: CompareAnswer) -> list[tuple[str, ...]]:
-    return [(c.hardware_class, c.verdict, str(c.nodes_compared), c.reason) for c in answer.classes]
+    return [
+        (
+            c.hardware_class,
+            c.verdict,
+            str(c.nodes_compared),
+            c.reason + (f"; costs more energy: {c.efficiency}" if c.efficiency else ""),
+        )
+        for c in answer.classes
+    ]
 
 
 def _markdown_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

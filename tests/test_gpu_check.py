@@ -63,15 +63,21 @@ def test_the_cpu_dry_run_runs_every_step_into_its_summary(tmp_path: Path) -> Non
         "in-process backend": True,
         "in-process buffers logged": True,
         "in-process device memory": None,
+        "in-process energy": None,
         "binary backend": True,
         "binary buffers logged": True,
         "binary device memory": None,
+        "binary energy": None,
         "both sweeps measured the same points": True,
         "placement lists the node on its accelerator": True,
     }
     for sweep in summary["sweeps"].values():
         assert [p["b"] for p in sweep["points"]] == [1, 2]
         assert all(p["s_tg"] > 0 for p in sweep["points"])
+        # this VM lets the agent read no energy counter: none, and no error
+        assert sweep["energy"] is None and all(
+            p["tokens_per_joule"] is None for p in sweep["points"]
+        )
     assert summary["sweeps"]["binary"]["binding"] == "llama-batched-bench"
     [candidate] = summary["placement"]["candidates"]
     assert candidate["node"] == "gpu-check" and candidate["engine_on_accelerator"] is None

@@ -120,7 +120,7 @@ def placement_table(answer: PlacementAnswer) -> Table:
     table.add_column("node", no_wrap=True)
     headers = (
         "B", "per user", "total", "TTFT p90 ms", "prefill", "PP/TG", "KV GiB", "MBU", "$/M tok",
-        "build",
+        "tok/J", "build",
     )  # fmt: skip
     for header in headers:
         table.add_column(header, justify="right", no_wrap=True)
@@ -152,6 +152,7 @@ def placement_table(answer: PlacementAnswer) -> Table:
             _fmt(c.kv_cache_gib),
             "-" if c.mbu is None else f"{c.mbu:.0%}",
             _fmt(c.usd_per_million_tokens),
+            _fmt(c.tokens_per_joule),
             "-" if c.llama_cpp_build is None else str(c.llama_cpp_build),
             source if c.source == "serving" else "offline curve",
             c.measured_at.strftime("%Y-%m-%d"),
@@ -164,17 +165,24 @@ def placement_table(answer: PlacementAnswer) -> Table:
 
 
 def capacity_table(answer: CapacityAnswer) -> Table:
+    """The plan's nodes, each hardware class alone, the nodes left out; with $/h and $/M
+    tokens columns where any is priced (the plan's own in the caption, the reason)."""
     within = f", first token within {answer.max_ttft_ms:g} ms" if answer.max_ttft_ms else ""
+    cheapest = ", the cheapest" if answer.minimise == "cost" else ""
     table = Table(
         title=f"{answer.model}: {answer.users} users at {answer.min_tps_per_user:g} tokens/s "
-        f"or more each{within}",
+        f"or more each{within}{cheapest}",
         title_justify="left",
         caption=answer.reason,
         caption_justify="left",
     )
+    priced = any(n.usd_per_hour is not None for n in answer.plan) or any(
+        c.usd_per_hour is not None for c in answer.per_class
+    )
+    prices = ("$/h", "$/M tok") if priced else ()
     for header in ("node", "hardware"):
         table.add_column(header, no_wrap=True)
-    for header in ("users", "per user", "total", "build", "age (days)"):
+    for header in ("users", "per user", "total", *prices, "build", "age (days)"):
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("from", overflow="fold")  # and why a node was left out
     for n in answer.plan:
@@ -184,6 +192,8 @@ def capacity_table(answer: CapacityAnswer) -> Table:
             str(n.users),
             _fmt(n.per_user_tps),
             _fmt(n.total_tps),
+            # a node's own $/M tokens is placement's; the plan's is in the reason
+            *([_fmt(n.usd_per_hour), ""] if priced else []),
             "-" if n.llama_cpp_build is None else str(n.llama_cpp_build),
             f"{n.age_days:.1f}",
             "serving run" if n.source == "serving" else "offline curve",
@@ -192,10 +202,12 @@ def capacity_table(answer: CapacityAnswer) -> Table:
         needed = "not enough" if c.nodes_needed is None else f"{c.nodes_needed} alone"
         table.add_row(
             f"({needed})", c.hardware_class, str(c.users_served), "", _fmt(c.total_tps),
+            *([_fmt(c.usd_per_hour), _fmt(c.usd_per_million_tokens)] if priced else []),
             "", "", f"of {c.nodes_available} nodes",
         )  # fmt: skip
     for r in answer.refused:
-        table.add_row(r.node, "", "", "", "", "", "", f"left out: {r.reason}")
+        blanks = [""] * (6 + len(prices))  # from "hardware" to "age (days)"
+        table.add_row(r.node, *blanks, f"left out: {r.reason}")
     return table
 
 

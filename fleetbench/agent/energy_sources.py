@@ -108,7 +108,10 @@ class _NvmlCounter:
         joules = tuple(nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3 for h in self._handles)
         if not self._with_watts:
             return joules, None
-        return joules, sum(nvml.nvmlDeviceGetPowerUsage(h) for h in self._handles) / 1e3
+        try:  # a cross-check only: a power read that fails costs the counter nothing
+            return joules, sum(nvml.nvmlDeviceGetPowerUsage(h) for h in self._handles) / 1e3
+        except nvml.NVMLError:
+            return joules, None
 
     def close(self) -> None:
         with suppress(Exception):  # NVML failing to shut down costs the sweep nothing
@@ -116,7 +119,8 @@ class _NvmlCounter:
 
 
 def amdsmi_counter(amdsmi: Any = None) -> Counter | None:
-    """Every AMD GPU through the amdsmi package, or None: no package, no GPU, or a GPU
+    """The AMD GPUs a HIP program sees (HIP_VISIBLE_DEVICES, else ROCR_VISIBLE_DEVICES, by
+    index; else all) through the amdsmi package, or None: no package, no GPU, or a GPU
     without an energy counter (a virtual machine's guest)."""
     try:
         amdsmi = amdsmi or importlib.import_module("amdsmi")
@@ -127,11 +131,14 @@ def amdsmi_counter(amdsmi: Any = None) -> Counter | None:
     except Exception:
         return None
     try:
-        handles = list(amdsmi.amdsmi_get_processor_handles())
+        every = list(amdsmi.amdsmi_get_processor_handles())
+        seen = os.environ.get("HIP_VISIBLE_DEVICES", os.environ.get("ROCR_VISIBLE_DEVICES"))
+        counted = visible_gpus([""] * len(every), seen)  # by index: no UUIDs to match
+        handles = [every[i] for i in counted]
         if not handles:
             raise LookupError("no AMD GPU")
         names = [_amd_name(amdsmi, handle) for handle in handles]
-        counter = _AmdsmiCounter(amdsmi, handles, _boards(range(len(handles)), names))
+        counter = _AmdsmiCounter(amdsmi, handles, _boards(counted, names))
         counter.read()  # a counter that fails now (a virtual machine's guest) is none
         return counter
     except Exception:
@@ -149,7 +156,10 @@ class _AmdsmiCounter:
 
     def read(self) -> tuple[tuple[float, ...], float | None]:
         joules = tuple(_amd_joules(self._amdsmi.amdsmi_get_energy_count(h)) for h in self._handles)
-        watts = [_amd_watts(self._amdsmi.amdsmi_get_power_info(h)) for h in self._handles]
+        try:  # a cross-check only: a power read that fails costs the counter nothing
+            watts = [_amd_watts(self._amdsmi.amdsmi_get_power_info(h)) for h in self._handles]
+        except Exception:
+            return joules, None
         return joules, None if None in watts else sum(w for w in watts if w is not None)
 
     def close(self) -> None:

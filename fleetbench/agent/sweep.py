@@ -13,10 +13,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from fleetbench.agent.contention import ContentionWatch
+from fleetbench.agent.energy import EnergyMeter
 from fleetbench.agent.fingerprint import THIS_AGENT, take_fingerprint
 from fleetbench.agent.gguf_model import ModelFileError, describe_gguf, sha256_of
 from fleetbench.agent.probes.nvidia import DeviceMemoryWatch
-from fleetbench.agent.runners import PointCallback, Runner, SweepFailed, SweepOutcome, SweepSpec
+from fleetbench.agent.runners import (
+    PointCallback,
+    Runner,
+    SweepFailed,
+    SweepOutcome,
+    SweepSpec,
+    Window,
+)
+from fleetbench.contract.accelerator import accelerator_of, on_accelerator
 from fleetbench.contract.allocation import (
     allocated_bytes,
     kv_prediction_error_pct,
@@ -33,6 +42,8 @@ from fleetbench.contract.wire import (
     FailedPoint,
     HardwareFingerprint,
     ModelInfo,
+    Point,
+    RunEnergy,
     RunReport,
 )
 
@@ -67,15 +78,18 @@ def measure_run(
     on_point: PointCallback = lambda _: None,
     gpu_memory: DeviceMemoryWatch | None = None,
     contention: ContentionWatch | None = None,
+    energy: EnergyMeter | None = None,
 ) -> RunReport:
     """A whole sweep on `runner` as a run report. The model's sha256 comes from the cache
     when the file is unchanged; its architecture from the engine when it reads it, else
     from the file's header; each NVIDIA GPU's memory in use from `gpu_memory` (default:
     NVML read every 0.5 s); what else used the node meanwhile from `contention` (the
-    figures: the caller judges them with its settings, contention.judged)."""
+    figures: the caller judges them with its settings, contention.judged); each point's
+    energy from `energy` (default: the node's counters, where it can read any)."""
     name = name or model_path.name.removesuffix(".gguf")
+    hardware = take_fingerprint()
     report = functools.partial(
-        run_report, node=node, spec=spec, started_at=datetime.now(UTC), hardware=take_fingerprint()
+        run_report, node=node, spec=spec, started_at=datetime.now(UTC), hardware=hardware
     )
     try:
         sha256 = sha256_of(model_path, cache=sha256_cache)
@@ -87,26 +101,65 @@ def measure_run(
         )
     watch = gpu_memory or DeviceMemoryWatch()
     others = contention or ContentionWatch()
+    meter = energy or EnergyMeter()
     try:
-        # both ended before their figures are taken, whichever way the sweep ends
-        with others, watch:
+        # all ended before their figures are taken, whichever way the sweep ends
+        with others, watch, meter:
             outcome = runner.run(model_path, spec, on_point=on_point)
     except SweepFailed as exc:
         read = exc.started.model if exc.started is not None else None
+        ran = exc.started or SweepOutcome(runner.engine(), spec.run_settings())
+        exc.points, spent = _with_energy(exc.points, exc.windows, meter, ran, hardware)
         return report(
             model=_named(read, name, sha256),
             failure=exc,
             engine=runner.engine(),
             device_memory=watch.readings(),
             contention=others.figures(),
+            energy=spent,
         )
     read = outcome.model or _architecture(model_path, name, sha256_cache)
+    outcome.points, spent = _with_energy(outcome.points, outcome.windows, meter, outcome, hardware)
     return report(
         model=_named(read, name, sha256),
         outcome=outcome,
         device_memory=watch.readings(),
         contention=others.figures(),
+        energy=spent,
     )
+
+
+def _with_energy(
+    points: list[Point],
+    windows: dict[tuple[int, int, int], list[Window]],
+    meter: EnergyMeter,
+    ran: SweepOutcome,
+    hardware: HardwareFingerprint,
+) -> tuple[list[Point], RunEnergy | None]:
+    """The points with what each cost in energy, and the source of the figures (None where
+    the node cannot count what the run used: then no point has energy). A run on a GPU is
+    counted by the GPUs' counters, a run on the CPU (of any node) by the CPU's; a run on a
+    node with a GPU whose engine did not say what it ran on, by neither."""
+    used_accelerator, _ = on_accelerator(
+        hardware.data, ran.engine.backend, ran.settings.n_gpu_layers
+    )
+    if used_accelerator is None and accelerator_of(hardware.data) is not None:
+        return points, None
+    gpu = used_accelerator is True
+    source = meter.run_energy(on_accelerator=gpu)
+    if source is None:
+        return points, None
+    measured = [
+        point.model_copy(
+            update={
+                "energy": meter.point_energy(
+                    windows.get((point.pp, point.tg, point.b), []), on_accelerator=gpu
+                )
+            }
+        )
+        for point in points
+    ]
+    return measured, source
 
 
 def _named(read: ModelInfo | None, name: str, sha256: str) -> ModelInfo:
@@ -135,11 +188,13 @@ def run_report(
     engine: EngineBuild | None = None,
     device_memory: list[DeviceMemoryUse] | None = None,
     contention: Contention | None = None,
+    energy: RunEnergy | None = None,
 ) -> RunReport:
     """The report of a sweep: `outcome` when it ran to the end, `failure` when it did not
     (the points measured before a crash are kept; the rest of the grid is failed). `engine`:
     what ran, for a failure the engine said nothing of; `device_memory`: its GPUs' memory
-    in use, where NVML reads it; `contention`: what else used the node meanwhile."""
+    in use, where NVML reads it; `contention`: what else used the node meanwhile; `energy`:
+    where its points' energy figures come from."""
     if outcome is not None:
         points, failures = outcome.points, outcome.failures
         status = "partial" if failures else "ok"
@@ -188,6 +243,7 @@ def run_report(
         buffers=buffers,
         device_memory=device_memory or [],
         contention=contention,
+        energy=energy if any(p.energy is not None for p in points) else None,
     )
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "COMPARE_METRIC_NAMES",
     "CapacityAnswer",
     "CapacityClass",
+    "CapacityMinimise",
     "CapacityNode",
     "CapacityRefusal",
     "ClassPoint",
@@ -62,6 +63,7 @@ COMPARE_METRIC_NAMES = {
     "s_pp": "S_PP",
     "per_user_tps_p10": "per-user p10",
     "ttft_ms_p90": "TTFT p90",
+    "joules_per_token": "energy per token",
 }
 
 
@@ -122,6 +124,14 @@ class PlacementCandidate(BaseModel):
         default=None,
         description="what a million output tokens cost at this concurrency: usd_per_hour / "
         "(total_tps x 3600) x 10^6 (None: no price for its class)",
+    )
+    tokens_per_joule: float | None = Field(
+        default=None,
+        description="offline: the point's generated tokens per joule its counted devices "
+        "drew, prefill included (None: not measured, or the counter was invalid)",
+    )
+    energy_source: str | None = Field(
+        default=None, description="what counted the joules: nvml, amdsmi, rapl (GET /v1/runs)"
     )
     kv_cache_gib: float | None = Field(
         default=None,
@@ -212,6 +222,10 @@ class PlacementAnswer(BaseModel):
     reason: str
 
 
+# What a capacity plan minimises: the nodes it takes, or what they cost an hour.
+CapacityMinimise = Literal["nodes", "cost"]
+
+
 class CapacityNode(BaseModel):
     """A node of a capacity plan and what its curve serves at the speed asked for."""
 
@@ -225,6 +239,9 @@ class CapacityNode(BaseModel):
     measured_at: Moment
     age_days: float
     run_id: UUID
+    usd_per_hour: float | None = Field(
+        default=None, description="its class's price per hour (null: none is set)"
+    )
 
 
 class CapacityClass(BaseModel):
@@ -235,6 +252,14 @@ class CapacityClass(BaseModel):
     nodes_needed: int | None = Field(description="null: the class's nodes are not enough")
     users_served: int = Field(description="by the nodes needed (or all of the class's)")
     total_tps: float
+    usd_per_hour: float | None = Field(
+        default=None,
+        description="the nodes needed times the class's price per hour (null: not enough, "
+        "or no price for the class)",
+    )
+    usd_per_million_tokens: float | None = Field(
+        default=None, description="usd_per_hour / (total_tps x 3600) x 10^6"
+    )
 
 
 class CapacityRefusal(BaseModel):
@@ -252,16 +277,48 @@ class CapacityAnswer(BaseModel):
     context_tokens: int | None
     max_ttft_ms: float | None
     kind: PlacementKind
-    enough: bool = Field(description="whether the fleet's eligible nodes serve them all")
-    nodes_needed: int | None = Field(description="the fewest nodes (null: not enough)")
-    plan: list[CapacityNode] = Field(description="the fewest nodes, most users first")
+    minimise: CapacityMinimise = Field(
+        default="nodes",
+        description="what the plan minimises: nodes, the fewest; cost, the price per hour "
+        "of its nodes' classes (GET /v1/prices), nodes without a price left out",
+    )
+    enough: bool = Field(
+        description="whether the fleet's eligible nodes (a cost plan: its priced ones) serve "
+        "them all"
+    )
+    nodes_needed: int | None = Field(description="the plan's nodes (null: not enough)")
+    plan: list[CapacityNode] = Field(
+        description="the fewest nodes, or the cheapest, most users first (not enough: every "
+        "eligible one)"
+    )
     users_served: int
     headroom_users: int = Field(description="users the plan could take beyond those asked")
     total_tps: float = Field(description="the plan's nodes' total decode tokens/s")
+    usd_per_hour: float | None = Field(
+        default=None,
+        description="what the plan's nodes cost an hour by their classes' prices (null: a "
+        "node without a price, or no node)",
+    )
+    usd_per_million_tokens: float | None = Field(
+        default=None, description="usd_per_hour / (total_tps x 3600) x 10^6"
+    )
+    exact: bool | None = Field(
+        default=None,
+        description="cost: whether the plan is the cheapest there is (false: planned "
+        "greedily, the fleet and users too many to plan exactly); null: a nodes plan, or "
+        "not enough priced nodes",
+    )
+    lower_bound_usd_per_hour: float | None = Field(
+        default=None,
+        description="cost: no plan serving the users costs less an hour: the plan's own "
+        "price when exact, else the fractional plan's (the cheapest per user first, the "
+        "last node in part); usd_per_hour minus it is the most a cheaper plan could save",
+    )
     per_class: list[CapacityClass]
     refused: list[CapacityRefusal] = Field(
         description="nodes with a curve for the model left out, and why: reserved, stale, "
-        "past the knee, off accelerator, a blind series, not even one user fits"
+        "past the knee, off accelerator, a blind series, not even one user fits; a cost "
+        "plan's: no price for the node's class"
     )
     reason: str
 
@@ -329,6 +386,12 @@ class ClassSummary(BaseModel):
     nodes_not_compared: int = Field(description="nodes of the class that ran the new build only")
     runs_needed: int | None = Field(
         description="unknown: more runs of each build each node needs (null otherwise)"
+    )
+    efficiency: str | None = Field(
+        default=None,
+        description="where the new build costs more energy per token, beyond noise, by at "
+        "least the minimum change: which point, by how much (a hold only with "
+        "FLEETBENCH_COMPARE_HOLD_ON_ENERGY)",
     )
     points: list[ClassPoint]
 

@@ -10,6 +10,7 @@ over those joules, as InferenceX counts a benchmark window's.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -34,6 +35,7 @@ reads it needs no new wire format)."""
 ENERGY_SOURCES: tuple[EnergySource, ...] = ("nvml", "amdsmi", "rapl", "ioreport")
 
 INVALID_LENGTH = 500
+LEAST_JOULES = 1e-3
 
 
 class _Part(BaseModel):
@@ -56,7 +58,11 @@ class PointEnergy(_Part):
     advance, went back, or advanced too coarsely for the window's length gives no joules
     and says why in `invalid`: never a 0 that would read as free tokens."""
 
-    joules: Figure | None = Field(default=None, description="None where `invalid` says why")
+    joules: Annotated[Figure, Field(ge=LEAST_JOULES)] | None = Field(
+        default=None,
+        description="None where `invalid` says why; at least a millijoule (a window spans ten "
+        "of the counter's reads, and no device draws less)",
+    )
     seconds: Figure = Field(description="the window the joules were counted over (a repeat's)")
     watts_sampled: Figure | None = Field(
         default=None,
@@ -69,20 +75,19 @@ class PointEnergy(_Part):
     def _joules_or_why_not(self) -> PointEnergy:
         if (self.joules is None) == (self.invalid is None):
             raise ValueError("a point's energy has either joules or the reason it has none")
-        if self.joules == 0:
-            raise ValueError("0 joules is no measurement: give `invalid` instead")
         return self
 
 
 def tokens_per_joule(b: int, tg: int, joules: float | None) -> float | None:
-    """A point's generated tokens (B x TG) per joule; None without a figure."""
+    """A point's generated tokens (B x TG) per joule; None without a figure (or one that is
+    no number: a stored row older than the wire's floor)."""
     if joules is None or joules <= 0 or b * tg <= 0:
         return None
-    return b * tg / joules
+    per_joule = b * tg / joules
+    return per_joule if math.isfinite(per_joule) else None
 
 
 def joules_per_token(b: int, tg: int, joules: float | None) -> float | None:
     """A point's joules per generated token; None without a figure."""
-    if joules is None or joules <= 0 or b * tg <= 0:
-        return None
-    return joules / (b * tg)
+    per_joule = tokens_per_joule(b, tg, joules)
+    return None if per_joule is None else 1 / per_joule

@@ -44,6 +44,7 @@ from fleetbench.contract.bounds import (
     check_json,
     inline_schema,
 )
+from fleetbench.contract.energy import PointEnergy, RunEnergy
 from fleetbench.contract.hardware import (
     AmdGpu,
     AmdProbe,
@@ -81,7 +82,9 @@ __all__ = [
     "NvidiaGpu",
     "NvidiaProbe",
     "Point",
+    "PointEnergy",
     "Probes",
+    "RunEnergy",
     "RunReport",
     "RunSettings",
     "RunStatus",
@@ -136,6 +139,9 @@ class Point(_Part):
     )
     s_tg_stdev: Figure | None = Field(
         default=None, description="spread of S_TG over repeats (sample standard deviation)"
+    )
+    energy: PointEnergy | None = Field(
+        default=None, description="what the point cost in energy (None: not measured)"
     )
 
     @field_validator("s_tg")
@@ -491,6 +497,11 @@ class RunReport(_Part):
         default=None,
         description="what else used the node while it ran (None: not watched, e.g. an import)",
     )
+    energy: RunEnergy | None = Field(
+        default=None,
+        description="where its points' energy figures come from (None: the node has no "
+        "counter it can read)",
+    )
     agent: AgentIdentity | None = Field(
         default=None,
         description="what made the report (fleetbench's agent always says); not part of "
@@ -552,6 +563,12 @@ class RunReport(_Part):
         return self
 
     @model_validator(mode="after")
+    def _energy_has_a_source(self) -> RunReport:
+        if self.energy is None and any(p.energy is not None for p in self.points):
+            raise ValueError("points carry energy but `energy` names no source")
+        return self
+
+    @model_validator(mode="after")
     def _status_matches_contents(self) -> RunReport:
         measured = self.points or self.serving_points
         if self.status == "ok" and self.failures:
@@ -582,7 +599,7 @@ def _fields_not_known(data: dict[str, Any], model: type[BaseModel] = RunReport) 
 
 
 @functools.cache
-def _parts_of(model: type[BaseModel]) -> dict[str, tuple[type[_Part], bool]]:
+def _parts_of(model: type[BaseModel]) -> dict[str, tuple[type[BaseModel], bool]]:
     """The fields of `model` that hold a part of the report, or a list of them (True)."""
     parts = {}
     for name, field in model.model_fields.items():
@@ -592,8 +609,13 @@ def _parts_of(model: type[BaseModel]) -> dict[str, tuple[type[_Part], bool]]:
     return parts
 
 
-def _part_in(annotation: Any) -> tuple[type[_Part], bool] | None:
-    if isinstance(annotation, type) and issubclass(annotation, _Part):
+def _part_in(annotation: Any) -> tuple[type[BaseModel], bool] | None:
+    # a part: a model that ignores keys it does not know (wire's and contract.energy's)
+    if (
+        isinstance(annotation, type)
+        and issubclass(annotation, BaseModel)
+        and annotation.model_config.get("extra") == "ignore"
+    ):
         return annotation, False
     if get_origin(annotation) is list:
         inner = _part_in(get_args(annotation)[0])

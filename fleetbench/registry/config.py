@@ -93,6 +93,11 @@ class RegistrySettings(BaseSettings):
         le=100,
         description="runs of each build a node needs before its comparison counts",
     )
+    compare_hold_on_energy: bool = Field(
+        default=False,
+        description="a build that costs more energy per token on a hardware class (beyond "
+        "noise, by at least the minimum change) holds a rollout; off, it is shown, not held",
+    )
     forwarded_allow_ips: str | None = Field(
         default=None,
         description="`serve`: the proxies (addresses or networks, comma-separated; * for "
@@ -218,6 +223,7 @@ class RegistrySettings(BaseSettings):
             min_change=self.compare_min_change,
             max_detectable=max(self.compare_max_detectable, self.compare_min_change),
             min_runs=self.compare_min_runs,
+            hold_on_energy=self.compare_hold_on_energy,
         )
 
     @property

@@ -31,6 +31,7 @@ from uuid import UUID
 
 from fastapi import Response
 
+from fleetbench.contract.energy import tokens_per_joule
 from fleetbench.registry.models import Run
 from fleetbench.registry.regressions.labels import build_label
 
@@ -80,6 +81,10 @@ RUN_COLUMNS: tuple[str, ...] = (
     "s_tg_stdev",
     "mbu",
     "impossible",
+    "joules",
+    "tokens_per_joule",
+    "energy_invalid",
+    "energy_source",
     "reason",
 )
 
@@ -165,7 +170,10 @@ def run_rows(run: Run) -> list[dict[str, Cell]]:
         "started_at": run.started_at,
     }
     keyed: list[tuple[tuple[int, int, int, int], dict[str, Cell]]] = []
+    source = run.energy.get("source") if run.energy else None
     for point in run.points:
+        energy = point.energy or {}
+        joules = energy.get("joules")
         row: dict[str, Cell] = {
             **common,
             "pp": point.pp,
@@ -184,6 +192,10 @@ def run_rows(run: Run) -> list[dict[str, Cell]]:
             "s_tg_stdev": point.s_tg_stdev,
             "mbu": point.mbu,
             "impossible": point.impossible,
+            "joules": joules,
+            "tokens_per_joule": tokens_per_joule(point.b, point.tg, joules),
+            "energy_invalid": energy.get("invalid"),
+            "energy_source": source if energy else None,
             "reason": None,
         }
         keyed.append(((point.pp, point.tg, point.b, 0), row))

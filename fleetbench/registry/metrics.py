@@ -16,8 +16,10 @@ one process (the tests) keep separate counts. Three kinds of metrics:
 - the fleet, read from the database at scrape time in one query: from each node's latest
   successful (`ok` or `partial`) run of each model, per `node`, `model`, `pp`, `tg`, `b`:
   `fleetbench_decode_tokens_per_second` (S_TG), `fleetbench_per_user_tokens_per_second`
-  (S_TG / B), `fleetbench_prefill_tokens_per_second` (S_PP) and
-  `fleetbench_memory_bandwidth_utilisation` (MBU: contract.bandwidth); per `node`, `model`:
+  (S_TG / B), `fleetbench_prefill_tokens_per_second` (S_PP),
+  `fleetbench_memory_bandwidth_utilisation` (MBU: contract.bandwidth) and
+  `fleetbench_tokens_per_joule` (with its counter's `source`: contract.energy); per `node`,
+  `model`:
   `fleetbench_latest_run_timestamp_seconds` (its start),
   `fleetbench_latest_run_build_number` and `fleetbench_kv_prediction_error_percent` (the
   KV-cache maths against what llama.cpp allocated); and `fleetbench_fleet_collect_success`
@@ -50,6 +52,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetbench.contract import wire
 from fleetbench.contract.allocation import kv_prediction_error_pct
+from fleetbench.contract.energy import tokens_per_joule
 from fleetbench.registry.costs import Steps
 from fleetbench.registry.deps import ReadAccess
 from fleetbench.registry.projections.latest import latest_points_statement
@@ -124,6 +127,14 @@ class FleetCollector(Collector):
                 labels=_POINT_LABELS,
             ),
             GaugeMetricFamily(
+                "fleetbench_tokens_per_joule",
+                "generated tokens (B x TG) per joule the counted devices drew over the point, "
+                "prefill included, from each node's latest successful run of each model; "
+                "`source` names the counter (nvml, amdsmi: the GPU board only; rapl: the CPU "
+                "packages); points no counter measured validly have none",
+                labels=(*_POINT_LABELS, "source"),
+            ),
+            GaugeMetricFamily(
                 "fleetbench_latest_run_timestamp_seconds",
                 "start of each node's latest successful run of each model (Unix time)",
                 labels=_RUN_LABELS,
@@ -157,8 +168,8 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
-        decode, per_user, prefill, mbu, started, build, kv_error = families[:7]
-        success, truncated, duration = families[7:]
+        decode, per_user, prefill, mbu, efficiency, started, build, kv_error = families[:8]
+        success, truncated, duration = families[8:]
         begun = time.perf_counter()
         try:
             with self._sessions() as session:
@@ -201,6 +212,9 @@ class FleetCollector(Collector):
                 prefill.add_metric(point_key, row.s_pp)
             if row.mbu is not None:
                 mbu.add_metric(point_key, row.mbu)
+            per_joule = tokens_per_joule(row.b, row.tg, row.joules)
+            if per_joule is not None and row.energy:
+                efficiency.add_metric((*point_key, str(row.energy.get("source"))), per_joule)
         success.add_metric([], 1)
         duration.add_metric([], time.perf_counter() - begun)
         return families

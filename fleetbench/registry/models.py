@@ -309,6 +309,9 @@ class Run(Base):
     # under contention (NULL: it does not): such a run joins no curve, series or compare
     contention: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     contention_reason: Mapped[str | None] = mapped_column(Text)
+    # Where its points' joules come from and what they cover (contract.energy.RunEnergy);
+    # NULL: the node counted none
+    energy: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(index=True)
@@ -404,6 +407,9 @@ class RunPoint(Base):
     # why it cannot be true where it is above the limit: such a point joins no curve
     mbu: Mapped[float | None]
     impossible: Mapped[str | None] = mapped_column(Text)
+    # What the point cost in energy, as sent (contract.energy.PointEnergy: its joules, or
+    # why the counter gave none); NULL where the node counted nothing
+    energy: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 # A point that could be true: not above its node's bandwidth (contract.bandwidth)
@@ -582,6 +588,7 @@ class LatestPoint(Base):
     s_pp: Mapped[float | None]
     s_tg: Mapped[float | None]
     mbu: Mapped[float | None]
+    joules: Mapped[float | None]
     past_knee: Mapped[bool | None]
 
 

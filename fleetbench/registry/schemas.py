@@ -7,13 +7,14 @@ from datetime import datetime
 from typing import Any, Literal, cast
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from fleetbench.contract import bounds as wire_bounds
 from fleetbench.contract import wire
 from fleetbench.contract.allocation import kv_prediction_error_pct
 from fleetbench.contract.answers import RegressionPublic, RegressionsPublic, SeriesKey
 from fleetbench.contract.bounds import Text
+from fleetbench.contract.energy import tokens_per_joule
 from fleetbench.contract.kv_cache import rules_for
 from fleetbench.contract.plans import PlanState
 from fleetbench.registry.health import Health
@@ -197,6 +198,10 @@ class RunPublic(_Public):
         description="why it counts as measured under contention (null: it does not): such a "
         "run joins no curve, placement, regression series or compare",
     )
+    energy: wire.RunEnergy | None = Field(
+        default=None,
+        description="what counted its points' energy, and what that covers (null: nothing)",
+    )
 
 
 class RunsPublic(_Public):
@@ -216,6 +221,13 @@ class PointDetail(wire.Point):
         description="why it cannot be true (above the device's bandwidth), null where it can: "
         "such a point joins no curve, placement or regression series",
     )
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="generated tokens (B x TG) per joule of `energy` (null: none counted)"
+    )
+    @property
+    def tokens_per_joule(self) -> float | None:
+        return tokens_per_joule(self.b, self.tg, self.energy.joules if self.energy else None)
 
 
 class RunDetail(RunPublic):
@@ -267,6 +279,7 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "bandwidth": run.bandwidth,
         "contention": run.contention,
         "contended": run.contention_reason,
+        "energy": run.energy,
     }
 
 
@@ -410,6 +423,21 @@ class CurvePointPublic(BaseModel):
         "/ the node's peak bandwidth (docs/design/bandwidth.md; None: the model's facts or "
         "the node's bandwidth are unknown)"
     )
+    tokens_per_joule: float | None = Field(
+        default=None,
+        description="generated tokens (B x TG) per joule the counted devices drew over the "
+        "point, prefill included (the curve's `energy` says which devices; None: not counted, "
+        "or `energy_invalid` says why)",
+    )
+    joules_per_token: float | None = Field(default=None, description="1 / tokens_per_joule")
+    energy_invalid: str | None = Field(
+        default=None, description="why the counter gave this point no figure"
+    )
+    usd_per_million_tokens: float | None = Field(
+        default=None,
+        description="what a million output tokens cost at this B: the class's price per hour "
+        "/ (S_TG x 3600) x 10^6 (None: no price for its class)",
+    )
 
 
 class CurvePublic(BaseModel):
@@ -425,6 +453,15 @@ class CurvePublic(BaseModel):
     knee: int | None = Field(description="the largest B before the gains per stream fade")
     bandwidth: wire.MemoryBandwidth | None = Field(
         description="the peak memory bandwidth its MBU is held against, and its source"
+    )
+    energy: wire.RunEnergy | None = Field(
+        default=None, description="what counted its points' joules (None: nothing did)"
+    )
+    hardware_class: str | None = Field(
+        default=None, description="its run's hardware class (None: no fingerprint)"
+    )
+    usd_per_hour: float | None = Field(
+        default=None, description="its class's price per hour (GET /v1/prices; None: unpriced)"
     )
     points: list[CurvePointPublic]
 

@@ -68,7 +68,7 @@ def test_an_admin_sets_lists_and_removes_a_class_s_price(live_registry: LiveRegi
         assert set_.json()["usd_per_hour"] == 3.5
         assert set_.json()["set_by"].startswith("ops (token ")
         assert admin.put("/v1/prices", json={**body, "usd_per_hour": 2.5}).status_code == 200
-        for refused in (0, -1, "a lot"):
+        for refused in (0, 5e-324, -1, "a lot"):
             assert (
                 admin.put("/v1/prices", json={**body, "usd_per_hour": refused}).status_code == 422
             )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from urllib.parse import quote
 
 import pytest
 
 from fleetbench.agent.importer import declared_hardware
+from fleetbench.contract import wire
 from tests.factories import (
     ARTICLE_MODEL,
     ARTICLE_MODEL_INFO,
@@ -21,6 +23,30 @@ from tests.web.conftest import TIMES, Dashboard, Fleet, hours_ago
 NEW_TABLE = [(1, 300.0, 30.0), (2, 295.0, 58.0), (4, 300.0, 110.0), (8, 305.0, 200.0),
              (16, 300.0, 300.0), (32, 300.0, 330.0)]  # fmt: skip
 OLD, NEW = "llama.cpp b11429 Metal", "llama.cpp b11500 Metal"
+H100 = "NVIDIA H100 80GB HBM3"
+NVML = wire.RunEnergy(source="nvml", scope=f"GPU board: 0 ({H100})")
+STUCK = "the counter did not advance over the window"
+
+
+def energy_points(
+    table: Sequence[tuple[int, float, float]], joules: Sequence[float | str]
+) -> list[wire.Point]:
+    """The table's points at PP 512, TG 128, each with its joules or why it has none."""
+    return [
+        wire.Point(
+            pp=512, tg=128, b=b, n_kv=b * 640, s_pp=s_pp, s_tg=s_tg,
+            energy=wire.PointEnergy(joules=j, seconds=3.0) if isinstance(j, float)
+            else wire.PointEnergy(invalid=j, seconds=0.4),
+        )
+        for (b, s_pp, s_tg), j in zip(table, joules, strict=True)
+    ]  # fmt: skip
+
+
+def set_price(fleet: Fleet, hardware_class: str, usd_per_hour: float) -> None:
+    with fleet.registry.client(fleet.registry.scoped_token("admin", name="ops")) as admin:
+        body = {"hardware_class": hardware_class, "usd_per_hour": usd_per_hour}
+        response = admin.put("/v1/prices", json=body)
+    assert response.status_code == 200, response.text
 
 
 def test_curves_show_each_build_with_its_knee(dashboard: Dashboard, fleet: Fleet) -> None:
@@ -79,13 +105,21 @@ def test_curves_show_each_build_with_its_knee(dashboard: Dashboard, fleet: Fleet
 
     rows = dashboard.table("#points")
     assert len(rows) == 12
-    assert rows[4][:9] == [
-        OLD, "512 / 128", "16", "163.18", "10.20", "98.1", "284.82", "—", "past knee"
+    assert rows[4][:11] == [
+        OLD, "512 / 128", "16", "163.18", "10.20", "98.1", "284.82", "—", "—", "—", "past knee"
     ]  # fmt: skip
     # 18.75 steps a second of 7.1 GB and 16 caches of 0.094 GB, of 273 GB/s: 59%
-    assert rows[10][:9] == [
-        NEW, "512 / 128", "16", "300.00", "18.75", "53.3", "300.00", "59%", "knee"
+    assert rows[10][:11] == [
+        NEW, "512 / 128", "16", "300.00", "18.75", "53.3", "300.00", "59%", "—", "—", "knee"
     ]  # fmt: skip
+    # Neither run counted energy and the M4 Pro has no price: a line each, no empty plot.
+    assert page.is_hidden("#energy-card") and page.is_hidden("#cost-card")
+    assert page.text_content("#energy-missing") == (
+        "No energy counted: the node has no counter the agent can read."
+    )
+    assert page.text_content("#cost-missing") == (
+        "No price for class Apple M4 Pro: an admin sets one with fleetbench-registry price set."
+    )
     assert page.get_attribute("#links a:text-is('Ask placement for this model')", "href") == (
         f"/placement?model={ARTICLE_MODEL}"
     )
@@ -165,4 +199,82 @@ def test_the_server_is_drawn_beside_the_engine_with_its_share(
     )
     assert dashboard.trace_points("decode-chart") == {f"{server}: total": 1,
                                                        f"{server}: per user p50": 1}  # fmt: skip
+    dashboard.assert_clean()
+
+
+def test_energy_and_cost_are_drawn_per_build_where_counted_and_priced(
+    dashboard: Dashboard, fleet: Fleet
+) -> None:
+    # The older build's run counted no energy; the newer one's NVML counter gave each point
+    # its joules but B=8's (it did not advance). The class costs $3.60 an hour.
+    older = [(1, 900.0, 80.0), (2, 900.0, 150.0), (4, 900.0, 250.0), (8, 900.0, 400.0)]
+    newer = [(1, 900.0, 100.0), (2, 900.0, 180.0), (4, 900.0, 250.0), (8, 900.0, 500.0)]
+    hardware = declared_hardware(H100)
+    fleet.report("h100-1", table=older, hardware=hardware, started_at=hours_ago(48))
+    fleet.report(
+        "h100-1",
+        build_number=11500,
+        hardware=hardware,
+        energy=NVML,
+        points=energy_points(newer, [64.0, 80.0, 128.0, STUCK]),
+        started_at=hours_ago(3),
+    )
+    set_price(fleet, H100, 3.6)
+
+    page = dashboard.open(f"/curves?node=h100-1&model={quote(ARTICLE_MODEL)}")
+    # B x TG / joules: 128 / 64, 256 / 80, 512 / 128; none at B=8, so no point there.
+    energy = {t["name"]: t for t in dashboard.chart("energy-chart")["data"]}
+    assert list(energy) == [NEW]
+    assert (energy[NEW]["x"], energy[NEW]["y"]) == ([1, 2, 4], [2.0, 3.2, 4.0])
+    note = page.text_content("#energy-note") or ""
+    assert note.startswith(
+        f"What it counts: GPU board: 0 ({H100}), read from nvml; nothing else: not the rest of "
+        "the node, its cooling or the facility."
+    )
+    assert f"No energy counted in {OLD}." in note
+    assert "1 point(s) without a figure" in note
+    # $3.60 / (S_TG x 3600 s) x 10^6 = 1000 / S_TG dollars a million tokens, each build.
+    cost = {t["name"]: t for t in dashboard.chart("cost-chart")["data"]}
+    assert cost[OLD]["y"] == pytest.approx([12.5, 1000 / 150, 4.0, 2.5])
+    assert cost[NEW]["y"] == pytest.approx([10.0, 1000 / 180, 4.0, 2.0])
+    assert cost[NEW]["x"] == [1, 2, 4, 8]
+    assert page.text_content("#cost-note") == (
+        f"At $3.60 an hour for {H100} (the class's price, GET /v1/prices)."
+    )
+    assert page.is_hidden("#energy-missing") and page.is_hidden("#cost-missing")
+
+    api = fleet.get("/v1/curves", node="h100-1", model=ARTICLE_MODEL)
+    assert api["curves"][1]["points"][1]["tokens_per_joule"] == pytest.approx(3.2)
+    assert api["curves"][1]["points"][3]["energy_invalid"] == STUCK
+    rows = {(r[0], r[2]): r[8:10] for r in dashboard.table("#points")}
+    assert rows[(OLD, "2")] == ["—", "6.67"]
+    assert rows[(NEW, "2")] == ["3.20", "5.56"]
+    assert rows[(NEW, "8")] == ["no figure", "2.00"]
+    why = page.get_attribute(
+        "#points tr[data-b='8'][data-build*='b11500'] td:nth-child(9) span", "title"
+    )
+    assert why == STUCK
+    dashboard.screenshot("curves-energy-cost")
+    dashboard.assert_clean()
+
+
+def test_a_counter_that_gave_nothing_and_a_run_without_hardware_say_so(
+    dashboard: Dashboard, fleet: Fleet
+) -> None:
+    # A counter that never advanced, on a node that reported no hardware: no class to price.
+    fleet.report(
+        "box",
+        energy=NVML,
+        points=energy_points(ARTICLE_TABLE, [STUCK] * len(ARTICLE_TABLE)),
+        started_at=hours_ago(3),
+    )
+    page = dashboard.open(f"/curves?node=box&model={quote(ARTICLE_MODEL)}")
+    assert page.is_hidden("#energy-card") and page.is_hidden("#cost-card")
+    assert page.text_content("#energy-missing") == (
+        f"No energy figure: the counter (nvml) gave none for any point: {STUCK}."
+    )
+    assert page.text_content("#cost-missing") == (
+        "No price: the runs report no hardware to name a class by, and prices are per class."
+    )
+    assert [r[8:10] for r in dashboard.table("#points")] == [["no figure", "—"]] * 6
     dashboard.assert_clean()

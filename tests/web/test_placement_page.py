@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
+from fleetbench.agent.importer import declared_hardware
 from tests.factories import ARTICLE_MODEL, ARTICLE_MODEL_INFO, make_serving_report, post_report
 from tests.web.conftest import Dashboard, Fleet, apple_m4_pro, hours_ago
+from tests.web.test_curves_page import H100, NVML, energy_points, set_price
 
 # (B, S_PP, S_TG): per-user 60, 55, 50, 40, 25 tokens/s.
 FAST_TABLE = [(1, 1000.0, 60.0), (2, 1900.0, 110.0), (4, 3600.0, 200.0), (8, 6000.0, 320.0),
@@ -30,11 +32,12 @@ def test_the_form_gives_the_registry_answer(dashboard: Dashboard, fleet: Fleet) 
     dashboard.wait()
     rows = dashboard.table("#candidates")
     # Highest total throughput first; each node at its largest concurrency meeting 15 t/s.
-    assert [r[:10] for r in rows] == [
-        ["1", "rtx", "16", "25.00", "400.00", "—", "offline curve", "6,500.00", "512 / 128",
-         "b11500"],
-        ["2", "m4pro", "8", "16.71", "133.65", "—", "offline curve", "285.83", "512 / 128",
-         "b11429"],
+    # No class has a price and no run counted energy: no $ / M tok, $ / h or tokens / J.
+    assert [r[:13] for r in rows] == [
+        ["1", "rtx", "16", "25.00", "400.00", "—", "—", "—", "—", "offline curve", "6,500.00",
+         "512 / 128", "b11500"],
+        ["2", "m4pro", "8", "16.71", "133.65", "—", "—", "—", "—", "offline curve", "285.83",
+         "512 / 128", "b11429"],
     ]  # fmt: skip
     api = fleet.get("/v1/placement", model=ARTICLE_MODEL, min_tps_per_user=15)
     assert page.text_content("#reason") == api["reason"]
@@ -118,7 +121,7 @@ def test_context_tokens_check_the_fit_and_show_what_was_refused(
     kv = {c["node"]: c["kv_cache_gib"] for c in api["candidates"]}
     assert 10 <= kv["m4pro"] < 10.5
     rows = dashboard.table("#candidates")
-    assert [r[1:5] + r[7:8] + r[10:13] for r in rows] == [
+    assert [r[1:5] + r[10:11] + r[13:16] for r in rows] == [
         ["rtx", "16", "25.00", "400.00", "6,500.00", "past knee", f"{kv['rtx']:.2f}",
          "not checked"],
         ["m4pro", "2", "21.07", "42.14", "275.77", "up to knee", f"{kv['m4pro']:.2f}",
@@ -163,7 +166,7 @@ def test_a_latency_objective_answers_from_serving_runs(dashboard: Dashboard, fle
     ask(dashboard, "15")
     dashboard.wait()
     rows = dashboard.table("#candidates")
-    assert [r[1:7] for r in rows] == [
+    assert [r[1:5] + r[8:10] for r in rows] == [
         ["rtx", "4", "35.00", "160.00", "400", "llama-server (4 slots)"]
     ]
     api = fleet.get("/v1/placement", model=ARTICLE_MODEL, min_tps_per_user=15, max_ttft_ms=500)
@@ -176,9 +179,69 @@ def test_a_latency_objective_answers_from_serving_runs(dashboard: Dashboard, fle
     page.select_option("select[name=kind]", "offline")
     ask(dashboard, "15")
     dashboard.wait()
-    assert [r[1:3] + r[6:7] for r in dashboard.table("#candidates")] == [
+    assert [r[1:3] + r[9:10] for r in dashboard.table("#candidates")] == [
         ["rtx", "16", "offline curve"],
         ["m4pro", "8", "offline curve"],
     ]
     assert parse_qs(urlsplit(page.url).query)["kind"] == ["offline"]
+    dashboard.assert_clean()
+
+
+def test_cost_order_lists_the_cheapest_per_million_tokens_first(
+    dashboard: Dashboard, fleet: Fleet
+) -> None:
+    # The H100 at $4 an hour counted its energy: 2048 tokens at B=16 for 512 J, 4 tokens/J.
+    joules = [128.0, 160.0, 204.8, 320.0, 512.0]
+    fleet.report(
+        "h100-1",
+        hardware=declared_hardware(H100),
+        energy=NVML,
+        points=energy_points(FAST_TABLE, joules),
+        started_at=hours_ago(3),
+    )
+    fleet.report("m4pro", hardware=declared_hardware("Apple M4 Pro"), started_at=hours_ago(3))
+    # No hardware reported: no class, so no price. 200 t/s at B=8 (25 per user).
+    slower = [(1, 1000.0, 50.0), (2, 1000.0, 90.0), (4, 1000.0, 160.0), (8, 1000.0, 200.0)]
+    fleet.report("unpriced", table=slower, started_at=hours_ago(3))
+    set_price(fleet, H100, 4.0)
+    set_price(fleet, "Apple M4 Pro", 0.5)
+
+    page = dashboard.open("/placement", state="idle")
+    ask(dashboard, "15")
+    dashboard.wait()
+    assert [r[1] for r in dashboard.table("#candidates")] == ["h100-1", "unpriced", "m4pro"]
+
+    page.select_option("select[name=order]", "cost")
+    ask(dashboard, "15")
+    dashboard.wait()
+    # $ / M tok = $ an hour / (total t/s x 3600) x 10^6: 0.5 / (133.65 x 3600) x 10^6 = 1.04,
+    # 4 / (400 x 3600) x 10^6 = 2.78; the unpriced node last.
+    assert [r[1:8] for r in dashboard.table("#candidates")] == [
+        ["m4pro", "8", "16.71", "133.65", "1.04", "0.50", "—"],
+        ["h100-1", "16", "25.00", "400.00", "2.78", "4.00", "4.00"],
+        ["unpriced", "8", "25.00", "200.00", "—", "—", "—"],
+    ]
+    api = fleet.get("/v1/placement", model=ARTICLE_MODEL, min_tps_per_user=15, order="cost")
+    assert page.text_content("#reason") == api["reason"]
+    assert api["candidates"][1]["tokens_per_joule"] == 4.0
+    assert page.get_attribute("#candidates tr[data-node='h100-1'] td:nth-child(8)", "title") == (
+        "counted by nvml"
+    )
+    assert page.get_attribute("#candidates tr[data-node='unpriced'] td:nth-child(7)", "title") == (
+        "no price for its hardware, which names no class: an admin sets one with "
+        "fleetbench-registry price set"
+    )
+    assert parse_qs(urlsplit(page.url).query)["order"] == ["cost"]
+    title = dashboard.chart("placement-chart")["layout"]["title"]["text"]
+    assert title == f"{ARTICLE_MODEL}: cheapest per million tokens first at ≥ 15 t/s per user"
+    assert dashboard.chart("placement-chart")["data"][0]["x"] == ["m4pro", "h100-1", "unpriced"]
+    dashboard.screenshot("placement-cost")
+
+    page.fill("input[name=limit]", "2")
+    ask(dashboard, "15")
+    dashboard.wait()
+    assert page.text_content("#count") == (
+        "3 node(s) qualify; the 2 cheapest per million tokens are shown."
+    )
+    assert [r[1] for r in dashboard.table("#candidates")] == ["m4pro", "h100-1"]
     dashboard.assert_clean()

@@ -35,10 +35,17 @@ __all__ = [
     "SweepFailed",
     "SweepOutcome",
     "SweepSpec",
+    "Window",
+    "WindowCallback",
     "needed_cells",
     "plan_grid",
     "point_from_samples",
 ]
+
+
+Window = tuple[float, float]
+"""time.monotonic() as one measurement of a point started and ended: the span the agent's
+meters (agent/energy.py) read their counters over."""
 
 
 @dataclass
@@ -49,6 +56,8 @@ class SweepOutcome:
     failures: list[FailedPoint] = field(default_factory=list)
     model: ModelInfo | None = None  # what the engine read from the model, when it did
     buffers: list[AllocatedBuffer] = field(default_factory=list)  # what llama.cpp allocated
+    windows: dict[tuple[int, int, int], list[Window]] = field(default_factory=dict)
+    """each measured point's windows, one per repeat, by (PP, TG, B)"""
 
 
 def plan_grid(
@@ -109,6 +118,8 @@ def point_from_samples(
 
 
 PointCallback = Callable[[Point | FailedPoint], None]
+WindowCallback = Callable[[tuple[int, int, int], Window], None]
+"""Told each measurement's window as it ends, by the point's (PP, TG, B)."""
 StartCallback = Callable[[SweepOutcome], None]
 """Told the engine, settings and model (the outcome before any point) once they are known."""
 
@@ -123,11 +134,13 @@ class SweepFailed(RuntimeError):
         points: list[Point] | None = None,
         failures: list[FailedPoint] | None = None,
         started: SweepOutcome | None = None,
+        windows: dict[tuple[int, int, int], list[Window]] | None = None,
     ) -> None:
         super().__init__(message)
         self.points = points or []
         self.failures = failures or []
         self.started = started  # what the engine said it runs with (on_start), if it did
+        self.windows = windows or {}  # the measured points' (SweepOutcome.windows)
 
 
 class Runner(Protocol):

@@ -25,6 +25,7 @@ from fleetbench.agent.runners import (
     SweepFailed,
     SweepOutcome,
     SweepSpec,
+    Window,
     point_from_samples,
 )
 from fleetbench.agent.runners.llama_buffers import VERBOSE_ENV, buffers_in
@@ -106,6 +107,7 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
     repeats, told as soon as it is done."""
     engine = binary_build(binary)
     samples: dict[Key, list[Point]] = {}
+    windows: dict[Key, list[Window]] = {}
     settings = RunSettings()
     buffers: list[AllocatedBuffer] | None = None  # the first run's: the whole grid's context
     # Runs asked for each point: one whose line a run lost is not asked for for ever
@@ -117,11 +119,16 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
     while todo:
         asked.update(todo)
         log: list[str] = []
-        for point, point_settings in _one_run(binary, model, _narrowed(spec, todo), samples, log):
+        narrowed = _narrowed(spec, todo)
+        for point, point_settings, ended in _one_run(
+            binary, model, narrowed, samples, windows, log
+        ):
             key = (point.pp, point.tg, point.b)
             if key in todo:  # a narrowed grid also holds points already done: left alone
                 settings = point_settings
                 samples.setdefault(key, []).append(point)
+                if point.t:  # the binary prints each point as it ends, after T seconds
+                    windows.setdefault(key, []).append((ended - point.t, ended))
         if buffers is None:
             buffers = buffers_in(log)
         timings = {key: _timings(measured) for key, measured in samples.items()}
@@ -136,7 +143,9 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
         "cache_type_k": spec.cache_type_k,
         "cache_type_v": spec.cache_type_v,
     }
-    outcome = SweepOutcome(engine, settings.model_copy(update=known), buffers=buffers or [])
+    outcome = SweepOutcome(
+        engine, settings.model_copy(update=known), buffers=buffers or [], windows=windows
+    )
     for pp, tg, pl in spec.grid():
         measured = samples.get((pp, tg, pl))
         if measured:
@@ -162,11 +171,17 @@ def _why_missing(pp: int, tg: int, pl: int, spec: SweepSpec, settings: RunSettin
 
 
 def _one_run(
-    binary: Path, model: Path, spec: SweepSpec, measured: dict[Key, list[Point]], log: list[str]
-) -> Iterator[tuple[Point, RunSettings]]:
-    """The points of one run of the binary as it prints them; `log` is given its stderr,
-    kept in a file meanwhile (a pipe read only at the end would stop a binary whose log
-    outgrows the pipe's buffer)."""
+    binary: Path,
+    model: Path,
+    spec: SweepSpec,
+    measured: dict[Key, list[Point]],
+    windows: dict[Key, list[Window]],
+    log: list[str],
+) -> Iterator[tuple[Point, RunSettings, float]]:
+    """The points of one run of the binary as it prints them, each with the time.monotonic()
+    its line came (its log flushes each line); `log` is given its stderr, kept in a file
+    meanwhile (a pipe read only at the end would stop a binary whose log outgrows the
+    pipe's buffer)."""
     with tempfile.TemporaryFile(mode="w+") as errors:
         process = subprocess.Popen(
             argv(binary, model, spec),
@@ -185,7 +200,7 @@ def _one_run(
                 except BatchedBenchOutputError:
                     continue
                 if run.points:  # a JSONL record is one point
-                    yield run.points[0], run.settings
+                    yield run.points[0], run.settings, time.monotonic()
         finally:
             process.stdout.close()
             returncode = process.wait()
@@ -197,6 +212,7 @@ def _one_run(
         raise SweepFailed(
             f"{BINARY} exited with status {returncode}: {lines[-1] if lines else 'no message'}",
             points,
+            windows=windows,
         )
 
 

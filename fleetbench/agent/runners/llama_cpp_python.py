@@ -20,7 +20,14 @@ from multiprocessing.context import ForkContext, SpawnContext
 from pathlib import Path
 
 from fleetbench.agent.errors import EngineUnavailable
-from fleetbench.agent.runners import PointCallback, SweepFailed, SweepOutcome, SweepSpec
+from fleetbench.agent.runners import (
+    PointCallback,
+    SweepFailed,
+    SweepOutcome,
+    SweepSpec,
+    Window,
+)
+from fleetbench.agent.runners.repeats import Key
 from fleetbench.contract.wire import (
     AllocatedBuffer,
     EngineBuild,
@@ -73,6 +80,8 @@ class LlamaCppPythonRunner:
         sender.close()
         points: list[Point] = []
         failures: list[FailedPoint] = []
+        # the child's time.monotonic() is this process's: the same system-wide clock
+        windows: dict[Key, list[Window]] = {}
         started: SweepOutcome | None = None
         outcome: SweepOutcome | None = None
         error: str | None = None
@@ -85,6 +94,9 @@ class LlamaCppPythonRunner:
                 point = Point.model_validate_json(payload)
                 points.append(point)
                 on_point(point)
+            elif kind == "window":
+                key, window = payload
+                windows.setdefault(tuple(key), []).append(tuple(window))
             elif kind == "failure":
                 failure = FailedPoint.model_validate_json(payload)
                 failures.append(failure)
@@ -95,14 +107,20 @@ class LlamaCppPythonRunner:
                     started = told
                 else:
                     outcome = SweepOutcome(
-                        told.engine, told.settings, points, failures, told.model, told.buffers
+                        told.engine,
+                        told.settings,
+                        points,
+                        failures,
+                        told.model,
+                        told.buffers,
+                        windows,
                     )
             else:
                 error = payload
         child.join()
         if outcome is not None:
             return outcome
-        raise SweepFailed(error or _death(child.exitcode), points, failures, started)
+        raise SweepFailed(error or _death(child.exitcode), points, failures, started, windows)
 
 
 def _process_context() -> SpawnContext | ForkContext:
@@ -166,6 +184,7 @@ def _child(model_path: str, spec: SweepSpec, free_bytes: int | None, sender: Con
             spec,
             on_point=send,
             on_start=lambda started: sender.send(("start", _told(started))),
+            on_window=lambda key, window: sender.send(("window", (key, window))),
             free_bytes=free_bytes,
         )
     except Exception as exc:  # reported to the parent, which records the run as failed

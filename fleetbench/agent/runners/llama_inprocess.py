@@ -33,6 +33,7 @@ from fleetbench.agent.runners import (
     SweepFailed,
     SweepOutcome,
     SweepSpec,
+    WindowCallback,
     plan_grid,
     point_from_samples,
 )
@@ -59,11 +60,13 @@ def run_sweep(
     *,
     on_point: PointCallback = lambda _: None,
     on_start: StartCallback = lambda _: None,
+    on_window: WindowCallback = lambda *_: None,
     free_bytes: int | None = None,
 ) -> SweepOutcome:
     """Loads the model, reads its architecture from llama.cpp, skips the points whose KV
     cache cannot fit in `free_bytes` (default: the memory free now) and measures the rest.
-    `on_start` is told the engine, the settings the context took and the model first."""
+    `on_start` is told the engine, the settings the context took and the model first, and
+    `on_window` each measurement's window."""
     llama = llama_bindings()
     rng = random.Random(0)  # the same tokens every sweep, as batched-bench's unseeded rand()
     llama.llama_backend_init()
@@ -133,7 +136,12 @@ def run_sweep(
         bench = _Bench(llama, ctx, n_batch=outcome.settings.n_batch, n_vocab=n_vocab, rng=rng)
         bench.warm_up()
         results = _measure_grid(
-            bench, grid, spec, n_kv_max=outcome.settings.n_ctx, on_point=on_point
+            bench,
+            grid,
+            spec,
+            n_kv_max=outcome.settings.n_ctx,
+            on_point=on_point,
+            on_window=on_window,
         )
         outcome.points.extend(r for r in results if isinstance(r, Point))
         outcome.failures.extend(r for r in results if isinstance(r, FailedPoint))
@@ -151,6 +159,7 @@ def _measure_grid(
     *,
     n_kv_max: int,
     on_point: PointCallback,
+    on_window: WindowCallback,
 ) -> list[Point | FailedPoint]:
     """Measures the grid round after round (runners/repeats.py) and tells each point as soon
     as it is done; returns them in the grid's order."""
@@ -169,10 +178,12 @@ def _measure_grid(
     while measured:
         for key in list(measured):  # one round; a point is told once it needs no more
             pp, tg, pl = key
+            began = time.monotonic()
             timed = bench.measure(pp, tg, pl, shared=spec.pp_shared, unified=spec.kv_unified)
             if isinstance(timed, str):
                 done[key] = FailedPoint(pp=pp, tg=tg, b=pl, reason=timed)
             else:
+                on_window(key, (began, time.monotonic()))
                 measured[key].append(timed)
                 if needs_more(spec, key, measured[key], time.monotonic() - started):
                     continue

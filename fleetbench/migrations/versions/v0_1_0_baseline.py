@@ -381,6 +381,7 @@ def upgrade() -> None:
         sa.Column("bandwidth", sa.JSON(), nullable=True),
         sa.Column("contention", sa.JSON(), nullable=True),
         sa.Column("contention_reason", sa.Text(), nullable=True),
+        sa.Column("energy", sa.JSON(), nullable=True),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
@@ -657,6 +658,7 @@ def upgrade() -> None:
         sa.Column("s_tg_stdev", sa.Double(), nullable=True),
         sa.Column("mbu", sa.Double(), nullable=True),
         sa.Column("impossible", sa.Text(), nullable=True),
+        sa.Column("energy", sa.JSON(), nullable=True),
         sa.ForeignKeyConstraint(
             ["run_id"], ["runs.id"], name=op.f("fk_run_points_run_id_runs"), ondelete="CASCADE"
         ),
@@ -709,6 +711,7 @@ def upgrade() -> None:
         sa.Column("s_pp", sa.Double(), nullable=True),
         sa.Column("s_tg", sa.Double(), nullable=True),
         sa.Column("mbu", sa.Double(), nullable=True),
+        sa.Column("joules", sa.Double(), nullable=True),
         sa.Column("past_knee", sa.Boolean(), nullable=True),
         sa.ForeignKeyConstraint(
             ["node_id", "model_id"],

@@ -249,5 +249,6 @@ def _class_summary(verdict: ClassVerdict, settings: CompareSettings) -> ClassSum
         nodes_compared=verdict.nodes_compared,
         nodes_not_compared=verdict.nodes_not_compared,
         runs_needed=verdict.runs_needed,
+        efficiency=verdict.efficiency,
         points=[_class_point(c, settings) for c in verdict.cells],
     )

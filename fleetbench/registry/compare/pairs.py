@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fleetbench.registry.compare.rules import (
+    ENERGY_METRICS,
     LOWER_IS_BETTER,
     MOST_LOG_RATIO,
     ClassFigures,
@@ -181,11 +182,14 @@ def compare_sums(
     )
     badness = np.where(lower_is_better, log_ratio, -log_ratio)  # larger: worse
     variance = noise**2 * (1 / nb + 1 / na)
+    # a node's worst change and its noisiest point are its speeds': energy is shown, never
+    # what its runs are planned by or its nodes listed by
+    speed = ~np.isin(metric, [i for i, m in enumerate(labels.metrics) if m in ENERGY_METRICS])
 
     node_ids, node_of = np.unique(keys[:, 0], return_inverse=True)
     worst = np.full(len(node_ids), -np.inf)
-    np.maximum.at(worst, node_of, badness)
-    told = (nb > 1) | (na > 1)
+    np.maximum.at(worst, node_of[speed], badness[speed])
+    told = ((nb > 1) | (na > 1)) & speed
     noisiest = np.full(len(node_ids), np.nan)
     np.fmax.at(noisiest, node_of[told], noise[told])
     cell_stats = {

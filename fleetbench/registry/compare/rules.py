@@ -35,6 +35,7 @@ from fleetbench.registry.hardware import UNKNOWN_CLASS
 from fleetbench.registry.regressions.rules import DETECTION_POWER_Z, DetectionSettings
 
 __all__ = [
+    "ENERGY_METRICS",
     "LOWER_IS_BETTER",
     "MOST_LOG_RATIO",
     "CellComparison",
@@ -54,8 +55,10 @@ __all__ = [
     "runs_needed",
 ]
 
-# Metrics where a larger value is worse (a longer wait); the others are speeds.
-LOWER_IS_BETTER = frozenset({"ttft_ms_p90"})
+# Metrics where a larger value is worse (a longer wait, more energy); the others are speeds.
+LOWER_IS_BETTER = frozenset({"ttft_ms_p90", "joules_per_token"})
+# Efficiency, not speed: shown where worse, a hold only where the settings say so
+ENERGY_METRICS = frozenset({"joules_per_token"})
 # A class's median over this many nodes or more has a median's standard error, sqrt(pi/2)
 # times the mean's; below it the median is the mean (of one or two).
 _MEDIAN_SE = math.sqrt(math.pi / 2)
@@ -72,6 +75,7 @@ class CompareSettings:
     min_change: float = 0.05  # a smaller worsening never holds a rollout
     max_detectable: float = 0.10  # a class that cannot see a slowdown this large is unknown
     min_runs: int = 2  # runs of each build a node needs before its point counts
+    hold_on_energy: bool = False  # more energy per token holds a rollout, not only shows
     detection: DetectionSettings = field(default_factory=DetectionSettings)
 
     @property
@@ -165,11 +169,16 @@ class ClassCell:
     significant: float  # the smallest change told from noise (z_known standard errors)
     worse: float
 
-    def held(self, s: CompareSettings) -> bool:
+    def worse_beyond_noise(self, s: CompareSettings) -> bool:
         """Worse by at least the minimum change, and beyond noise: `significance` standard
         errors (the regression check's at a known change). `detectable` adds the power
         margin: what these runs could miss, which decides `unknown`, not `hold`."""
         return self.worse >= max(self.significant, s.min_change)
+
+    def held(self, s: CompareSettings) -> bool:
+        """Worse beyond noise, and a speed's (energy's only where the settings hold on it)."""
+        energy = self.key.metric in ENERGY_METRICS
+        return self.worse_beyond_noise(s) and (s.hold_on_energy or not energy)
 
 
 @dataclass(frozen=True)
@@ -181,6 +190,7 @@ class ClassVerdict:
     nodes_not_compared: int
     cells: tuple[ClassCell, ...]
     runs_needed: int | None  # more runs of each build on each node (unknown only)
+    efficiency: str | None = None  # where it costs more energy per token, and by how much
 
 
 @dataclass(frozen=True)
@@ -252,7 +262,13 @@ def runs_needed(noise: float, nodes: int, s: CompareSettings) -> int:
 def _describe(cell: ClassCell, metric_names: Mapping[str, str]) -> str:
     name = metric_names.get(cell.key.metric, cell.key.metric)
     at = f"B={cell.key.b} (PP {cell.key.pp}, TG {cell.key.tg})"
-    how = "longer" if cell.key.metric in LOWER_IS_BETTER else "slower"
+    how = (
+        "more"
+        if cell.key.metric in ENERGY_METRICS
+        else "longer"
+        if cell.key.metric in LOWER_IS_BETTER
+        else "slower"
+    )
     worst = abs(_worse(cell.key.metric, cell.worst_ratio))
     return (
         f"{name} at {at} {cell.worse:.1%} {how} (median of {cell.nodes} node"
@@ -271,13 +287,17 @@ def class_verdict(
     """A class's verdict from its nodes that ran the new build and its points."""
     compared = [n for n in nodes if n.compared]
     not_compared = len(nodes) - len(compared)
+    speeds = [c for c in cells if c.key.metric not in ENERGY_METRICS]
+    costlier = [c for c in cells if c.key.metric in ENERGY_METRICS and c.worse_beyond_noise(s)]
+    efficiency = _worst_of(costlier, metric_names) if costlier else None
     held = [c for c in cells if c.held(s)]
     if held:
-        worst = max(held, key=lambda c: c.worse)
-        also = f" (and {len(held) - 1} more point{'s' if len(held) > 2 else ''})"
-        reason = _describe(worst, metric_names) + (also if len(held) > 1 else "")
-        return ClassVerdict(name, "hold", reason, len(compared), not_compared, tuple(cells), None)
-    blind = max((c.detectable for c in cells), default=None)
+        reason = _worst_of(held, metric_names)
+        return ClassVerdict(
+            name, "hold", reason, len(compared), not_compared, tuple(cells), None, efficiency
+        )
+    # energy figures are judged where they are, never asked more runs for
+    blind = max((c.detectable for c in speeds), default=None)
     short = [n for n in compared if min(n.runs_before, n.runs_after) < s.min_runs]
     if blind is None or blind > s.max_detectable or short:
         needed = runs_needed(_noisiest(compared), len(compared), s)
@@ -295,13 +315,22 @@ def class_verdict(
             f"({needed} in all) would show a {s.max_detectable:.0%} slowdown"
         )
         return ClassVerdict(
-            name, "unknown", reason, len(compared), not_compared, tuple(cells), more
+            name, "unknown", reason, len(compared), not_compared, tuple(cells), more, efficiency
         )
     reason = (
         f"no point slower beyond what its runs tell from noise (at most {blind:.1%}) over "
         f"{len(compared)} node{'s' if len(compared) != 1 else ''}"
     )
-    return ClassVerdict(name, "go", reason, len(compared), not_compared, tuple(cells), None)
+    return ClassVerdict(
+        name, "go", reason, len(compared), not_compared, tuple(cells), None, efficiency
+    )
+
+
+def _worst_of(cells: Sequence[ClassCell], metric_names: Mapping[str, str]) -> str:
+    """The worst of the cells described, and how many more there are."""
+    worst = max(cells, key=lambda c: c.worse)
+    also = f" (and {len(cells) - 1} more point{'s' if len(cells) > 2 else ''})"
+    return _describe(worst, metric_names) + (also if len(cells) > 1 else "")
 
 
 def _noisiest(nodes: Sequence[NodeSummary]) -> float:

@@ -17,6 +17,7 @@ from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from fleetbench.contract import wire
+from fleetbench.contract.energy import joules_per_token, tokens_per_joule
 from fleetbench.registry.curves.rules import curve_figures
 from fleetbench.registry.models import (
     POINT_POSSIBLE,
@@ -29,6 +30,8 @@ from fleetbench.registry.models import (
     Run,
     RunPoint,
 )
+from fleetbench.registry.prices.rules import usd_per_million_tokens
+from fleetbench.registry.prices.store import classes_of_runs, prices_of
 from fleetbench.registry.regressions import labels, series
 from fleetbench.registry.schemas import (
     CurvePointPublic,
@@ -37,6 +40,7 @@ from fleetbench.registry.schemas import (
     ServingCurvePointPublic,
     ServingCurvePublic,
 )
+from fleetbench.registry.state import Bounded
 
 __all__ = ["Curve", "CurveBuild", "CurvePoint", "curves_answer", "latest_curves"]
 
@@ -57,6 +61,7 @@ class CurvePoint:
     s_tg: float
     s_pp: float | None
     mbu: float | None
+    energy: dict[str, Any] | None  # contract.energy.PointEnergy, as sent
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Curve:
     tg: int
     points: list[CurvePoint]  # by B
     bandwidth: dict[str, Any] | None  # what its MBU is held against (wire.MemoryBandwidth)
+    energy: dict[str, Any] | None  # where its joules come from (contract.energy.RunEnergy)
 
 
 # The node's newest runs the builds' curves are found among: a build it has not run in as
@@ -98,7 +104,7 @@ def _statements() -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ...]]]:
     )
     ranked = select(recent.c.id, newest_first.label("rank")).subquery("ranked")
     runs = (
-        select(Run.id, Run.started_at, Run.bandwidth, *series.BUILD_COLUMNS)
+        select(Run.id, Run.started_at, Run.bandwidth, Run.energy, *series.BUILD_COLUMNS)
         .join(EngineBuild, EngineBuild.id == Run.build_id)
         .where(Run.id.in_(select(ranked.c.id).where(ranked.c.rank == 1)))
         .order_by(Run.started_at, Run.received_at)
@@ -111,6 +117,7 @@ def _statements() -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ...]]]:
         RunPoint.s_tg,
         RunPoint.s_pp,
         RunPoint.mbu,
+        RunPoint.energy,
     ).where(
         RunPoint.run_id.in_(bindparam("run_ids", expanding=True)),
         RunPoint.s_tg.is_not(None),
@@ -130,12 +137,12 @@ def latest_curves(session: Session, *, node_id: int, model_ids: Sequence[int]) -
     groups: dict[uuid.UUID, dict[tuple[int, int], list[CurvePoint]]] = defaultdict(
         lambda: defaultdict(list)
     )
-    for run_id, pp, tg, b, s_tg, s_pp, mbu in connection.execute(
+    for run_id, pp, tg, *figures in connection.execute(
         points_statement, {"run_ids": [run.id for run in runs]}
     ).all():
-        groups[run_id][(pp, tg)].append(CurvePoint(b, s_tg, s_pp, mbu))
+        groups[run_id][(pp, tg)].append(CurvePoint(*figures))
     found: list[Curve] = []
-    for run_id, started_at, bandwidth, *build in runs:
+    for run_id, started_at, bandwidth, energy, *build in runs:
         for (pp, tg), points in sorted(groups[run_id].items()):
             found.append(
                 Curve(
@@ -146,19 +153,30 @@ def latest_curves(session: Session, *, node_id: int, model_ids: Sequence[int]) -
                     tg,
                     sorted(points, key=lambda p: p.b),
                     bandwidth,
+                    energy,
                 )
             )
     return found
 
 
 def curves_answer(
-    session: Session, node: Node, models: Sequence[Model], *, knee_threshold: float
+    session: Session,
+    node: Node,
+    models: Sequence[Model],
+    *,
+    knee_threshold: float,
+    classes: Bounded[uuid.UUID, str],
 ) -> CurvesPublic:
     """`GET /v1/curves`: the node's curves of the models (files sharing one name count as
-    one model), each labelled with its build and its knee."""
+    one model), each labelled with its build and its knee, each point with its energy and,
+    where its run's hardware class has a price, what a million tokens cost there."""
     curves = []
-    for curve in latest_curves(session, node_id=node.id, model_ids=[m.id for m in models]):
+    found = latest_curves(session, node_id=node.id, model_ids=[m.id for m in models])
+    class_of = classes_of_runs(session, {c.run_id for c in found}, classes)
+    price_of = prices_of(session, set(class_of.values()))
+    for curve in found:
         knee, figures = curve_figures([(p.b, p.s_tg, p.s_pp) for p in curve.points], knee_threshold)
+        price = price_of.get(class_of.get(curve.run_id, ""))
         build = curve.build
         curves.append(
             CurvePublic(
@@ -173,9 +191,22 @@ def curves_answer(
                 tg=curve.tg,
                 knee=knee,
                 bandwidth=curve.bandwidth,
+                energy=curve.energy,
+                hardware_class=class_of.get(curve.run_id),
+                usd_per_hour=price,
                 points=[
-                    CurvePointPublic(**vars(f), mbu=p.mbu)
+                    CurvePointPublic(
+                        **vars(f),
+                        mbu=p.mbu,
+                        tokens_per_joule=tokens_per_joule(p.b, curve.tg, joules),
+                        joules_per_token=joules_per_token(p.b, curve.tg, joules),
+                        energy_invalid=p.energy.get("invalid") if p.energy else None,
+                        usd_per_million_tokens=None
+                        if price is None
+                        else usd_per_million_tokens(price, p.s_tg),
+                    )
                     for f, p in zip(figures, curve.points, strict=True)
+                    for joules in [p.energy.get("joules") if p.energy else None]
                 ],
             )
         )

@@ -139,7 +139,16 @@ class IncomingRun:
             started_at=report.started_at,
             settings=report.settings,
             points=[
-                CurvePoint(p.pp, p.tg, p.b, p.s_pp, p.s_tg, limit.mbu, limit.impossible is not None)
+                CurvePoint(
+                    p.pp,
+                    p.tg,
+                    p.b,
+                    p.s_pp,
+                    p.s_tg,
+                    limit.mbu,
+                    limit.impossible is not None,
+                    p.energy.joules if p.energy else None,
+                )
                 for p, limit in zip(report.points, self.limits, strict=True)
             ],
             server=report.server,
@@ -433,6 +442,7 @@ def insert_runs(
                 if report.contention
                 else None,
                 "contention_reason": run.contention_reason,
+                "energy": report.energy.model_dump(mode="json") if report.energy else None,
                 **report.settings.model_dump(),
             }
         )

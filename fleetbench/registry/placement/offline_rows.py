@@ -28,7 +28,14 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from fleetbench.registry.model_facts import FleetFacts
-from fleetbench.registry.models import DetectableChange, EngineBuild, LatestPoint, LatestRun, Node
+from fleetbench.registry.models import (
+    DetectableChange,
+    EngineBuild,
+    LatestPoint,
+    LatestRun,
+    Node,
+    Run,
+)
 from fleetbench.registry.placement.rules import NodeChoice, NodeMemory
 from fleetbench.registry.placement.serving_rows import served_nodes
 
@@ -193,6 +200,7 @@ def _placement_statement(
             point.s_pp,
             point.s_tg,
             point.mbu,
+            point.joules,
             point.past_knee,
             detectable.change.label("min_detectable_change"),
             heads.c.run_id,
@@ -256,6 +264,8 @@ def _placement_statement(
             chosen.c.s_pp,
             chosen.c.s_tg,
             chosen.c.mbu,
+            chosen.c.joules,
+            Run.energy,
             chosen.c.past_knee,
             chosen.c.min_detectable_change,
             chosen.c.engine_on_accelerator,
@@ -265,6 +275,7 @@ def _placement_statement(
         .select_from(chosen)
         .join(Node, Node.id == chosen.c.node_id)
         .join(EngineBuild, EngineBuild.id == chosen.c.build_id)
+        .join(Run, Run.id == chosen.c.run_id)
         .where(chosen.c.choice == 1)
         .order_by(chosen.c.meets.desc(), chosen.c.merit.desc(), chosen.c.s_tg.desc(), Node.name)
         .limit(bindparam("limit", type_=Integer))
@@ -313,6 +324,8 @@ def placement_rows(
                 s_tg=row.s_tg,  # the query keeps only points with an S_TG
                 past_knee=row.past_knee,
                 mbu=row.mbu,
+                joules=row.joules,
+                energy_source=row.energy.get("source") if row.energy else None,
                 engine_on_accelerator=row.engine_on_accelerator,
                 min_detectable_change=row.min_detectable_change,
             )

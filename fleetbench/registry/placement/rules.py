@@ -33,6 +33,7 @@ from fleetbench.contract.answers import (
     PlacementOrder,
     RejectedConcurrency,
 )
+from fleetbench.contract.energy import tokens_per_joule
 from fleetbench.contract.kv_cache import (
     CacheShape,
     KvPrediction,
@@ -81,6 +82,8 @@ class NodeChoice:
     s_tg: float
     past_knee: bool | None = None  # beyond the knee of the curve it lies on (None: unknown)
     mbu: float | None = None  # offline: its memory-bandwidth utilisation (contract.bandwidth)
+    joules: float | None = None  # offline: what it cost in energy (contract.energy)
+    energy_source: str | None = None  # offline: the counter of its joules
     source: Literal["offline", "serving"] = "offline"
     per_user_p10: float | None = None  # serving: what the slowest tenth of users got
     ttft_ms_p90: float | None = None
@@ -483,6 +486,8 @@ def _candidate(
         "run_id": choice.run_id,
         "past_knee": choice.past_knee,
         "mbu": choice.mbu,
+        "tokens_per_joule": tokens_per_joule(choice.b, choice.tg, choice.joules),
+        "energy_source": choice.energy_source if choice.joules is not None else None,
         "hardware_class": price.hardware_class if price is not None else None,
         "usd_per_hour": usd,
         "usd_per_million_tokens": usd_per_million_tokens(usd, choice.s_tg) if usd else None,

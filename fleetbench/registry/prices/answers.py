@@ -12,6 +12,9 @@ from fleetbench.registry.hardware import DESCRIPTION_LENGTH, hardware_class
 __all__ = ["HardwarePricePublic", "HardwarePriceRequest", "HardwarePricesPublic"]
 
 MOST_USD_PER_HOUR = 1e6
+# A hundredth of a cent an hour: below it no hardware is priced, and the cost planner's
+# exact arithmetic (prices in whole units of it) stays in small integers
+LEAST_USD_PER_HOUR = 1e-4
 
 
 class HardwarePriceRequest(BaseModel):
@@ -26,7 +29,7 @@ class HardwarePriceRequest(BaseModel):
         "HBM3' or 'Apple M4 Pro, 48 GiB' (a node's `hardware` with its driver is taken too: "
         "the driver is left out)",
     )
-    usd_per_hour: float = Field(gt=0, le=MOST_USD_PER_HOUR, allow_inf_nan=False)
+    usd_per_hour: float = Field(ge=LEAST_USD_PER_HOUR, le=MOST_USD_PER_HOUR, allow_inf_nan=False)
 
     @field_validator("hardware_class")
     @classmethod

@@ -46,6 +46,7 @@ class CurvePoint:
     s_tg: float | None
     mbu: float | None = None  # its memory-bandwidth utilisation (contract.bandwidth)
     impossible: bool = False  # above its node's bandwidth: no curve takes it
+    joules: float | None = None  # what it cost in energy (contract.energy), where counted
 
 
 @dataclass(frozen=True)
@@ -163,13 +164,21 @@ def stored_runs(connection: Connection, run_ids: Collection[uuid.UUID]) -> list[
             RunPoint.s_tg,
             RunPoint.mbu,
             RunPoint.impossible,
+            RunPoint.energy,
         )
         .where(RunPoint.run_id.in_(list(run_ids)))
         .order_by(RunPoint.id)
     ):
         points.setdefault(row.run_id, []).append(
             CurvePoint(
-                row.pp, row.tg, row.b, row.s_pp, row.s_tg, row.mbu, row.impossible is not None
+                row.pp,
+                row.tg,
+                row.b,
+                row.s_pp,
+                row.s_tg,
+                row.mbu,
+                row.impossible is not None,
+                row.energy.get("joules") if row.energy else None,
             )
         )
     rows = connection.execute(

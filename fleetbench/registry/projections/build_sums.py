@@ -21,10 +21,12 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Double,
     Select,
     and_,
     bindparam,
     case,
+    cast,
     delete,
     func,
     literal,
@@ -64,7 +66,8 @@ __all__ = [
     "sums_of_runs",
 ]
 
-OFFLINE_METRICS = ("s_tg", "s_pp")
+# joules_per_token: a point's joules (contract.energy) over its B x TG generated tokens
+OFFLINE_METRICS = ("s_tg", "s_pp", "joules_per_token")
 SERVING_METRICS = ("per_user_tps_p10", "ttft_ms_p90")
 METRICS = OFFLINE_METRICS + SERVING_METRICS
 # A spread relative to a value this small is no measurement: capped, not divided (float
@@ -81,6 +84,8 @@ def _at_least(value: Any) -> ColumnElement[float]:
 
 
 def _offline(metric: str) -> Select[Any]:
+    if metric == "joules_per_token":
+        return _offline_energy()
     value = getattr(RunPoint, metric)
     sd = getattr(RunPoint, f"{metric}_stdev")
     relative = case(
@@ -101,6 +106,26 @@ def _offline(metric: str) -> Select[Any]:
             (RunPoint.pp, RunPoint.tg, RunPoint.b),
             relative,
             case((relative.is_not(None), RunPoint.repeats)),
+        )
+        .join(RunPoint, RunPoint.run_id == Run.id)
+        .where(RUN_SUCCESSFUL, POINT_POSSIBLE)
+    )
+
+
+def _offline_energy() -> Select[Any]:
+    """Joules per generated token, where the point's energy was counted validly (a point
+    without joules, or with no tokens, has no value and is in no sum)."""
+    # B x TG as a float: two 32-bit columns' product overflows PostgreSQL's integer
+    tokens = func.nullif(cast(RunPoint.b, Double) * RunPoint.tg, 0)
+    value = _at_least(RunPoint.energy["joules"].as_float()) / tokens
+    return (
+        _summed(
+            "joules_per_token",
+            value,
+            settings_label_sql(),
+            (RunPoint.pp, RunPoint.tg, RunPoint.b),
+            None,
+            None,
         )
         .join(RunPoint, RunPoint.run_id == Run.id)
         .where(RUN_SUCCESSFUL, POINT_POSSIBLE)
@@ -174,7 +199,8 @@ SUMS_KEY = (  # the columns that key build_point_sums
 
 def sums_of_runs(kind: str, *where: ColumnElement[bool]) -> Select[Any]:
     """The sums of the runs `where` selects (of table runs), as build_point_sums holds
-    them: offline runs' S_TG and S_PP, or serving runs' per-user p10 and TTFT p90."""
+    them: offline runs' S_TG, S_PP and joules per token, or serving runs' per-user p10 and
+    TTFT p90."""
     parts = [_offline(m) if kind == "offline" else _serving(m) for m in metrics_of(kind)]
     return union_all(*(part.where(*where) for part in parts)).subquery().select()
 

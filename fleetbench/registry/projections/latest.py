@@ -210,6 +210,7 @@ def _points_with_knee(points: Sequence[CurvePoint]) -> list[dict[str, Any]]:
                 "s_pp": point.s_pp,
                 "s_tg": point.s_tg,
                 "mbu": point.mbu,
+                "joules": point.joules,
                 "past_knee": point.b > knee
                 if knee is not None and point.s_tg is not None
                 else None,
@@ -248,6 +249,8 @@ def latest_points_statement() -> Select[*tuple[Any, ...]]:
             LatestPoint.s_pp,
             LatestPoint.s_tg,
             LatestPoint.mbu,
+            LatestPoint.joules,
+            Run.energy,
         )
         .select_from(LatestPoint)
         .join(LatestRun, OF_ITS_RUN)

@@ -12,6 +12,7 @@ from fleetbench.registry.curves.knee import KNEE_THRESHOLD
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.deps import (
     AdminAuth,
+    ProcessDep,
     ReadAccess,
     SessionDep,
     models_or_404,
@@ -109,6 +110,7 @@ def acknowledge(
 @router.get("/curves", response_model=CurvesPublic, dependencies=[ReadAccess], responses=NOT_FOUND)
 def read_curves(
     session: SessionDep,
+    process: ProcessDep,
     node: NodeQuery,
     model: ModelQuery,
     knee_threshold: Annotated[
@@ -117,7 +119,13 @@ def read_curves(
 ) -> Response:
     """The node's batching curves for the model, one per build, each with its knee."""
     found_node, models = _node_and_models(session, node, model)
-    answer = curves_answer(session, found_node, models, knee_threshold=knee_threshold)
+    answer = curves_answer(
+        session,
+        found_node,
+        models,
+        knee_threshold=knee_threshold,
+        classes=process.hardware_classes,
+    )
     # Serialized here: FastAPI would validate and dump the answer a second time.
     return Response(answer.model_dump_json(), media_type="application/json")
 

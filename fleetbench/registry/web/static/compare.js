@@ -28,6 +28,7 @@ const METRIC_NAMES = {
   s_pp: "S_PP",
   per_user_tps_p10: "per-user p10",
   ttft_ms_p90: "TTFT p90",
+  joules_per_token: "energy per token",
 };
 const VERDICT_BADGES = { go: "ok", hold: "regressed", unknown: "stale" };
 
@@ -41,6 +42,8 @@ function verdictBadge(verdict) {
 
 function pointRow(node, point, model) {
   const flag = point.beyond_detection ? (point.worse_pct > 0 ? " worse" : " better") : "";
+  // joules per token are small (0.0123 J): two decimals would hide the change
+  const digits = point.metric === "joules_per_token" ? 4 : 2;
   return h(
     "tr",
     { dataset: { node: node.node, metric: point.metric, b: String(point.b) } },
@@ -48,8 +51,8 @@ function pointRow(node, point, model) {
     h("td", {}, METRIC_NAMES[point.metric] ?? point.metric),
     h("td", { class: "num nowrap" }, `${point.pp} / ${point.tg}`),
     h("td", { class: "num" }, String(point.b)),
-    h("td", { class: "num" }, fmt(point.from_value)),
-    h("td", { class: "num" }, fmt(point.to_value)),
+    h("td", { class: "num" }, fmt(point.from_value, digits)),
+    h("td", { class: "num" }, fmt(point.to_value, digits)),
     h("td", { class: "num nowrap" }, `${fmt(point.ratio, 3)}${flag}`),
     h("td", { class: "num nowrap" }, `${fmt(point.ratio_low, 3)}–${fmt(point.ratio_high, 3)}`),
     h("td", { class: "num" }, `${fmt(point.detectable_pct, 1)}%`),
@@ -111,9 +114,22 @@ async function ask(query) {
         "tr",
         { dataset: { class: c.hardware_class } },
         h("td", {}, c.hardware_class),
-        h("td", {}, verdictBadge(c.verdict)),
+        h(
+          "td",
+          { class: "nowrap" },
+          verdictBadge(c.verdict),
+          c.efficiency ? [" ", badge("more energy per token", "costlier")] : null,
+        ),
         h("td", { class: "num" }, String(c.nodes_compared)),
-        h("td", { class: "wide" }, c.reason),
+        h(
+          "td",
+          { class: "wide" },
+          c.reason,
+          // a hold on energy (FLEETBENCH_COMPARE_HOLD_ON_ENERGY) already gives it as the reason
+          c.efficiency && c.efficiency !== c.reason
+            ? h("p", { class: "efficiency" }, c.efficiency)
+            : null,
+        ),
       ),
     ),
   );

@@ -1,5 +1,6 @@
 // One node (its models), or one node x model: the batching curves from GET /v1/curves,
-// one line per llama.cpp build, total and per-user decode speed on one chart, prefill beside;
+// one line per llama.cpp build, total and per-user decode speed on one chart, prefill beside,
+// then tokens per joule and dollars per million tokens where the curves have them;
 // and the node's latest serving run beside them: what the server delivered at each
 // concurrency, as a share of the engine's throughput there.
 import {
@@ -186,8 +187,8 @@ function curveNames(curves) {
 }
 
 /** Filled markers up to the knee, open ones past it. */
-function symbols(curve, shape) {
-  return curve.points.map((p) => (p.past_knee ? `${shape}-open` : shape));
+function symbols(points, shape) {
+  return points.map((p) => (p.past_knee ? `${shape}-open` : shape));
 }
 
 function decodeTraces(curves, names) {
@@ -206,7 +207,7 @@ function decodeTraces(curves, names) {
       x: b,
       y: curve.points.map((p) => p.total_tps),
       line: { color, width: newest ? 3 : 1.5 },
-      marker: { color, size: 8, symbol: symbols(curve, "circle") },
+      marker: { color, size: 8, symbol: symbols(curve.points, "circle") },
       hovertemplate: `${name}<br>B=%{x}: %{y:.2f} t/s total<extra></extra>`,
     });
     traces.push({
@@ -218,7 +219,7 @@ function decodeTraces(curves, names) {
       y: curve.points.map((p) => p.per_user_tps),
       yaxis: "y2",
       line: { color, width: newest ? 2.5 : 1.2, dash: "dot" },
-      marker: { color, size: 6, symbol: symbols(curve, "square") },
+      marker: { color, size: 6, symbol: symbols(curve.points, "square") },
       hovertemplate: `${name}<br>B=%{x}: %{y:.2f} t/s per user<extra></extra>`,
     });
     const knee = curve.points.find((p) => p.b === curve.knee);
@@ -356,6 +357,143 @@ function prefillTraces(curves, names) {
     .filter((trace) => trace.x.length > 0);
 }
 
+/**
+ * One line per curve of a figure some points lack (tokens per joule, dollars per million
+ * tokens), through the points that have it; `hover` the figure as %{y} formats it.
+ */
+function figureTraces(curves, names, figure, hover) {
+  return curves
+    .map((curve, i) => {
+      const points = curve.points.filter((p) => typeof p[figure] === "number");
+      const color = COLORS[i % COLORS.length];
+      const name = plotText(names[i]);
+      return {
+        type: "scatter",
+        mode: "lines+markers",
+        name,
+        x: points.map((p) => p.b),
+        y: points.map((p) => p[figure]),
+        line: { color, width: i === curves.length - 1 ? 3 : 1.5 },
+        marker: { color, size: 8, symbol: symbols(points, "circle") },
+        hovertemplate: `${name}<br>B=%{x}: ${hover}<extra></extra>`,
+      };
+    })
+    .filter((trace) => trace.x.length > 0);
+}
+
+const NO_PRICE = "an admin sets one with fleetbench-registry price set";
+
+/** "class A" or "classes A, B". */
+function classesText(classes) {
+  return `class${classes.length === 1 ? "" : "es"} ${classes.join(", ")}`;
+}
+
+/** Why no point has tokens per joule: no counter on the node, or its counter gave none. */
+function energyMissing(curves) {
+  const counted = curves.filter((c) => c.energy);
+  if (counted.length === 0) return "No energy counted: the node has no counter the agent can read.";
+  const sources = [...new Set(counted.map((c) => c.energy.source))];
+  const reasons = [
+    ...new Set(counted.flatMap((c) => c.points.map((p) => p.energy_invalid)).filter(Boolean)),
+  ];
+  return (
+    `No energy figure: the counter (${sources.join(", ")}) gave none for any point` +
+    `${reasons.length ? `: ${reasons.join("; ")}` : ""}.`
+  );
+}
+
+/** What the figures cover (each counter's devices, nothing else) and which builds lack them. */
+function energyScope(curves, names) {
+  const counted = curves.flatMap((c, i) => (c.energy ? [[names[i], c.energy]] : []));
+  const scopes = new Set(counted.map(([, e]) => `${e.scope}, read from ${e.source}`));
+  const covers =
+    scopes.size === 1
+      ? [...scopes][0]
+      : counted.map(([name, e]) => `${name}: ${e.scope}, read from ${e.source}`).join("; ");
+  const uncounted = names.filter((_, i) => !curves[i].energy);
+  const invalid = curves.flatMap((c) => c.points).filter((p) => p.energy_invalid).length;
+  return (
+    `What it counts: ${covers}; nothing else: not the rest of the node, its cooling or the ` +
+    "facility." +
+    (uncounted.length ? ` No energy counted in ${uncounted.join(", ")}.` : "") +
+    (invalid ? ` ${invalid} point(s) without a figure: the table's Tokens / J says why.` : "")
+  );
+}
+
+/** Why no point has a price: its class has none, or its runs name no class to price. */
+function costMissing(curves) {
+  const classes = [...new Set(curves.map((c) => c.hardware_class).filter(Boolean))];
+  if (classes.length === 0) {
+    return "No price: the runs report no hardware to name a class by, and prices are per class.";
+  }
+  return `No price for ${classesText(classes)}: ${NO_PRICE}.`;
+}
+
+/** The prices the figures come from, and the classes that have none. */
+function costPrices(curves) {
+  const priced = curves.filter((c) => c.usd_per_hour !== null);
+  const prices = [
+    ...new Set(priced.map((c) => `$${fmt(c.usd_per_hour)} an hour for ${c.hardware_class}`)),
+  ];
+  const unpriced = [
+    ...new Set(curves.filter((c) => c.usd_per_hour === null).map((c) => c.hardware_class)),
+  ].filter(Boolean);
+  return (
+    `At ${prices.join("; ")} (the class's price, GET /v1/prices).` +
+    (unpriced.length ? ` No price for ${classesText(unpriced)}: ${NO_PRICE}.` : "")
+  );
+}
+
+/**
+ * Tokens per joule and dollars per million tokens against B, each drawn only where a point
+ * has the figure; where none has, one line in its place says what is missing.
+ */
+async function drawEnergyAndCost(curves, names) {
+  const figures = [
+    {
+      id: "energy",
+      traces: figureTraces(curves, names, "tokens_per_joule", "%{y:.2f} tokens/J"),
+      axis: "tokens per joule",
+      note: () => energyScope(curves, names),
+      missing: () => energyMissing(curves),
+    },
+    {
+      id: "cost",
+      traces: figureTraces(curves, names, "usd_per_million_tokens", "$%{y:.2f} per million tokens"),
+      axis: "$ per million tokens",
+      note: () => costPrices(curves),
+      missing: () => costMissing(curves),
+    },
+  ];
+  for (const { id, traces, axis, note, missing } of figures) {
+    const shown = traces.length > 0;
+    document.getElementById(`${id}-card`).hidden = !shown;
+    const missingLine = document.getElementById(`${id}-missing`);
+    missingLine.hidden = shown;
+    if (!shown) {
+      missingLine.textContent = missing();
+      continue;
+    }
+    document.getElementById(`${id}-note`).textContent = note();
+    await plot(
+      `${id}-chart`,
+      traces,
+      baseLayout({
+        xaxis: concurrencyAxis(traces.flatMap((t) => t.x)),
+        yaxis: { title: { text: axis }, rangemode: "tozero" },
+        showlegend: true, // plotly names no lone line, and one build's may be all there is
+      }),
+    );
+  }
+}
+
+/** A point's tokens per joule; where the counter gave none, why, on hover. */
+function energyCell(p) {
+  if (p.tokens_per_joule !== null) return fmt(p.tokens_per_joule);
+  if (p.energy_invalid) return h("span", { class: "muted", title: p.energy_invalid }, "no figure");
+  return dash();
+}
+
 function pointRows(curves, names) {
   const rows = [];
   curves.forEach((curve, i) => {
@@ -381,6 +519,18 @@ function pointRows(curves, names) {
                 : "the node's memory bandwidth is unknown",
             },
             p.mbu == null ? dash() : `${Math.round(100 * p.mbu)}%`,
+          ),
+          h("td", { class: "num" }, energyCell(p)),
+          h(
+            "td",
+            {
+              class: "num",
+              title:
+                curve.usd_per_hour === null
+                  ? `no price for ${curve.hardware_class ?? "its hardware, which names no class"}`
+                  : `at $${fmt(curve.usd_per_hour)} an hour for ${curve.hardware_class}`,
+            },
+            p.usd_per_million_tokens === null ? dash() : fmt(p.usd_per_million_tokens),
           ),
           h(
             "td",
@@ -473,6 +623,7 @@ async function showCurves(node, model) {
         }),
       );
     }
+    if (curves.length > 0) await drawEnergyAndCost(curves, names);
   } catch (error) {
     showError(statusBox, error);
     done("error");

@@ -29,8 +29,15 @@ const FIELDS = [
   "max_age_days",
   "max_ttft_ms",
   "kind",
+  "order",
   "limit",
 ];
+
+// How each order lists the candidates, as the count and the chart's title say it.
+const ORDERS = {
+  throughput: { listed: "with the highest total throughput", title: "best total throughput" },
+  cost: { listed: "cheapest per million tokens", title: "cheapest per million tokens first" },
+};
 
 const form = document.getElementById("question");
 const statusBox = document.getElementById("status");
@@ -39,6 +46,14 @@ const answerBox = document.getElementById("answer");
 /** show(value), or a dash for a field this registry does not send. */
 function orDash(value, show) {
   return value === undefined || value === null ? dash() : show(value);
+}
+
+/** Whose price the candidate's class has, or that it has none. */
+function priceTitle(candidate) {
+  const named = candidate.hardware_class ?? "its hardware, which names no class";
+  return candidate.usd_per_hour === null
+    ? `no price for ${named}: an admin sets one with fleetbench-registry price set`
+    : `the price of ${named}`;
 }
 
 function candidateRow(candidate, index, model) {
@@ -56,6 +71,20 @@ function candidateRow(candidate, index, model) {
     h("td", { class: "num" }, String(candidate.concurrency)),
     h("td", { class: "num" }, fmt(candidate.per_user_tps)),
     h("td", { class: "num" }, fmt(candidate.total_tps)),
+    h(
+      "td",
+      { class: "num", title: priceTitle(candidate) },
+      orDash(candidate.usd_per_million_tokens, fmt),
+    ),
+    h("td", { class: "num", title: priceTitle(candidate) }, orDash(candidate.usd_per_hour, fmt)),
+    h(
+      "td",
+      {
+        class: "num",
+        title: candidate.energy_source ? `counted by ${candidate.energy_source}` : null,
+      },
+      orDash(candidate.tokens_per_joule, fmt),
+    ),
     h("td", { class: "num" }, orDash(candidate.ttft_ms_p90, (ms) => fmt(ms, 0))),
     h(
       "td",
@@ -129,7 +158,7 @@ function drawChart(answer) {
   const layout = baseLayout({
     title: {
       text: plotText(
-        `${answer.model}: best total throughput at ≥ ${answer.min_tps_per_user} t/s per user`,
+        `${answer.model}: ${ORDERS[answer.order].title} at ≥ ${answer.min_tps_per_user} t/s per user`,
       ),
     },
     xaxis: {
@@ -182,7 +211,7 @@ async function ask(query) {
   const count = answer.candidates.length;
   document.getElementById("count").textContent =
     answer.count > count
-      ? `${answer.count} node(s) qualify; the ${count} with the highest total throughput are shown.`
+      ? `${answer.count} node(s) qualify; the ${count} ${ORDERS[answer.order].listed} are shown.`
       : `${answer.count} node(s) qualify.`;
   replace(
     document.querySelector("#candidates tbody"),
