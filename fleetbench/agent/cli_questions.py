@@ -41,7 +41,7 @@ from fleetbench.cli_compare import (
     print_compare,
     verdict_exit,
 )
-from fleetbench.contract.answers import PlacementKind, PlacementOrder
+from fleetbench.contract.answers import CapacityMinimise, PlacementKind, PlacementOrder
 
 if TYPE_CHECKING:  # httpx loads when a question is asked (handover.registry_client)
     from fleetbench.agent.client import RegistryClient
@@ -165,12 +165,21 @@ def capacity(
         list[str] | None,
         typer.Option(help="a node already assigned, left out (again for each one)"),
     ] = None,
+    minimise: Annotated[
+        CapacityMinimise | None,
+        typer.Option(
+            help="nodes: the fewest nodes; cost: the cheapest an hour, by each hardware "
+            "class's price (fleetbench-registry price), nodes without one left out "
+            "[registry default: nodes]"
+        ),
+    ] = None,
     registry: RegistryOption = None,
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Ask the registry how many of which nodes serve USERS concurrent users of a model at
-    a per-user speed, from each node's measured curve (and which nodes it left out, why)."""
+    a per-user speed, from each node's measured curve, the fewest or the cheapest (and
+    which nodes it left out, why)."""
     answer = _asked(
         registry,
         token,
@@ -183,6 +192,7 @@ def capacity(
             kind=kind,
             max_age_days=max_age_days,
             reserve=reserve,
+            minimise=minimise,
         ),
     )
     _print_answer(answer, capacity_table, as_json=as_json)

@@ -35,6 +35,7 @@ from fleetbench.agent.errors import (
 )
 from fleetbench.contract.answers import (
     CapacityAnswer,
+    CapacityMinimise,
     CompareAnswer,
     CompareKind,
     PlacementAnswer,
@@ -167,6 +168,7 @@ class RegistryClient:
         kind: PlacementKind | None = None,
         max_age_days: float | None = None,
         reserve: list[str] | None = None,
+        minimise: CapacityMinimise | None = None,
     ) -> CapacityAnswer:
         return self._question(
             "/v1/capacity",
@@ -179,6 +181,7 @@ class RegistryClient:
             kind=kind,
             max_age_days=max_age_days,
             reserve=reserve or None,
+            minimise=minimise,
         )
 
     def compare(

@@ -145,6 +145,8 @@ def test_capacity_refuses_bad_questions_naming_the_field(live_registry: LiveRegi
             ({"users": 0}, "users"),
             ({"users": 5, "kind": "offline", "max_ttft_ms": 100}, "max_ttft_ms"),
             ({"users": "many"}, "users"),
+            ({"users": 5, "minimise": "fast"}, "minimise"),
+            ({"users": 5, "minimise": ""}, "minimise"),
         ):
             asked = {"model": ARTICLE_MODEL, "min_tps_per_user": 10, **params}
             response = client.get("/v1/capacity", params=asked)

@@ -1,5 +1,5 @@
 """The rollout (compare) and capacity pages in Chromium: each question as a form or a link,
-its answer as the API gives it, drawn."""
+its answer as the API gives it, drawn; a capacity plan by cost with its prices."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.factories import ARTICLE_MODEL, LiveRegistry
 from tests.registry.test_capacity import seed_fleet
+from tests.registry.test_capacity_cost import L4, seed_priced_fleet
 from tests.registry.test_compare import A100, FLEET, H100, NEW, OLD, h100_slower_at_8_and_up, seed
 from tests.web.conftest import Dashboard, Fleet
 
@@ -65,11 +66,33 @@ def test_the_capacity_page_plans_with_reserved_nodes_and_lists_who_was_left_out(
     assert page.text_content("#reason") == api["reason"]
     plan = dashboard.table("#plan")
     assert [row[:3] for row in plan] == [["h100-a", H100, "32"], ["a100-a", A100, "16"]]
-    assert dashboard.table("#classes") == [
-        [A100, "not enough", "4", "34"],
-        [H100, "not enough", "2", "36"],
+    assert dashboard.table("#classes") == [  # no class priced
+        [A100, "not enough", "4", "34", "—", "—"],
+        [H100, "not enough", "2", "36", "—", "—"],
     ]
     left_out = dict(dashboard.table("#refused"))
     assert left_out["h100-b"] == "reserved" and left_out["m4-knee"].startswith("B=16")
     chart = dashboard.chart("capacity-chart")
     assert chart["data"][0]["x"] == ["h100-a", "a100-a"] and chart["data"][0]["y"] == [32, 16]
+
+
+def test_the_capacity_page_plans_by_cost_from_a_link_and_shows_the_prices(
+    dashboard: Dashboard, fleet: Fleet, live_registry: LiveRegistry
+) -> None:
+    seed_priced_fleet(live_registry)
+    page = dashboard.open(
+        f"/capacity?model={ARTICLE_MODEL}&users=30&min_tps_per_user=10&minimise=cost"
+    )
+    api = fleet.get(
+        "/v1/capacity", model=ARTICLE_MODEL, users=30, min_tps_per_user=10, minimise="cost"
+    )
+    assert page.text_content("#reason") == api["reason"]
+    assert page.input_value("select[name=minimise]") == "cost"
+    # node, class, users, per user, total, $/h
+    assert [row[:3] + row[5:6] for row in dashboard.table("#plan")] == [
+        ["l4-a", L4, "16", "0.75"],
+        ["l4-b", L4, "16", "0.75"],
+    ]
+    classes = {row[0]: row for row in dashboard.table("#classes")}
+    assert classes[L4][1:5] == ["2", "2", "32", "1.50"]
+    assert classes[A100][4:] == ["—", "—"]

@@ -10,21 +10,26 @@ class alone would do.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["NodeOffer", "Plan", "fewest_nodes", "plans_per_class"]
+from fleetbench.registry.prices.rules import usd_per_million_tokens
+
+__all__ = ["NodeOffer", "Plan", "fewest_nodes", "most_users_first", "plans_per_class"]
 
 
 @dataclass(frozen=True, slots=True)
 class NodeOffer:
-    """What one node serves at the speed asked for: `users` at once, `total_tps` in all."""
+    """What one node serves at the speed asked for: `users` at once, `total_tps` in all, for
+    its class's price per hour (None: the class has none)."""
 
     node: str
     hardware_class: str
     users: int
     total_tps: float
+    usd_per_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,23 @@ class Plan:
         """Users the plan's nodes could take beyond those asked for (< 0: short by)."""
         return self.users_served - self.users
 
+    @property
+    def usd_per_hour(self) -> float | None:
+        """What the plan's nodes cost an hour (None: no node, or one without a price)."""
+        prices = [n.usd_per_hour for n in self.nodes if n.usd_per_hour is not None]
+        if not self.nodes or len(prices) < len(self.nodes):
+            return None
+        return math.fsum(prices)
 
-def _most_first(offer: NodeOffer) -> tuple[int, float, str]:
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        usd = self.usd_per_hour
+        return None if usd is None else usd_per_million_tokens(usd, self.total_tps)
+
+
+def most_users_first(offer: NodeOffer) -> tuple[int, float, str]:
+    """The order plans list their nodes in, and break ties by: most users, then most
+    tokens/s, then by name."""
     return (-offer.users, -offer.total_tps, offer.node)
 
 
@@ -56,7 +76,7 @@ def fewest_nodes(offers: Iterable[NodeOffer], users: int) -> Plan:
     one serving most (ties: most tokens/s, then by name). Not enough nodes: all of them."""
     chosen: list[NodeOffer] = []
     served = 0
-    for offer in sorted((o for o in offers if o.users > 0), key=_most_first):
+    for offer in sorted((o for o in offers if o.users > 0), key=most_users_first):
         if served >= users:
             break
         chosen.append(offer)

@@ -7,6 +7,7 @@ from fastapi.exceptions import RequestValidationError
 
 from fleetbench.contract.answers import (
     CapacityAnswer,
+    CapacityMinimise,
     PlacementAnswer,
     PlacementKind,
     PlacementOrder,
@@ -133,11 +134,18 @@ def read_capacity(
             f"{MOST_RESERVED}: the whole question must fit a URL)",
         ),
     ] = [],  # noqa: B006 (FastAPI copies a query default)
+    minimise: Annotated[
+        CapacityMinimise,
+        Query(
+            description="nodes: the fewest nodes; cost: the cheapest an hour by each hardware "
+            "class's price (GET /v1/prices), nodes without one left out"
+        ),
+    ] = "nodes",
 ) -> Response:
     """How many of which nodes serve `users` concurrent users, each at `min_tps_per_user`
     or more (within `max_ttft_ms`, holding `context_tokens` each), from each node's
-    measured curve: the fewest nodes, how many of each hardware class alone would do, and
-    the nodes left out and why."""
+    measured curve: the fewest nodes (or the cheapest an hour), how many of each hardware
+    class alone would do and what they cost, and the nodes left out and why."""
     _timed_kind(kind, max_ttft_ms)
     question = PlacementQuestion(
         min_tps_per_user=min_tps_per_user,
@@ -152,6 +160,7 @@ def read_capacity(
         question,
         users=users,
         reserve=set(reserve),
+        minimise=minimise,
         stale_after_hours=settings.stale_after_hours,
         classes=process.hardware_classes,
     )

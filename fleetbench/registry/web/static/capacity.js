@@ -1,5 +1,6 @@
-// How many nodes serve N users at X tokens/s each (GET /v1/capacity): the plan as a
-// table and a chart of the users each node takes, each class alone, who was left out.
+// How many nodes serve N users at X tokens/s each (GET /v1/capacity), the fewest or the
+// cheapest: the plan as a table and a chart of the users each node takes, each class alone
+// and its price, who was left out.
 import {
   askRegistry,
   baseLayout,
@@ -30,6 +31,7 @@ const FIELDS = [
   "kind",
   "max_age_days",
   "reserve",
+  "minimise",
 ];
 
 const form = document.getElementById("question");
@@ -78,6 +80,7 @@ async function ask(query) {
         h("td", { class: "num" }, String(n.users)),
         h("td", { class: "num" }, fmt(n.per_user_tps)),
         h("td", { class: "num" }, fmt(n.total_tps)),
+        h("td", { class: "num" }, fmt(n.usd_per_hour)),
         h("td", {}, n.source === "serving" ? "serving run" : "offline curve"),
         h("td", {}, n.llama_cpp_build === null ? dash() : `b${n.llama_cpp_build}`),
         h("td", { class: "num" }, fmt(n.age_days, 1)),
@@ -94,6 +97,8 @@ async function ask(query) {
         h("td", { class: "num" }, c.nodes_needed === null ? "not enough" : String(c.nodes_needed)),
         h("td", { class: "num" }, String(c.nodes_available)),
         h("td", { class: "num" }, String(c.users_served)),
+        h("td", { class: "num" }, fmt(c.usd_per_hour)),
+        h("td", { class: "num" }, fmt(c.usd_per_million_tokens)),
       ),
     ),
   );
