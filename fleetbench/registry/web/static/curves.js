@@ -339,27 +339,9 @@ function showServing(serving, curves) {
   document.getElementById("serving-view").hidden = false;
 }
 
-function prefillTraces(curves, names) {
-  return curves
-    .map((curve, i) => {
-      const points = curve.points.filter((p) => typeof p.prefill_tps === "number");
-      const name = plotText(names[i]);
-      return {
-        type: "scatter",
-        mode: "lines+markers",
-        name,
-        x: points.map((p) => p.b),
-        y: points.map((p) => p.prefill_tps),
-        line: { color: COLORS[i % COLORS.length], width: i === curves.length - 1 ? 3 : 1.5 },
-        hovertemplate: `${name}<br>B=%{x}: %{y:.2f} t/s prefill<extra></extra>`,
-      };
-    })
-    .filter((trace) => trace.x.length > 0);
-}
-
 /**
- * One line per curve of a figure some points lack (tokens per joule, dollars per million
- * tokens), through the points that have it; `hover` the figure as %{y} formats it.
+ * One line per curve of a figure some points may lack (prefill, tokens per joule, dollars
+ * per million tokens), through the points that have it; `hover` the figure as %{y} formats it.
  */
 function figureTraces(curves, names, figure, hover) {
   return curves
@@ -609,7 +591,7 @@ async function showCurves(node, model) {
         annotations,
       }),
     );
-    const prefill = prefillTraces(curves, names);
+    const prefill = figureTraces(curves, names, "prefill_tps", "%{y:.2f} t/s prefill");
     if (prefill.length === 0) {
       document.getElementById("prefill-chart").hidden = true;
       message(document.getElementById("prefill-status"), "empty", "No prefill speed was measured.");
