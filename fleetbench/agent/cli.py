@@ -64,7 +64,7 @@ from fleetbench.agent.importer import reports_from_output
 from fleetbench.agent.runners import LLAMA_CPP_NAMES, SweepSpec
 from fleetbench.agent.runners.engines import UnknownEngine, runner_for
 from fleetbench.agent.runners.repeats import MIN_AUTO_REPEATS
-from fleetbench.agent.sweep import measure_run, memory_line, sweep_lock
+from fleetbench.agent.sweep import energy_line, measure_run, memory_line, sweep_lock
 from fleetbench.cli_answers import print_table, version_option
 from fleetbench.cli_usage import help_of, options_of, validated
 from fleetbench.contract.accelerator import run_off_accelerator
@@ -344,8 +344,9 @@ def sweep(
     run = judged_report(run, thresholds)
     if (why := run_off_accelerator(run)) is not None:
         err.print(f"warning: {why}", highlight=False, soft_wrap=True)
-    if (memory := memory_line(run)) is not None:
-        err.print(memory, highlight=False, soft_wrap=True)
+    for line in (memory_line(run), energy_line(run)):
+        if line is not None:
+            err.print(line, highlight=False, soft_wrap=True)
     spooled = spool_run(run, settings) if report else None
     unspooled = isinstance(spooled, SpoolError)  # then stdout keeps the run as JSON
     if as_json or unspooled:

@@ -23,6 +23,7 @@ from fleetbench.contract.answers import (
     RegressionsPublic,
 )
 from fleetbench.contract.build_label import build_label
+from fleetbench.contract.energy import tokens_per_joule
 from fleetbench.contract.wire import Point, RunReport, ServingPoint
 from fleetbench.printable import printable
 
@@ -64,14 +65,17 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def curve_table(points: Sequence[Point], *, title: str) -> Table:
-    """B, total decode t/s, per-user t/s, ms per token for each user, prefill t/s."""
+    """B, total decode t/s, per-user t/s, ms per token for each user, prefill t/s, and
+    tokens per joule where the points' energy was counted."""
     table = Table(title=title, title_justify="left")
     headers = ("PP", "TG", "B", "total decode t/s", "per user t/s", "ms/token/user")
-    for header in (*headers, "prefill t/s"):
+    counted = any(p.energy is not None for p in points)
+    for header in (*headers, "prefill t/s", *(["tokens/J"] if counted else [])):
         table.add_column(header, justify="right", no_wrap=True)
     for p in points:
         per_user = p.s_tg / p.b if p.s_tg is not None else None
         ms_per_token = 1000 / per_user if per_user else None
+        joules = p.energy.joules if p.energy is not None else None
         table.add_row(
             str(p.pp),
             str(p.tg),
@@ -80,6 +84,7 @@ def curve_table(points: Sequence[Point], *, title: str) -> Table:
             _fmt(per_user),
             _fmt(ms_per_token, 0),
             _fmt(p.s_pp),
+            *([_fmt(tokens_per_joule(p.b, p.tg, joules))] if counted else []),
         )
     return table
 

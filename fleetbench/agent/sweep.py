@@ -47,7 +47,7 @@ from fleetbench.contract.wire import (
     RunReport,
 )
 
-__all__ = ["measure_run", "memory_line", "run_report", "sweep_lock"]
+__all__ = ["energy_line", "measure_run", "memory_line", "run_report", "sweep_lock"]
 
 
 @contextmanager
@@ -245,6 +245,21 @@ def run_report(
         contention=contention,
         energy=energy if any(p.energy is not None for p in points) else None,
     )
+
+
+def energy_line(report: RunReport) -> str | None:
+    """What counted the points' energy and what it covers, and the points it gave no figure
+    with the first reason (None: nothing was counted), e.g. "energy counted by nvml (GPU
+    board: 0 (NVIDIA H100 80GB HBM3)); 1 point without a figure: 0.42 s is too short for a
+    counter read every 0.1 s"."""
+    if report.energy is None:
+        return None
+    line = f"energy counted by {report.energy.source} ({report.energy.scope})"
+    refused = [p.energy.invalid for p in report.points if p.energy and p.energy.invalid]
+    if refused:
+        many = "s" if len(refused) != 1 else ""
+        line += f"; {len(refused)} point{many} without a figure: {refused[0]}"
+    return line
 
 
 def memory_line(report: RunReport) -> str | None:

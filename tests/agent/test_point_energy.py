@@ -15,12 +15,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from fleetbench.agent.display import curve_table
 from fleetbench.agent.energy import EnergyMeter
 from fleetbench.agent.runners import SweepSpec
 from fleetbench.agent.runners.batched_bench_binary import BatchedBenchBinaryRunner
 from fleetbench.agent.runners.llama_cpp_python import LlamaCppPythonRunner
-from fleetbench.agent.sweep import measure_run
+from fleetbench.agent.sweep import energy_line, measure_run
 from fleetbench.contract.energy import tokens_per_joule
 
 SPEC = SweepSpec(npp=(32,), ntg=(4,), npl=(1, 2, 4))
@@ -114,9 +116,16 @@ def test_a_sweep_on_the_cpu_is_counted_by_the_package_it_ran_on(
         per_joule = tokens_per_joule(point.b, point.tg, energy.joules)
         assert per_joule == pytest.approx(point.b * 48 / energy.joules)
     assert any(p.energy is not None and p.energy.joules for p in report.points)
+    assert (energy_line(report) or "").startswith("energy counted by rapl (CPU package 0)")
+    console = Console(width=200, record=True)
+    console.print(curve_table(report.points, title="gemma"))
+    [row] = [line for line in console.export_text().splitlines() if line.startswith("│ 32")][1:]
+    b2 = report.points[1]
+    assert b2.energy is not None and b2.energy.joules is not None
+    assert row.rstrip(" │").endswith(f"{2 * 48 / b2.energy.joules:.2f}")  # its tokens/J
 
 
-def test_a_node_without_counters_sends_no_energy(tiny_llama: Path, tmp_path: Path) -> None:
+def test_a_report_without_energy_says_nothing_of_it(tiny_llama: Path, tmp_path: Path) -> None:
     report = measure_run(
         tiny_llama,
         SPEC,
@@ -124,5 +133,8 @@ def test_a_node_without_counters_sends_no_energy(tiny_llama: Path, tmp_path: Pat
         node="no-sensors",
         energy=EnergyMeter(powercap=tmp_path / "no-powercap"),
     )
-    assert report.status == "ok" and report.energy is None
+    assert report.status == "ok" and report.energy is None and energy_line(report) is None
     assert all(p.energy is None for p in report.points)
+    console = Console(width=200, record=True)
+    console.print(curve_table(report.points, title="tiny"))
+    assert "tokens/J" not in console.export_text()
