@@ -255,6 +255,14 @@ def sweep(
             )
         ),
     ] = None,
+    no_outputs: Annotated[
+        bool,
+        typer.Option(
+            "--no-outputs",
+            help="skip the model's output fingerprint on the reference text (a few seconds, "
+            "after the points)",
+        ),
+    ] = False,
     engine: Annotated[
         str | None,
         typer.Option(help="llama-cpp-python or llama-batched-bench [default: as --binary says]"),
@@ -297,6 +305,7 @@ def sweep(
         "cache_type_k": cache_type_k,
         "cache_type_v": cache_type_v,
         "repeats": repeats,
+        "outputs": False if no_outputs else None,
     }
     spec = validated(SweepSpec, given, SWEEP_OPTIONS, otherwise="--npp, --ntg or --npl")
     try:

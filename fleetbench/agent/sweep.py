@@ -200,6 +200,7 @@ def run_report(
         status = "partial" if failures else "ok"
         error = None
         settings, engine, buffers = outcome.settings, outcome.engine, outcome.buffers
+        outputs = outcome.outputs
     else:
         assert failure is not None
         points = getattr(failure, "points", [])
@@ -221,6 +222,7 @@ def run_report(
         settings = started.settings if started is not None else spec.run_settings()
         engine = started.engine if started is not None else engine
         buffers = started.buffers if started is not None else []
+        outputs = None
     if not points:
         status = "failed"
         error = error or "no point could be measured"
@@ -244,6 +246,7 @@ def run_report(
         device_memory=device_memory or [],
         contention=contention,
         energy=energy if any(p.energy is not None for p in points) else None,
+        outputs=outputs,
     )
 
 

@@ -92,6 +92,11 @@ class SweepSpec(BaseModel):
     repeat_budget_s: float = Field(
         default=900, gt=0, le=86_400, description="auto: no new round after this many seconds"
     )
+    outputs: bool = Field(
+        default=True,
+        description="after the points, the model's outputs on fleetbench's reference text "
+        "(contract.outputs: what a build's outputs are checked by; in-process sweeps)",
+    )
 
     def grid(self) -> list[tuple[int, int, int]]:
         return [(pp, tg, pl) for pp in self.npp for tg in self.ntg for pl in self.npl]

@@ -58,6 +58,7 @@ from fleetbench.contract.hardware import (
     Probes,
     ShortText,
 )
+from fleetbench.contract.outputs import OutputFingerprint
 
 __all__ = [
     "ERROR_LENGTH",
@@ -81,6 +82,7 @@ __all__ = [
     "ModelInfo",
     "NvidiaGpu",
     "NvidiaProbe",
+    "OutputFingerprint",
     "Point",
     "PointEnergy",
     "Probes",
@@ -502,6 +504,11 @@ class RunReport(_Part):
         description="where its points' energy figures come from (None: the node has no "
         "counter it can read)",
     )
+    outputs: OutputFingerprint | None = Field(
+        default=None,
+        description="an offline run's model outputs on fleetbench's reference text "
+        "(contract.outputs; None: not taken)",
+    )
     agent: AgentIdentity | None = Field(
         default=None,
         description="what made the report (fleetbench's agent always says); not part of "
@@ -558,6 +565,8 @@ class RunReport(_Part):
                 raise ValueError(f"a concurrency is given twice: {levels}")
             if self.buffers or self.device_memory:
                 raise ValueError("buffers and device_memory belong to offline runs")
+            if self.outputs is not None:
+                raise ValueError("outputs belong to offline runs")
         elif self.server is not None or self.serving_points or self.slo_search is not None:
             raise ValueError("server, serving_points and slo_search belong to serving runs")
         return self

@@ -230,6 +230,27 @@ class PointDetail(wire.Point):
         return tokens_per_joule(self.b, self.tg, self.energy.joules if self.energy else None)
 
 
+class OutputsTaken(BaseModel):
+    """What a run's output fingerprint holds (the fingerprint itself is compare's to read)."""
+
+    text_version: str
+    positions: int
+    top_k: int
+    seconds: float | None = Field(description="what taking it cost the sweep")
+
+
+def _outputs_taken(outputs: dict[str, Any] | None) -> OutputsTaken | None:
+    if not outputs:
+        return None
+    ids = outputs.get("ids") or []
+    return OutputsTaken(
+        text_version=str(outputs.get("text_version")),
+        positions=len(ids),
+        top_k=len(ids[0]) if ids else 0,
+        seconds=outputs.get("seconds"),
+    )
+
+
 class RunDetail(RunPublic):
     hardware: FingerprintPublic | None
     points: list[PointDetail]
@@ -246,6 +267,11 @@ class RunDetail(RunPublic):
     )
     device_memory: list[wire.DeviceMemoryUse] = Field(
         default_factory=list, description="each NVIDIA GPU's memory in use, before and at most"
+    )
+    outputs: OutputsTaken | None = Field(
+        default=None,
+        description="the model's output fingerprint on the reference text, as taken (null: "
+        "none; docs/design/outputs.md)",
     )
 
 
@@ -300,6 +326,7 @@ def run_detail(run: Run) -> RunDetail:
             "slo_search": run.slo_search,
             "buffers": run.buffers or [],
             "device_memory": run.device_memory or [],
+            "outputs": _outputs_taken(run.outputs),
             "serving_points": [
                 wire.ServingPoint.model_validate(p, from_attributes=True)
                 for p in run.serving_points

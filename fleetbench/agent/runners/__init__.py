@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fleetbench.contract.kv_cache import CacheShape, fits
+from fleetbench.contract.outputs import OutputFingerprint
 from fleetbench.contract.sweep_spec import LLAMA_CPP_NAMES, SweepSpec, needed_cells
 from fleetbench.contract.wire import (
     AllocatedBuffer,
@@ -58,6 +59,7 @@ class SweepOutcome:
     buffers: list[AllocatedBuffer] = field(default_factory=list)  # what llama.cpp allocated
     windows: dict[tuple[int, int, int], list[Window]] = field(default_factory=dict)
     """each measured point's windows, one per repeat, by (PP, TG, B)"""
+    outputs: OutputFingerprint | None = None  # the model's on the reference text, if taken
 
 
 def plan_grid(

@@ -28,6 +28,7 @@ from fleetbench.agent.runners import (
     Window,
 )
 from fleetbench.agent.runners.repeats import Key
+from fleetbench.contract.outputs import OutputFingerprint
 from fleetbench.contract.wire import (
     AllocatedBuffer,
     EngineBuild,
@@ -114,6 +115,7 @@ class LlamaCppPythonRunner:
                         told.model,
                         told.buffers,
                         windows,
+                        told.outputs,
                     )
             else:
                 error = payload
@@ -145,21 +147,25 @@ def binding_version() -> str:
         return "unknown"
 
 
-def _outcome(engine: str, settings: str, model: str | None, buffers: list[str]) -> SweepOutcome:
+def _outcome(
+    engine: str, settings: str, model: str | None, buffers: list[str], outputs: str | None
+) -> SweepOutcome:
     return SweepOutcome(
         EngineBuild.model_validate_json(engine),
         RunSettings.model_validate_json(settings),
         model=ModelInfo.model_validate_json(model) if model else None,
         buffers=[AllocatedBuffer.model_validate_json(b) for b in buffers],
+        outputs=OutputFingerprint.model_validate_json(outputs) if outputs else None,
     )
 
 
-def _told(outcome: SweepOutcome) -> tuple[str, str, str | None, list[str]]:
+def _told(outcome: SweepOutcome) -> tuple[str, str, str | None, list[str], str | None]:
     return (
         outcome.engine.model_dump_json(),
         outcome.settings.model_dump_json(),
         outcome.model.model_dump_json() if outcome.model else None,
         [b.model_dump_json() for b in outcome.buffers],
+        outcome.outputs.model_dump_json() if outcome.outputs else None,
     )
 
 

@@ -39,6 +39,7 @@ from fleetbench.agent.runners import (
 )
 from fleetbench.agent.runners.llama_buffers import BufferLog
 from fleetbench.agent.runners.llama_cpp_python import BINDING, binding_version
+from fleetbench.agent.runners.llama_outputs import output_fingerprint
 from fleetbench.agent.runners.repeats import Key, Timing, needs_more
 from fleetbench.contract.kv_cache import kv_cells
 from fleetbench.contract.wire import AllocatedBuffer, EngineBuild, FailedPoint, Point
@@ -145,6 +146,13 @@ def run_sweep(
         )
         outcome.points.extend(r for r in results if isinstance(r, Point))
         outcome.failures.extend(r for r in results if isinstance(r, FailedPoint))
+        if spec.outputs:  # after the timed points, in a context of its own
+            llama.llama_free(ctx)
+            ctx = None
+            try:
+                outcome.outputs = output_fingerprint(llama, model, n_threads=threads)
+            except (RuntimeError, ValueError) as exc:  # the run stands without it
+                print(f"warning: no output fingerprint: {exc}", file=sys.stderr)
         return outcome
     finally:
         if ctx:

@@ -382,6 +382,7 @@ def upgrade() -> None:
         sa.Column("contention", sa.JSON(), nullable=True),
         sa.Column("contention_reason", sa.Text(), nullable=True),
         sa.Column("energy", sa.JSON(), nullable=True),
+        sa.Column("outputs", sa.JSON(), nullable=True),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),

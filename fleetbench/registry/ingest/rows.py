@@ -443,6 +443,7 @@ def insert_runs(
                 else None,
                 "contention_reason": run.contention_reason,
                 "energy": report.energy.model_dump(mode="json") if report.energy else None,
+                "outputs": report.outputs.model_dump(mode="json") if report.outputs else None,
                 **report.settings.model_dump(),
             }
         )

@@ -1,0 +1,94 @@
+"""The model's output fingerprint (contract.outputs) through llama.cpp's C API, in the engine's
+process after the timed points: the reference text decoded in chunks in a context of its
+own, each chunk's logits reduced to the top tokens' log-probabilities at once (a chunk of
+CHUNK positions holds CHUNK x n_vocab floats: 34 MB for Gemma 3's 262,144 tokens, where the
+whole text's would be ten times that)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from fleetbench.contract.outputs import REFERENCE_TEXT, TEXT_VERSION, TOP_K, OutputFingerprint
+
+__all__ = ["CHUNK", "output_fingerprint", "tokenize"]
+
+CHUNK = 32
+NO_MASS = -1e4  # the log of a bucket with nothing left in it, as the wire bounds it
+
+
+def tokenize(llama: Any, vocab: Any, text: str) -> list[int]:
+    """The text's tokens as the model's vocabulary splits it, with its start token."""
+    data = text.encode()
+    room = len(data) + 16
+    tokens = (llama.llama_token * room)()
+    count = int(llama.llama_tokenize(vocab, data, len(data), tokens, room, True, False))
+    if count < 0:
+        raise ValueError(f"the reference text needs {-count} tokens, more than {room}")
+    return list(tokens[:count])
+
+
+def output_fingerprint(llama: Any, model: Any, *, n_threads: int) -> OutputFingerprint:
+    """The model's fingerprint on REFERENCE_TEXT: a context of its own, decoded in chunks
+    with every position's logits; raises RuntimeError where llama.cpp cannot."""
+    began = time.monotonic()
+    vocab = llama.llama_model_get_vocab(model)
+    n_vocab = int(llama.llama_vocab_n_tokens(vocab))
+    tokens = tokenize(llama, vocab, REFERENCE_TEXT)
+    params = llama.llama_context_default_params()
+    params.n_ctx = len(tokens)
+    params.n_batch = params.n_ubatch = CHUNK
+    params.n_seq_max = 1
+    params.n_threads = params.n_threads_batch = n_threads
+    ctx = llama.llama_init_from_model(model, params)
+    if not ctx:
+        raise RuntimeError(f"llama.cpp could not create a context of {len(tokens)} cells")
+    batch = llama.llama_batch_init(CHUNK, 0, 1)
+    ids: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    rest: list[float] = []
+    try:
+        # the last position predicts nothing the text holds: its distribution is not kept
+        for start in range(0, len(tokens) - 1, CHUNK):
+            chunk = tokens[start : min(start + CHUNK, len(tokens) - 1)]
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = start + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = True
+            batch.n_tokens = len(chunk)
+            if (status := int(llama.llama_decode(ctx, batch))) != 0:
+                raise RuntimeError(f"llama_decode returned {status} on the reference text")
+            rows = np.ctypeslib.as_array(llama.llama_get_logits(ctx), shape=(len(chunk), n_vocab))
+            _reduce(rows.astype(np.float64), ids, logprobs, rest)
+    finally:
+        llama.llama_batch_free(batch)
+        llama.llama_free(ctx)
+    return OutputFingerprint(
+        text_version=TEXT_VERSION,
+        n_vocab=n_vocab,
+        ids=ids,
+        logprobs=logprobs,
+        rest=rest,
+        seconds=time.monotonic() - began,
+    )
+
+
+def _reduce(
+    rows: np.ndarray[Any, Any], ids: list[list[int]], logprobs: list[list[float]], rest: list[float]
+) -> None:
+    """Each row's top TOP_K log-probabilities (log-softmax), likeliest first, and the log of
+    what is left, appended."""
+    top = np.argpartition(-rows, TOP_K, axis=1)[:, :TOP_K]
+    peak = rows.max(axis=1, keepdims=True)
+    log_total = peak[:, 0] + np.log(np.exp(rows - peak).sum(axis=1))
+    for row, picked, total in zip(rows, top, log_total, strict=True):
+        ordered = picked[np.argsort(-row[picked], kind="stable")]
+        chosen = row[ordered] - total
+        left = 1.0 - float(np.exp(chosen).sum())
+        ids.append([int(i) for i in ordered])
+        logprobs.append([round(min(float(lp), 0.0), 5) for lp in chosen])
+        rest.append(round(max(float(np.log(left)), NO_MASS), 5) if left > 0 else NO_MASS)
