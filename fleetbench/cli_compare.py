@@ -118,7 +118,10 @@ def class_rows(answer: CompareAnswer) -> list[tuple[str, ...]]:
             c.hardware_class,
             c.verdict,
             str(c.nodes_compared),
-            c.reason + (f"; costs more energy: {c.efficiency}" if c.efficiency else ""),
+            c.reason
+            + (f"; costs more energy: {c.efficiency}" if c.efficiency else "")
+            # changed outputs hold the class and are its reason already
+            + (f"; {c.outputs.reason}" if c.outputs and c.outputs.state != "changed" else ""),
         )
         for c in answer.classes
     ]

@@ -21,6 +21,7 @@ __all__ = [
     "CapacityMinimise",
     "CapacityNode",
     "CapacityRefusal",
+    "ClassOutputs",
     "ClassPoint",
     "ClassSummary",
     "CompareAnswer",
@@ -378,6 +379,25 @@ class ClassPoint(BaseModel):
     held: bool = Field(description="worse by at least detectable_pct and the minimum change")
 
 
+class ClassOutputs(BaseModel):
+    """What a class's model outputs on the reference text did between the builds: its worst
+    node's change against the class's floor (docs/design/outputs.md)."""
+
+    state: Literal["unchanged", "within the floor", "changed"] = Field(
+        description="changed holds the rollout"
+    )
+    nodes: int = Field(description="nodes with both builds' outputs on one model file")
+    worst_node: str
+    mean_kl: float = Field(description="the worst node's mean KL divergence, nats")
+    p99_kl: float
+    top_token_agreement: float = Field(description="the share of positions whose top token agrees")
+    floor_kl: float = Field(
+        description="the largest mean KL the class shows without a new build: run to run, "
+        "node to node"
+    )
+    reason: str
+
+
 class ClassSummary(BaseModel):
     hardware_class: str
     verdict: CompareVerdict
@@ -392,6 +412,9 @@ class ClassSummary(BaseModel):
         description="where the new build costs more energy per token, beyond noise, by at "
         "least the minimum change: which point, by how much (a hold only with "
         "FLEETBENCH_COMPARE_HOLD_ON_ENERGY)",
+    )
+    outputs: ClassOutputs | None = Field(
+        default=None, description="what its model outputs did (null: no node to compare)"
     )
     points: list[ClassPoint]
 

@@ -93,6 +93,14 @@ class RegistrySettings(BaseSettings):
         le=100,
         description="runs of each build a node needs before its comparison counts",
     )
+    compare_outputs_min_kl: float = Field(
+        default=0.01,
+        gt=0,
+        le=100,
+        description="a build whose outputs on the reference text moved by a mean KL "
+        "divergence (nats) under this, or under twice its class's floor, has changed them "
+        "within the floor; above both, they changed and the rollout holds",
+    )
     compare_hold_on_energy: bool = Field(
         default=False,
         description="a build that costs more energy per token on a hardware class (beyond "
@@ -224,6 +232,7 @@ class RegistrySettings(BaseSettings):
             max_detectable=max(self.compare_max_detectable, self.compare_min_change),
             min_runs=self.compare_min_runs,
             hold_on_energy=self.compare_hold_on_energy,
+            outputs_min_kl=self.compare_outputs_min_kl,
         )
 
     @property

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from fleetbench.contract.answers import (
     COMPARE_METRIC_NAMES,
+    ClassOutputs,
     ClassPoint,
     ClassSummary,
     CompareAnswer,
@@ -19,6 +20,12 @@ from fleetbench.contract.answers import (
     NodeCompared,
     NotCompared,
     PointRatio,
+)
+from fleetbench.registry.compare.outputs import (
+    OutputsVerdict,
+    describe,
+    judge_outputs,
+    read_outputs,
 )
 from fleetbench.registry.compare.pairs import ComparedRows, compare_sums
 from fleetbench.registry.compare.rows import (
@@ -110,6 +117,7 @@ def _compare(
 ) -> CompareAnswer:
     since = datetime.now(UTC) - timedelta(days=max_age_days) if max_age_days else None
     found = ComparedRows([], [], [])
+    outputs: dict[str, OutputsVerdict] = {}
     if builds.before_ids and builds.after_ids:
         sides = read_sides(
             session.connection(),
@@ -128,7 +136,12 @@ def _compare(
             # point is 12,000 of them (the verdict weighs them all either way).
             limit=limit,
         )
-    fleet = fleet_verdict(found.nodes, found.classes, settings, COMPARE_METRIC_NAMES)
+        if kind == "offline":
+            taken = read_outputs(
+                session.connection(), model_ids=[m.id for m in models], builds=builds
+            )
+            outputs = judge_outputs(taken, min_kl=settings.outputs_min_kl)
+    fleet = fleet_verdict(found.nodes, found.classes, settings, COMPARE_METRIC_NAMES, outputs)
     reason = fleet.reason
     if not builds.before_ids or not builds.after_ids:
         missing = [
@@ -250,5 +263,6 @@ def _class_summary(verdict: ClassVerdict, settings: CompareSettings) -> ClassSum
         nodes_not_compared=verdict.nodes_not_compared,
         runs_needed=verdict.runs_needed,
         efficiency=verdict.efficiency,
+        outputs=ClassOutputs(**describe(verdict.outputs)) if verdict.outputs else None,
         points=[_class_point(c, settings) for c in verdict.cells],
     )

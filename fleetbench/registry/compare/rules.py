@@ -28,9 +28,12 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from fleetbench.contract.answers import CompareVerdict
+
+if TYPE_CHECKING:  # (compare.outputs reads rows, whose sums import these rules)
+    from fleetbench.registry.compare.outputs import OutputsVerdict
 from fleetbench.registry.hardware import UNKNOWN_CLASS
 from fleetbench.registry.regressions.rules import DETECTION_POWER_Z, DetectionSettings
 
@@ -76,6 +79,7 @@ class CompareSettings:
     max_detectable: float = 0.10  # a class that cannot see a slowdown this large is unknown
     min_runs: int = 2  # runs of each build a node needs before its point counts
     hold_on_energy: bool = False  # more energy per token holds a rollout, not only shows
+    outputs_min_kl: float = 0.01  # nats: outputs moved less than this are within the floor
     detection: DetectionSettings = field(default_factory=DetectionSettings)
 
     @property
@@ -191,6 +195,7 @@ class ClassVerdict:
     cells: tuple[ClassCell, ...]
     runs_needed: int | None  # more runs of each build on each node (unknown only)
     efficiency: str | None = None  # where it costs more energy per token, and by how much
+    outputs: OutputsVerdict | None = None  # what the model outputs (None: none compared)
 
 
 @dataclass(frozen=True)
@@ -283,18 +288,30 @@ def class_verdict(
     cells: Sequence[ClassCell],
     s: CompareSettings,
     metric_names: Mapping[str, str],
+    outputs: OutputsVerdict | None = None,
 ) -> ClassVerdict:
-    """A class's verdict from its nodes that ran the new build and its points."""
+    """A class's verdict from its nodes that ran the new build, its points and what its
+    model outputs (a change beyond the class's floor holds it, however fast)."""
     compared = [n for n in nodes if n.compared]
     not_compared = len(nodes) - len(compared)
     speeds = [c for c in cells if c.key.metric not in ENERGY_METRICS]
     costlier = [c for c in cells if c.key.metric in ENERGY_METRICS and c.worse_beyond_noise(s)]
     efficiency = _worst_of(costlier, metric_names) if costlier else None
     held = [c for c in cells if c.held(s)]
-    if held:
-        reason = _worst_of(held, metric_names)
+    wrong = outputs is not None and outputs.state == "changed"
+    if held or wrong:
+        reasons = [outputs.reason] if outputs is not None and wrong else []
+        reason = "; ".join(reasons + ([_worst_of(held, metric_names)] if held else []))
         return ClassVerdict(
-            name, "hold", reason, len(compared), not_compared, tuple(cells), None, efficiency
+            name,
+            "hold",
+            reason,
+            len(compared),
+            not_compared,
+            tuple(cells),
+            None,
+            efficiency,
+            outputs,
         )
     # energy figures are judged where they are, never asked more runs for
     blind = max((c.detectable for c in speeds), default=None)
@@ -315,14 +332,22 @@ def class_verdict(
             f"({needed} in all) would show a {s.max_detectable:.0%} slowdown"
         )
         return ClassVerdict(
-            name, "unknown", reason, len(compared), not_compared, tuple(cells), more, efficiency
+            name,
+            "unknown",
+            reason,
+            len(compared),
+            not_compared,
+            tuple(cells),
+            more,
+            efficiency,
+            outputs,
         )
     reason = (
         f"no point slower beyond what its runs tell from noise (at most {blind:.1%}) over "
         f"{len(compared)} node{'s' if len(compared) != 1 else ''}"
     )
     return ClassVerdict(
-        name, "go", reason, len(compared), not_compared, tuple(cells), None, efficiency
+        name, "go", reason, len(compared), not_compared, tuple(cells), None, efficiency, outputs
     )
 
 
@@ -344,9 +369,10 @@ def fleet_verdict(
     figures: Iterable[ClassFigures],
     s: CompareSettings,
     metric_names: Mapping[str, str],
+    outputs: Mapping[str, OutputsVerdict] | None = None,
 ) -> FleetVerdict:
     """The verdict per hardware class of the nodes that ran the new build, and the fleet's
-    (`figures`: each class's points)."""
+    (`figures`: each class's points; `outputs`: each class's outputs verdict)."""
     by_class: dict[str, list[NodeSummary]] = defaultdict(list)
     for node in nodes:
         if node.any_runs_after:
@@ -355,7 +381,8 @@ def fleet_verdict(
     for found in sorted(figures, key=lambda f: point_order(f.key)):
         cells[found.hardware_class or UNKNOWN_CLASS].append(class_cell(found, s))
     classes = tuple(
-        class_verdict(k, v, cells[k], s, metric_names) for k, v in sorted(by_class.items())
+        class_verdict(k, v, cells[k], s, metric_names, (outputs or {}).get(k))
+        for k, v in sorted(by_class.items())
     )
     held = [c for c in classes if c.verdict == "hold"]
     unknown = [c for c in classes if c.verdict == "unknown"]

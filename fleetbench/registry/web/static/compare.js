@@ -129,6 +129,10 @@ async function ask(query) {
           c.efficiency && c.efficiency !== c.reason
             ? h("p", { class: "efficiency" }, c.efficiency)
             : null,
+          // changed outputs hold the class and are its reason already
+          c.outputs && c.outputs.state !== "changed"
+            ? h("p", { class: "outputs" }, c.outputs.reason)
+            : null,
         ),
       ),
     ),

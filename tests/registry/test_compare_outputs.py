@@ -1,0 +1,146 @@
+"""Faster but wrong is not a go (GET /v1/compare, both databases): a build whose model outputs on
+the reference text moved beyond its class's floor holds the rollout naming the class, the KL
+divergence, the top-token agreement and the worst node, even where it is no slower; outputs
+that moved by no more than the nodes of one build differ among themselves go; and the pure
+verdict beneath, by hand."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+import httpx
+
+from fleetbench.contract.outputs import OutputDifference, OutputFingerprint
+from fleetbench.contract.wire import RunReport
+from fleetbench.registry.compare.outputs import RunOutputs, judge_outputs
+from tests.factories import ARTICLE_MODEL, DAY0, LiveRegistry, agent, make_report, post_report
+from tests.registry.test_compare import A100, H100, NEW, OLD, gpu
+
+POSITIONS = 40
+
+
+def fingerprint(top: float = 0.6, *, wrong_every: int = 0) -> OutputFingerprint:
+    """Each position's likeliest token `100 + i` at probability `top`, the next at 0.3; every
+    `wrong_every`th position (0: none) the two swapped: a kernel wrong on some tokens."""
+    ids, logprobs, rest = [], [], []
+    for i in range(POSITIONS):
+        first, second = 100 + i, 500 + i
+        if wrong_every and i % wrong_every == 0:
+            first, second = second, first
+        ids.append([first, second])
+        logprobs.append([math.log(top), math.log(0.3)])
+        rest.append(math.log(1 - top - 0.3))
+    return OutputFingerprint(n_vocab=1000, ids=ids, logprobs=logprobs, rest=rest)
+
+
+def _post(registry: LiveRegistry, report: RunReport) -> None:
+    with registry.client(registry.token(report.node)) as client:
+        assert post_report(client, report).status_code == 201
+
+
+def seed(registry: LiveRegistry, outputs: dict[tuple[str, int], OutputFingerprint]) -> None:
+    """Two runs of each build on each node, the same speeds, with the outputs given."""
+    hour = 0
+    for (node, build), taken in outputs.items():
+        card = A100 if node.startswith("a100") else H100
+        for _ in range(2):
+            hour += 1
+            report = make_report(
+                node=node,
+                build_number=build,
+                started_at=DAY0 + timedelta(hours=hour),
+                hardware=gpu(card, node),
+            )
+            _post(registry, report.model_copy(update={"outputs": taken}))
+
+
+def compare(registry: LiveRegistry) -> dict[str, Any]:
+    params = {"model": ARTICLE_MODEL, "from_build": f"b{OLD}", "to_build": str(NEW)}
+    with httpx.Client(base_url=registry.url) as client:
+        response = client.get("/v1/compare", params=params)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def test_outputs_changed_beyond_the_floor_hold_a_build_no_slower(
+    live_registry: LiveRegistry,
+) -> None:
+    # the H100s' nodes differ a little on one build (0.60 against 0.61: their floor); the new
+    # build swaps the top two tokens at every fourth position on h100-1
+    outputs = {
+        ("h100-0", OLD): fingerprint(0.6),
+        ("h100-1", OLD): fingerprint(0.61),
+        ("h100-0", NEW): fingerprint(0.6),
+        ("h100-1", NEW): fingerprint(0.61, wrong_every=4),
+        ("a100-0", OLD): fingerprint(0.6),
+        ("a100-0", NEW): fingerprint(0.6),
+    }
+    seed(live_registry, outputs)
+    answer = compare(live_registry)
+    assert answer["verdict"] == "hold"
+    classes = {c["hardware_class"]: c for c in answer["classes"]}
+    h100, a100 = classes[H100], classes[A100]
+    assert (h100["verdict"], a100["verdict"]) == ("hold", "go")
+    assert not any(p["held"] for p in h100["points"])  # no slower: held on its outputs alone
+    found = h100["outputs"]
+    assert (found["state"], found["nodes"], found["worst_node"]) == ("changed", 2, "h100-1")
+    # 10 of 40 positions swapped: 0.61 log(0.61 / 0.3) + 0.3 log(0.3 / 0.61) each
+    swapped = 0.61 * math.log(0.61 / 0.3) + 0.3 * math.log(0.3 / 0.61)
+    assert abs(found["mean_kl"] - swapped / 4) < 1e-3 and found["top_token_agreement"] == 0.75
+    assert abs(found["p99_kl"] - swapped) < 1e-3
+    assert 0 < found["floor_kl"] < 0.001  # 0.60 against 0.61 on the old build
+    assert "outputs changed" in answer["reason"] and "h100-1" in answer["reason"]
+    assert "top token the same at 75.0% of 40 positions" in answer["reason"]
+    assert a100["outputs"]["state"] == "unchanged"
+
+    markdown = agent(
+        "compare", "--model", ARTICLE_MODEL, "--from-build", f"b{OLD}", "--to-build", str(NEW),
+        "--markdown", "--registry", live_registry.url,
+    )  # fmt: skip
+    assert markdown.returncode == 1, markdown.stderr
+    assert "outputs changed: KL divergence mean" in markdown.stdout
+    assert "outputs unchanged over 1 node" in markdown.stdout  # the A100s'
+
+
+def test_outputs_moved_within_the_floor_go(live_registry: LiveRegistry) -> None:
+    outputs = {
+        ("h100-0", OLD): fingerprint(0.6),
+        ("h100-1", OLD): fingerprint(0.62),
+        ("h100-0", NEW): fingerprint(0.61),
+        ("h100-1", NEW): fingerprint(0.62),
+    }
+    seed(live_registry, outputs)
+    answer = compare(live_registry)
+    assert answer["verdict"] == "go", answer["reason"]
+    [summary] = answer["classes"]
+    assert summary["outputs"]["state"] == "within the floor"
+    assert summary["outputs"]["mean_kl"] <= 2 * summary["outputs"]["floor_kl"]
+
+
+def _run(node: str, after: bool, taken: OutputFingerprint) -> RunOutputs:
+    return RunOutputs(node, "H100", 1, "llama.cpp CUDA", after, taken)
+
+
+def test_the_verdict_by_hand() -> None:
+    same = judge_outputs(
+        [_run("a", False, fingerprint()), _run("a", True, fingerprint())], min_kl=0.01
+    )
+    assert same["H100"].state == "unchanged" and same["H100"].floor_kl == 0.0
+    # no floor (one node, one run a build): a change under min_kl is within it, above not
+    small = judge_outputs(
+        [_run("a", False, fingerprint(0.6)), _run("a", True, fingerprint(0.62))], min_kl=0.01
+    )
+    assert small["H100"].state == "within the floor"
+    wrong = judge_outputs(
+        [_run("a", False, fingerprint()), _run("a", True, fingerprint(wrong_every=2))],
+        min_kl=0.01,
+    )
+    assert wrong["H100"].state == "changed"
+    assert isinstance(wrong["H100"].worst, OutputDifference)
+    assert wrong["H100"].worst.top_token_agreement == 0.5
+    # other model files or runners never compare: no verdict
+    other = RunOutputs("a", "H100", 2, "llama.cpp CUDA", True, fingerprint(wrong_every=2))
+    assert judge_outputs([_run("a", False, fingerprint()), other], min_kl=0.01) == {}
