@@ -395,6 +395,7 @@ class ClassOutputs(BaseModel):
         description="the largest mean KL the class shows without a new build: run to run, "
         "node to node"
     )
+    floor_p99_kl: float = Field(description="the largest p99 KL it shows so")
     reason: str
 
 

@@ -6,9 +6,9 @@ The agent runs the model once over REFERENCE_TEXT, outside the timed points, and
 each position the TOP_K likeliest next tokens' log-probabilities and the rest of the
 probability as one bucket. Two fingerprints of the same model file compare as llama.cpp's
 `llama-perplexity --kl-divergence` compares logits: the KL divergence of the new
-distribution from the base one at each position (here over the base's top tokens and one
-bucket for the rest, a lower bound of the full KL) and the share of positions whose top
-token agrees.
+distribution from the base one at each position (here over the tokens both list and one
+bucket for all others: coarser buckets never raise a KL divergence, so this is a lower bound
+of the full one) and the share of positions whose top token agrees.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ class OutputFingerprint(BaseModel):
         description="log of the probability beyond the top tokens (-1e4: none)",
     )
     seconds: Figure | None = Field(default=None, description="what taking it cost the sweep")
+    non_finite: Int32 = Field(
+        default=0,
+        description="positions whose logits were not all finite numbers (NaN, inf): a broken "
+        "kernel's mark (their other logits are kept)",
+    )
 
     @model_validator(mode="after")
     def _positions_agree(self) -> OutputFingerprint:
@@ -108,27 +113,22 @@ _LEAST_MASS = 1e-12  # a bucket emptier than this is taken as this: log(0) is no
 
 
 def _kl_at(
-    base: tuple[Sequence[int], Sequence[float], float],
-    new: tuple[Sequence[int], Sequence[float], float],
-    n_vocab: int,
+    base: tuple[Sequence[int], Sequence[float]], new: tuple[Sequence[int], Sequence[float]]
 ) -> float:
-    """KL(base || new) at one position over the base's top tokens and one bucket for the
-    rest. A base token outside the new top tokens gets the new rest's mass shared evenly
-    over the tokens it holds."""
-    base_ids, base_lp, _ = base
-    new_ids, new_lp, new_rest = new
-    found = dict(zip(new_ids, new_lp, strict=True))
-    unlisted = max(n_vocab - len(new_ids), 1)
-    kl = 0.0
-    new_taken = 0.0
-    for token, lp in zip(base_ids, base_lp, strict=True):
-        q = found.get(token)
-        q = q if q is not None else new_rest - math.log(unlisted)
+    """KL(base || new) at one position over the tokens both list, each its own bucket, and
+    one bucket for every other token: both sides' masses are exact there, and merging
+    buckets never raises a KL divergence, so it is at most the full one."""
+    base_lp = dict(zip(*base, strict=True))
+    new_lp = dict(zip(*new, strict=True))
+    kl, base_taken, new_taken = 0.0, 0.0, 0.0
+    for token in base_lp.keys() & new_lp.keys():
+        p, q = base_lp[token], new_lp[token]
+        base_taken += math.exp(p)
         new_taken += math.exp(q)
-        kl += math.exp(lp) * (lp - q)
-    p_rest = max(1.0 - sum(math.exp(lp) for lp in base_lp), _LEAST_MASS)
-    q_rest = max(1.0 - new_taken, _LEAST_MASS)
-    return max(kl + p_rest * (math.log(p_rest) - math.log(q_rest)), 0.0)
+        kl += math.exp(p) * (p - q)
+    p_other = max(1.0 - base_taken, _LEAST_MASS)
+    q_other = max(1.0 - new_taken, _LEAST_MASS)
+    return max(kl + p_other * (math.log(p_other) - math.log(q_other)), 0.0)
 
 
 def compare_outputs(base: OutputFingerprint, new: OutputFingerprint) -> OutputDifference | None:
@@ -141,10 +141,10 @@ def compare_outputs(base: OutputFingerprint, new: OutputFingerprint) -> OutputDi
     ) or not base.ids:
         return None
     kls = sorted(
-        _kl_at(b, n, base.n_vocab)
+        _kl_at(b, n)
         for b, n in zip(
-            zip(base.ids, base.logprobs, base.rest, strict=True),
-            zip(new.ids, new.logprobs, new.rest, strict=True),
+            zip(base.ids, base.logprobs, strict=True),
+            zip(new.ids, new.logprobs, strict=True),
             strict=True,
         )
     )

@@ -50,15 +50,19 @@ def test_kl_divergence_by_hand() -> None:
     assert f"{by_hand:.4f}" in str(found)
 
 
-def test_a_base_token_the_new_outputs_do_not_list_shares_their_rest() -> None:
-    base = _fingerprint({1: 0.9})  # rest 0.1
-    new = _fingerprint({2: 0.5}, n_vocab=1000)  # rest 0.5 over the 999 unlisted tokens
-    q1 = 0.5 / 999
-    # token 1: 0.9 log(0.9 / q1); the rest bucket: 0.1 log(0.1 / (1 - q1))
-    by_hand = 0.9 * math.log(0.9 / q1) + 0.1 * math.log(0.1 / (1 - q1))
-    found = compare_outputs(base, _fingerprint({2: 0.5}))
-    assert found is not None and found.mean_kl == pytest.approx(by_hand)
-    assert compare_outputs(base, new) == found
+def test_a_token_only_one_side_lists_joins_the_bucket_of_all_others() -> None:
+    base = _fingerprint({1: 0.6, 2: 0.3})  # token 2 is not in the new list, 3 not in the base's
+    new = _fingerprint({3: 0.6, 1: 0.3})
+    # token 1 its own bucket; the others: 0.4 of the base, 0.7 of the new
+    by_hand = 0.6 * math.log(0.6 / 0.3) + 0.4 * math.log(0.4 / 0.7)
+    found = compare_outputs(base, new)
+    assert found is not None
+    assert found.mean_kl == pytest.approx(by_hand) and found.top_token_agreement == 0.0
+    # a 9th token trading places with the 8th by a hair moves the KL by a hair, not a nat
+    eight = dict.fromkeys(range(1, 8), 0.1) | {8: 0.03}
+    swapped = dict.fromkeys(range(1, 8), 0.1) | {9: 0.0301}
+    near = compare_outputs(_fingerprint(eight), _fingerprint(swapped))
+    assert near is not None and near.mean_kl < 1e-3
 
 
 def test_the_99th_percentile_is_the_99th_of_a_hundred_positions() -> None:

@@ -144,3 +144,52 @@ def test_the_verdict_by_hand() -> None:
     # other model files or runners never compare: no verdict
     other = RunOutputs("a", "H100", 2, "llama.cpp CUDA", True, fingerprint(wrong_every=2))
     assert judge_outputs([_run("a", False, fingerprint()), other], min_kl=0.01) == {}
+
+
+def test_the_floor_lets_through_what_the_old_build_itself_varies_by() -> None:
+    # the old build's two nodes differ by the mean KL of 0.60 against 0.66; the new build
+    # moves node a by as much: within the floor though above min_kl, and changed without it
+    old = [_run("a", False, fingerprint(0.6)), _run("b", False, fingerprint(0.66))]
+    new = [_run("a", True, fingerprint(0.66)), _run("b", True, fingerprint(0.66))]
+    moved = judge_outputs([*old, *new], min_kl=1e-4)["H100"]
+    assert moved.worst.mean_kl > 1e-4 and moved.floor_kl == moved.worst.mean_kl
+    assert (moved.state, moved.nodes, moved.worst_node) == ("within the floor", 2, "a")
+    alone = judge_outputs([old[0], new[0]], min_kl=1e-4)["H100"]
+    assert (alone.state, alone.floor_kl) == ("changed", 0.0)
+
+
+def test_a_few_positions_moved_far_change_the_outputs_whatever_the_mean() -> None:
+    # one position in forty swapped: the mean stays under min_kl, the p99 does not
+    moved = judge_outputs(
+        [_run("a", False, fingerprint()), _run("a", True, fingerprint(wrong_every=40))],
+        min_kl=0.01,
+    )["H100"]
+    assert moved.worst.mean_kl < 0.01 < 0.1 < moved.worst.p99_kl
+    assert moved.state == "changed" and "p99" in moved.reason
+
+
+def test_logits_that_are_no_numbers_change_the_outputs() -> None:
+    broken = fingerprint().model_copy(update={"non_finite": 12})
+    verdict = judge_outputs(
+        [_run("a", False, fingerprint()), _run("a", True, broken)], min_kl=0.01
+    )["H100"]
+    assert verdict.state == "changed"
+    assert verdict.reason == "outputs changed: 12 positions' logits are no numbers (NaN, inf) on a"
+
+
+def test_runs_of_another_offload_never_compare(live_registry: LiveRegistry) -> None:
+    # the old build measured with every layer on the GPU, the new one on the CPU (-ngl 0):
+    # their outputs differ as two devices' do, not as two builds'
+    for hour, (build, layers, taken) in enumerate(
+        [(OLD, -1, fingerprint()), (NEW, 0, fingerprint(wrong_every=2))]
+    ):
+        report = make_report(
+            node="h100-0",
+            build_number=build,
+            started_at=DAY0 + timedelta(hours=hour),
+            hardware=gpu(H100, "h100-0"),
+        )
+        settings = report.settings.model_copy(update={"n_gpu_layers": layers})
+        _post(live_registry, report.model_copy(update={"outputs": taken, "settings": settings}))
+    [summary] = compare(live_registry)["classes"]
+    assert summary["outputs"] is None

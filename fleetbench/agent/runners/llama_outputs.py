@@ -2,18 +2,21 @@
 process after the timed points: the reference text decoded in chunks in a context of its
 own, each chunk's logits reduced to the top tokens' log-probabilities at once (a chunk of
 CHUNK positions holds CHUNK x n_vocab floats: 34 MB for Gemma 3's 262,144 tokens, where the
-whole text's would be ten times that)."""
+whole text's would be ten times that). numpy is imported only here, when the points are
+done: its threads would share the cores the timed loop measures."""
 
 from __future__ import annotations
 
+import importlib
 import time
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from fleetbench.contract.outputs import REFERENCE_TEXT, TEXT_VERSION, TOP_K, OutputFingerprint
 
-__all__ = ["CHUNK", "output_fingerprint", "tokenize"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["CHUNK", "output_fingerprint", "reduce_rows", "tokenize"]
 
 CHUNK = 32
 NO_MASS = -1e4  # the log of a bucket with nothing left in it, as the wire bounds it
@@ -34,6 +37,7 @@ def output_fingerprint(llama: Any, model: Any, *, n_threads: int) -> OutputFinge
     """The model's fingerprint on REFERENCE_TEXT: a context of its own, decoded in chunks
     with every position's logits; raises RuntimeError where llama.cpp cannot."""
     began = time.monotonic()
+    numpy = importlib.import_module("numpy")
     vocab = llama.llama_model_get_vocab(model)
     n_vocab = int(llama.llama_vocab_n_tokens(vocab))
     tokens = tokenize(llama, vocab, REFERENCE_TEXT)
@@ -49,6 +53,7 @@ def output_fingerprint(llama: Any, model: Any, *, n_threads: int) -> OutputFinge
     ids: list[list[int]] = []
     logprobs: list[list[float]] = []
     rest: list[float] = []
+    non_finite = 0
     try:
         # the last position predicts nothing the text holds: its distribution is not kept
         for start in range(0, len(tokens) - 1, CHUNK):
@@ -62,8 +67,9 @@ def output_fingerprint(llama: Any, model: Any, *, n_threads: int) -> OutputFinge
             batch.n_tokens = len(chunk)
             if (status := int(llama.llama_decode(ctx, batch))) != 0:
                 raise RuntimeError(f"llama_decode returned {status} on the reference text")
-            rows = np.ctypeslib.as_array(llama.llama_get_logits(ctx), shape=(len(chunk), n_vocab))
-            _reduce(rows.astype(np.float64), ids, logprobs, rest)
+            logits = llama.llama_get_logits(ctx)
+            rows = numpy.ctypeslib.as_array(logits, shape=(len(chunk), n_vocab))
+            non_finite += reduce_rows(rows.astype(numpy.float64), ids, logprobs, rest)
     finally:
         llama.llama_batch_free(batch)
         llama.llama_free(ctx)
@@ -74,21 +80,34 @@ def output_fingerprint(llama: Any, model: Any, *, n_threads: int) -> OutputFinge
         logprobs=logprobs,
         rest=rest,
         seconds=time.monotonic() - began,
+        non_finite=non_finite,
     )
 
 
-def _reduce(
+def reduce_rows(
     rows: np.ndarray[Any, Any], ids: list[list[int]], logprobs: list[list[float]], rest: list[float]
-) -> None:
+) -> int:
     """Each row's top TOP_K log-probabilities (log-softmax), likeliest first, and the log of
-    what is left, appended."""
-    top = np.argpartition(-rows, TOP_K, axis=1)[:, :TOP_K]
+    what is left, appended; the number of rows with a logit that is no finite number (a
+    broken kernel's: NaN and infinities are taken as the least logit, so that the row still
+    has a distribution to compare)."""
+    numpy = importlib.import_module("numpy")
+    finite = numpy.isfinite(rows)
+    broken = int((~finite.all(axis=1)).sum())
+    rows = numpy.where(finite, rows, numpy.finfo(numpy.float64).min / 2)
+    k = min(TOP_K, rows.shape[1])
+    top = (
+        numpy.argsort(-rows, axis=1)[:, :k]
+        if k == rows.shape[1]
+        else (numpy.argpartition(-rows, k, axis=1)[:, :k])
+    )
     peak = rows.max(axis=1, keepdims=True)
-    log_total = peak[:, 0] + np.log(np.exp(rows - peak).sum(axis=1))
+    log_total = peak[:, 0] + numpy.log(numpy.exp(rows - peak).sum(axis=1))
     for row, picked, total in zip(rows, top, log_total, strict=True):
-        ordered = picked[np.argsort(-row[picked], kind="stable")]
+        ordered = picked[numpy.argsort(-row[picked], kind="stable")]
         chosen = row[ordered] - total
-        left = 1.0 - float(np.exp(chosen).sum())
+        left = 1.0 - float(numpy.exp(chosen).sum())
         ids.append([int(i) for i in ordered])
-        logprobs.append([round(min(float(lp), 0.0), 5) for lp in chosen])
-        rest.append(round(max(float(np.log(left)), NO_MASS), 5) if left > 0 else NO_MASS)
+        logprobs.append([round(min(max(float(lp), NO_MASS), 0.0), 5) for lp in chosen])
+        rest.append(round(max(float(numpy.log(left)), NO_MASS), 5) if left > 0 else NO_MASS)
+    return broken

@@ -138,7 +138,7 @@ def _compare(
         )
         if kind == "offline":
             taken = read_outputs(
-                session.connection(), model_ids=[m.id for m in models], builds=builds
+                session.connection(), model_ids=[m.id for m in models], builds=builds, since=since
             )
             outputs = judge_outputs(taken, min_kl=settings.outputs_min_kl)
     fleet = fleet_verdict(found.nodes, found.classes, settings, COMPARE_METRIC_NAMES, outputs)

@@ -1,16 +1,19 @@
 """Faster but wrong is not a go: each node's output fingerprints (contract.outputs) of the two
 builds compared, and a verdict per hardware class on what the model outputs.
 
-A node is compared on one model file and one runner (engine, backend, binding), its newest
-fingerprint of each build: the KL divergence of the new build's outputs from the old one's
-(mean and p99 over the reference text's positions) and the share of positions whose top token
-agrees. A class's **floor** is the change its backend shows with no new build at all: the
-largest mean KL between two runs of the old build on one node, or between two nodes of the
-class on the old build and one file (a GPU's reductions need not run in the same order
-twice); the new build's own spread is what is judged, never its floor. Its verdict:
-`unchanged` where every node's outputs are the same to a millionth of a nat; `within the
-floor` where the worst node's mean KL is at most twice the floor, or under `min_kl`;
-`changed` otherwise, which holds a rollout.
+A node is compared on one model file, one runner (engine, backend, binding) and one
+offload (`n_gpu_layers`), its newest fingerprint of each build: the KL divergence of the new
+build's outputs from the old one's (mean and p99 over the reference text's positions) and
+the share of positions whose top token agrees. A class's **floor** is the change its backend
+shows with no new build at all: the largest KL (mean, and p99) between two runs of the old
+build on one node, or between two nodes of the class on the old build and one file (a GPU's
+reductions need not run in the same order twice); the new build's own spread is what is
+judged, never its floor. Its verdict: `unchanged` where every node's outputs are the same to
+a millionth of a nat; `changed`, which holds a rollout, where a node's new outputs have
+positions whose logits are no numbers (NaN, inf) the old ones did not, or where the worst
+node's mean KL is above both twice the floor's and `min_kl`, or its p99 above both twice the
+floor's p99 and ten times `min_kl` (a kernel wrong on some kinds of token only moves a few
+positions far); else `within the floor`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import Connection, and_, func, select
@@ -39,6 +43,7 @@ OutputsState = Literal["unchanged", "within the floor", "changed"]
 UNCHANGED_KL = 1e-6  # nats: what rounding the stored log-probabilities leaves
 FLOOR_FACTOR = 2.0
 KEPT_PER_BUILD = 2  # a node's newest runs of a build read: two give its run-to-run floor
+P99_FACTOR = 10.0  # the p99's bar, in min_kl: a few positions moved far
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class RunOutputs:
     node: str
     hardware_class: str
     model_id: int
-    runner: str  # engine, backend and binding: runs on another are never compared
+    runner: str  # engine, backend, binding and offload: runs on another are never compared
     after: bool  # of the new build (else of the old one)
     outputs: OutputFingerprint
 
@@ -61,15 +66,20 @@ class OutputsVerdict:
     nodes: int
     worst_node: str
     worst: OutputDifference
-    floor_kl: float
+    floor_kl: float  # the mean KL the class shows without a new build
+    floor_p99_kl: float
     reason: str = field(default="")
 
 
 def read_outputs(
-    connection: Connection, *, model_ids: Sequence[int], builds: BuildSelection
+    connection: Connection,
+    *,
+    model_ids: Sequence[int],
+    builds: BuildSelection,
+    since: datetime | None = None,
 ) -> list[RunOutputs]:
-    """Each node's newest fingerprints (KEPT_PER_BUILD) of each build of the models, from
-    runs that count (successful, offline, not contended)."""
+    """Each node's newest fingerprints (KEPT_PER_BUILD) of each build of the models, newest
+    first, from runs that count (successful, offline, not contended; started `since`)."""
     wanted = sorted(builds.before_ids | builds.after_ids)
     if not model_ids or not wanted:
         return []
@@ -87,6 +97,8 @@ def read_outputs(
             func.coalesce(HardwareFingerprint.hardware_class, UNKNOWN_CLASS).label("hardware"),
             Run.model_id,
             Run.build_id,
+            Run.n_gpu_layers,
+            Run.started_at,
             Run.outputs,
             newest,
         )
@@ -98,17 +110,19 @@ def read_outputs(
             successful_offline(Run),
             # (a run without one holds JSON's null, as bulk ingest writes None, not NULL)
             Run.outputs["text_version"].as_string().is_not(None),
+            *([Run.started_at >= since] if since is not None else []),
         )
         .subquery()
     )
     found = []
-    for row in connection.execute(select(ranked).where(and_(ranked.c.newest <= KEPT_PER_BUILD))):
+    latest = select(ranked).where(and_(ranked.c.newest <= KEPT_PER_BUILD))
+    for row in connection.execute(latest.order_by(ranked.c.started_at.desc())):
         found.append(
             RunOutputs(
                 node=row.node,
                 hardware_class=row.hardware,
                 model_id=row.model_id,
-                runner=builds.runners.get(row.build_id, ""),
+                runner=f"{builds.runners.get(row.build_id, '')} ngl {row.n_gpu_layers}",
                 after=row.build_id in builds.after_ids,
                 outputs=OutputFingerprint.model_validate(row.outputs),
             )
@@ -123,60 +137,78 @@ def judge_outputs(runs: Iterable[RunOutputs], *, min_kl: float) -> dict[str, Out
     for run in runs:  # newest first within each side, as read
         key = (run.hardware_class, run.node, run.model_id, run.runner, run.after)
         by_side[key].append(run.outputs)
-    moved: dict[str, list[tuple[str, OutputDifference]]] = defaultdict(list)
-    floors: dict[str, list[float]] = defaultdict(list)
+    moved: dict[str, list[tuple[str, OutputDifference, int]]] = defaultdict(list)
+    floors: dict[str, list[OutputDifference]] = defaultdict(list)
     for (hardware, node, model, runner, after), taken in sorted(by_side.items()):
         if after:  # the floor is the old build's: the new one's spread is what is judged
             continue
-        floors[hardware] += _mean_kls(taken[:1], taken[1:2])  # run to run
+        floors[hardware] += _differences(taken[:1], taken[1:2])  # run to run
         if new := by_side.get((hardware, node, model, runner, True)):
             difference = compare_outputs(taken[0], new[0])
             if difference is not None:
-                moved[hardware].append((node, difference))
+                broken = new[0].non_finite - taken[0].non_finite
+                moved[hardware].append((node, difference, broken))
     floors_across = _across_nodes(by_side)
     verdicts = {}
     for hardware, compared in moved.items():
-        floor = max([*floors[hardware], *floors_across.get(hardware, [])], default=0.0)
+        seen = [*floors[hardware], *floors_across.get(hardware, [])]
+        floor = (
+            max((d.mean_kl for d in seen), default=0.0),
+            max((d.p99_kl for d in seen), default=0.0),
+        )
         verdicts[hardware] = _verdict(compared, floor, min_kl)
     return verdicts
 
 
 def _across_nodes(
     by_side: Mapping[tuple[str, str, int, str, bool], list[OutputFingerprint]],
-) -> dict[str, list[float]]:
+) -> dict[str, list[OutputDifference]]:
     """Per class, the mean KL of each node's newest fingerprint of the old build from the
     first node's, on one model file and runner: the spread the backend shows across
     machines (the new build's own spread is what is judged, never its floor)."""
     first: dict[tuple[str, int, str], OutputFingerprint] = {}
-    spread: dict[str, list[float]] = defaultdict(list)
+    spread: dict[str, list[OutputDifference]] = defaultdict(list)
     for (hardware, _node, model, runner, after), taken in sorted(by_side.items()):
         if not after:
             reference = first.setdefault((hardware, model, runner), taken[0])
-            spread[hardware] += _mean_kls([reference], taken[:1])
+            spread[hardware] += _differences([reference], taken[:1])
     return spread
 
 
-def _mean_kls(base: Sequence[OutputFingerprint], other: Sequence[OutputFingerprint]) -> list[float]:
+def _differences(
+    base: Sequence[OutputFingerprint], other: Sequence[OutputFingerprint]
+) -> list[OutputDifference]:
     found = [compare_outputs(b, o) for b, o in zip(base, other, strict=False)]
-    return [d.mean_kl for d in found if d is not None]
+    return [d for d in found if d is not None]
 
 
 def _verdict(
-    compared: Sequence[tuple[str, OutputDifference]], floor: float, min_kl: float
+    compared: Sequence[tuple[str, OutputDifference, int]],
+    floor: tuple[float, float],
+    min_kl: float,
 ) -> OutputsVerdict:
-    worst_node, worst = max(compared, key=lambda c: (c[1].mean_kl, -c[1].top_token_agreement))
+    worst_node, worst, _ = max(compared, key=lambda c: (c[1].mean_kl, -c[1].top_token_agreement))
+    broken = [(node, count) for node, _, count in compared if count > 0]
+    nodes = len({node for node, _, _ in compared})
+    of_nodes = f"{nodes} node{'s' if nodes != 1 else ''}"
     figures = (
-        f"{worst} on {worst_node}, the worst of {len(compared)} node"
-        f"{'s' if len(compared) != 1 else ''} (the class's floor: KL {floor:.4f})"
+        f"{worst} on {worst_node}, the worst of {of_nodes} (the class's floor: KL mean "
+        f"{floor[0]:.4f}, p99 {floor[1]:.4f})"
     )
-    if worst.mean_kl <= UNCHANGED_KL and worst.top_token_agreement == 1.0:
-        state: OutputsState = "unchanged"
-        reason = f"outputs unchanged over {len(compared)} node{'s' if len(compared) != 1 else ''}"
-    elif worst.mean_kl <= max(FLOOR_FACTOR * floor, min_kl):
-        state, reason = "within the floor", f"outputs changed within the floor: {figures}"
-    else:
+    state: OutputsState
+    if broken:
+        node, count = max(broken, key=lambda b: b[1])
+        state = "changed"
+        reason = f"outputs changed: {count} positions' logits are no numbers (NaN, inf) on {node}"
+    elif worst.mean_kl <= UNCHANGED_KL and worst.top_token_agreement == 1.0:
+        state, reason = "unchanged", f"outputs unchanged over {of_nodes}"
+    elif worst.mean_kl > max(FLOOR_FACTOR * floor[0], min_kl) or worst.p99_kl > max(
+        FLOOR_FACTOR * floor[1], P99_FACTOR * min_kl
+    ):
         state, reason = "changed", f"outputs changed: {figures}"
-    return OutputsVerdict(state, len(compared), worst_node, worst, floor, reason)
+    else:
+        state, reason = "within the floor", f"outputs changed within the floor: {figures}"
+    return OutputsVerdict(state, nodes, worst_node, worst, floor[0], floor[1], reason)
 
 
 def describe(verdict: OutputsVerdict) -> dict[str, Any]:
@@ -189,5 +221,6 @@ def describe(verdict: OutputsVerdict) -> dict[str, Any]:
         "p99_kl": verdict.worst.p99_kl,
         "top_token_agreement": verdict.worst.top_token_agreement,
         "floor_kl": verdict.floor_kl,
+        "floor_p99_kl": verdict.floor_p99_kl,
         "reason": verdict.reason,
     }
