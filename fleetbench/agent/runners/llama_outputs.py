@@ -69,7 +69,7 @@ def output_fingerprint(llama: Any, model: Any, *, n_threads: int) -> OutputFinge
                 raise RuntimeError(f"llama_decode returned {status} on the reference text")
             logits = llama.llama_get_logits(ctx)
             rows = numpy.ctypeslib.as_array(logits, shape=(len(chunk), n_vocab))
-            non_finite += reduce_rows(rows.astype(numpy.float64), ids, logprobs, rest)
+            non_finite += reduce_rows(rows, ids, logprobs, rest)  # llama.cpp's float32
     finally:
         llama.llama_batch_free(batch)
         llama.llama_free(ctx)
@@ -94,18 +94,21 @@ def reduce_rows(
     numpy = importlib.import_module("numpy")
     finite = numpy.isfinite(rows)
     broken = int((~finite.all(axis=1)).sum())
-    rows = numpy.where(finite, rows, numpy.finfo(numpy.float64).min / 2)
-    k = min(TOP_K, rows.shape[1])
-    top = (
-        numpy.argsort(-rows, axis=1)[:, :k]
-        if k == rows.shape[1]
-        else (numpy.argpartition(-rows, k, axis=1)[:, :k])
-    )
+    if broken:
+        rows = numpy.where(finite, rows, numpy.finfo(rows.dtype).min / 2)
+    n = rows.shape[1]
+    k = min(TOP_K, n)
+    # the largest k, unordered (a whole row's sort where it holds no more than k)
+    top = numpy.argpartition(rows, n - k, axis=1)[:, n - k :] if k < n else numpy.argsort(rows)
     peak = rows.max(axis=1, keepdims=True)
-    log_total = peak[:, 0] + numpy.log(numpy.exp(rows - peak).sum(axis=1))
+    shifted = rows - peak  # the one copy of the chunk: exp in place, summed in float64
+    numpy.exp(shifted, out=shifted)
+    log_total = peak[:, 0].astype(numpy.float64) + numpy.log(
+        shifted.sum(axis=1, dtype=numpy.float64)
+    )
     for row, picked, total in zip(rows, top, log_total, strict=True):
         ordered = picked[numpy.argsort(-row[picked], kind="stable")]
-        chosen = row[ordered] - total
+        chosen = row[ordered].astype(numpy.float64) - total
         left = 1.0 - float(numpy.exp(chosen).sum())
         ids.append([int(i) for i in ordered])
         logprobs.append([round(min(max(float(lp), NO_MASS), 0.0), 5) for lp in chosen])
