@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import Any
-
-import httpx
 
 from fleetbench.contract.outputs import OutputDifference, OutputFingerprint
 from fleetbench.contract.wire import RunReport
 from fleetbench.registry.compare.outputs import RunOutputs, judge_outputs
 from tests.factories import ARTICLE_MODEL, DAY0, LiveRegistry, agent, make_report, post_report
-from tests.registry.test_compare import A100, H100, NEW, OLD, gpu
+from tests.registry.test_compare import A100, H100, NEW, OLD, compare, gpu
 
 POSITIONS = 40
 
@@ -54,15 +51,6 @@ def seed(registry: LiveRegistry, outputs: dict[tuple[str, int], OutputFingerprin
                 hardware=gpu(card, node),
             )
             _post(registry, report.model_copy(update={"outputs": taken}))
-
-
-def compare(registry: LiveRegistry) -> dict[str, Any]:
-    params = {"model": ARTICLE_MODEL, "from_build": f"b{OLD}", "to_build": str(NEW)}
-    with httpx.Client(base_url=registry.url) as client:
-        response = client.get("/v1/compare", params=params)
-    assert response.status_code == 200, response.text
-    answer: dict[str, Any] = response.json()
-    return answer
 
 
 def test_outputs_changed_beyond_the_floor_hold_a_build_no_slower(

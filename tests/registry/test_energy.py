@@ -28,7 +28,7 @@ from tests.factories import (
     post_report,
     running_registry,
 )
-from tests.registry.test_compare import H100, NEW, OLD, gpu
+from tests.registry.test_compare import H100, NEW, OLD, compare, gpu
 
 GPU_BOARD = wire.RunEnergy(source="nvml", scope=f"GPU board: 0 ({H100})")
 TG = 128
@@ -200,18 +200,11 @@ def _seed_energy(registry: LiveRegistry, costlier: float) -> None:
             _post(registry, _with_energy(report, joules))
 
 
-def _compare(registry: LiveRegistry) -> dict[str, Any]:
-    answer: dict[str, Any] = _get(
-        registry, "/v1/compare", model=ARTICLE_MODEL, from_build=f"b{OLD}", to_build=str(NEW)
-    )
-    return answer
-
-
 def test_a_build_that_costs_more_energy_per_token_is_shown_and_goes(
     live_registry: LiveRegistry,
 ) -> None:
     _seed_energy(live_registry, costlier=1.2)
-    answer = _compare(live_registry)
+    answer = compare(live_registry)
     assert answer["verdict"] == "go", answer["reason"]
     [summary] = answer["classes"]
     assert summary["verdict"] == "go"
@@ -229,7 +222,7 @@ def test_the_same_build_holds_where_the_registry_holds_on_energy(
     settings = registry_settings.model_copy(update={"compare_hold_on_energy": True})
     with running_registry(settings) as registry:
         _seed_energy(registry, costlier=1.2)
-        answer = _compare(registry)
+        answer = compare(registry)
         assert answer["verdict"] == "hold"
         assert "energy per token at B=" in answer["reason"] and "more" in answer["reason"]
         [summary] = answer["classes"]
@@ -239,5 +232,5 @@ def test_the_same_build_holds_where_the_registry_holds_on_energy(
 
 def test_energy_within_noise_shows_nothing(live_registry: LiveRegistry) -> None:
     _seed_energy(live_registry, costlier=1.0)
-    [summary] = _compare(live_registry)["classes"]
+    [summary] = compare(live_registry)["classes"]
     assert summary["verdict"] == "go" and summary["efficiency"] is None

@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from fleetbench.contract.answers import (
     COMPARE_METRIC_NAMES,
-    ClassOutputs,
     ClassPoint,
     ClassSummary,
     CompareAnswer,
@@ -263,6 +262,6 @@ def _class_summary(verdict: ClassVerdict, settings: CompareSettings) -> ClassSum
         nodes_not_compared=verdict.nodes_not_compared,
         runs_needed=verdict.runs_needed,
         efficiency=verdict.efficiency,
-        outputs=ClassOutputs(**describe(verdict.outputs)) if verdict.outputs else None,
+        outputs=describe(verdict.outputs) if verdict.outputs else None,
         points=[_class_point(c, settings) for c in verdict.cells],
     )

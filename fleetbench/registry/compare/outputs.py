@@ -22,10 +22,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from sqlalchemy import Connection, and_, func, select
 
+from fleetbench.contract.answers import ClassOutputs
 from fleetbench.contract.outputs import OutputDifference, OutputFingerprint, compare_outputs
 from fleetbench.registry.compare.rows import BuildSelection
 from fleetbench.registry.hardware import UNKNOWN_CLASS
@@ -211,16 +212,16 @@ def _verdict(
     return OutputsVerdict(state, nodes, worst_node, worst, floor[0], floor[1], reason)
 
 
-def describe(verdict: OutputsVerdict) -> dict[str, Any]:
-    """The verdict as the answer's ClassOutputs fields."""
-    return {
-        "state": verdict.state,
-        "nodes": verdict.nodes,
-        "worst_node": verdict.worst_node,
-        "mean_kl": verdict.worst.mean_kl,
-        "p99_kl": verdict.worst.p99_kl,
-        "top_token_agreement": verdict.worst.top_token_agreement,
-        "floor_kl": verdict.floor_kl,
-        "floor_p99_kl": verdict.floor_p99_kl,
-        "reason": verdict.reason,
-    }
+def describe(verdict: OutputsVerdict) -> ClassOutputs:
+    """The verdict as the answer states it."""
+    return ClassOutputs(
+        state=verdict.state,
+        nodes=verdict.nodes,
+        worst_node=verdict.worst_node,
+        mean_kl=verdict.worst.mean_kl,
+        p99_kl=verdict.worst.p99_kl,
+        top_token_agreement=verdict.worst.top_token_agreement,
+        floor_kl=verdict.floor_kl,
+        floor_p99_kl=verdict.floor_p99_kl,
+        reason=verdict.reason,
+    )
