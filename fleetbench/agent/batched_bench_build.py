@@ -58,9 +58,11 @@ class BuildInfo:
         return False
 
     def engine(self) -> EngineBuild:
+        # A build from a source archive, without git, says "build 0, commit unknown": no
+        # build known (llama.cpp's numbers count its commits), rather than one named "0"
         return EngineBuild(
-            build_number=self.number,
-            commit=self.commit,
+            build_number=self.number or None,
+            commit=self.commit if self.commit != "unknown" else None,
             backend=self.backend,
             binding="llama-batched-bench",
         )

@@ -250,6 +250,9 @@ def test_a_broken_jsonl_record_names_its_line() -> None:
             "0c1e570",
         ),
         ("version: 4589 (1d1e6a90)\nbuilt with cc (Debian 12.2.0) for x86_64", 4589, "1d1e6a90"),
+        # built from a source archive, without git (a release's number given to CMake, or not)
+        ("version: 0.6.0-dev (build 0, commit unknown)\nbuilt with GNU 12.2.0", None, None),
+        ("version: 0.6.0-dev (build 11434, commit unknown)\nbuilt with GNU 12.2.0", 11434, None),
         ("nothing useful", None, None),
     ],
 )
