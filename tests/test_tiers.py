@@ -27,6 +27,8 @@ NEEDS = {
     "gemma": "llama.cpp and a real model",
     "batched_bench": "a llama.cpp binary",
     "llama_server": "a llama.cpp binary",
+    "release_llama_server": "a llama.cpp binary",
+    "release_batched_bench": "a llama.cpp binary",
 }
 
 

@@ -53,6 +53,9 @@ def outcome_json(outcome: ServingOutcome) -> dict[str, Any]:
         "warnings": outcome.warnings,
         "search": dataclasses.asdict(outcome.search) if outcome.search else None,
         "postponed": outcome.postponed,
+        "outputs": {"positions": len(outcome.outputs.ids), "seconds": outcome.outputs.seconds}
+        if outcome.outputs
+        else None,
         "contention": outcome.contention.model_dump(mode="json") if outcome.contention else None,
     }
 
@@ -104,6 +107,14 @@ def serve_sweep_command(
         float | None,
         typer.Option(help=help_of(ServeSpec, "request_timeout_s", "seconds for a request")),
     ] = None,
+    no_outputs: Annotated[
+        bool,
+        typer.Option(
+            "--no-outputs",
+            help="skip a llama-server's output fingerprint on the reference text (a request "
+            "per token of it, after the levels)",
+        ),
+    ] = False,
     node: Annotated[
         str | None, typer.Option(help="this node's name [default: FLEETBENCH_NODE]")
     ] = None,
@@ -132,6 +143,7 @@ def serve_sweep_command(
             "search_budget_s": search_budget,
             "first_token_timeout_s": first_token_timeout,
             "request_timeout_s": request_timeout,
+            "outputs": False if no_outputs else None,
         },
         _OPTIONS,
         otherwise="--requests or --duration",
@@ -173,6 +185,14 @@ def serve_sweep_command(
             best = "none" if found.concurrency is None else str(found.concurrency)
             out.print(
                 f"largest concurrency meeting {found.objective}: {best} ({found.stop_reason})",
+                soft_wrap=True,
+                highlight=False,
+            )
+        if outcome.outputs is not None:
+            taken = outcome.outputs
+            out.print(
+                f"output fingerprint: {len(taken.ids)} positions of {taken.text_version} in "
+                f"{taken.seconds or 0:.1f} s",
                 soft_wrap=True,
                 highlight=False,
             )

@@ -135,7 +135,8 @@ class AgentSettings(BaseSettings):
     plan_binaries: list[Path] = Field(
         default_factory=list,
         description="the llama-batched-bench binaries a plan may run here (none: a plan "
-        "that names one is skipped): the registry never chooses what a node executes",
+        "that names one is skipped): the registry never chooses what a node executes. Each "
+        "also runs the llama-server of its build beside it, for the output fingerprint",
     )
     plan_model_dirs: list[AbsolutePath] = Field(
         default_factory=list,

@@ -231,9 +231,11 @@ def regressions_table(answer: RegressionsPublic) -> Table:
     table.add_column("first seen", no_wrap=True)
     table.add_column("cause", overflow="fold")
     for r in answer.data:
+        digits = 4 if r.metric == "outputs" else 2  # KL divergences in nats, mostly < 0.01
         table.add_row(
             str(r.id), r.node, r.model, str(r.pp), str(r.tg), str(r.b), r.metric,
-            _fmt(r.before), _fmt(r.after), f"{r.change_pct:+.1f}", f"{r.noise_pct:.1f}",
+            _fmt(r.before, digits), _fmt(r.after, digits), f"{r.change_pct:+.1f}",
+            f"{r.noise_pct:.1f}",
             r.first_seen_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
             r.cause + (" (acknowledged)" if r.acknowledged_at is not None else ""),
         )  # fmt: skip

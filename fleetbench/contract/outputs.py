@@ -14,7 +14,7 @@ of the full one) and the share of positions whose top token agrees.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -23,17 +23,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fleetbench.contract.bounds import Figure, Int32
 
 __all__ = [
+    "LEAST_LOGPROB",
+    "MOST_POSITIONS",
     "REFERENCE_TEXT",
     "TEXT_VERSION",
     "TOP_K",
     "OutputDifference",
     "OutputFingerprint",
     "compare_outputs",
+    "rest_of",
 ]
 
 TEXT_VERSION = "fleetbench-text-1"
 TOP_K = 8
 MOST_POSITIONS = 2048
+LEAST_LOGPROB = -1e4  # what a log-probability of nothing is sent as: log(0) is no number
 # The text every node's model reads: prose, a list, numbers, code and another language, so
 # that a kernel wrong only on some token kinds still shows. Changing it is a new version.
 REFERENCE_TEXT = """\
@@ -59,6 +63,16 @@ automated, the keeper moved to the town, and the log, 38 volumes in all, went to
 """
 
 
+LogProbability = Annotated[float, Field(le=0, ge=LEAST_LOGPROB, allow_inf_nan=False)]
+
+
+def rest_of(logprobs: Iterable[float]) -> float:
+    """The log of the probability that tokens of these log-probabilities leave to all the
+    others (LEAST_LOGPROB where they leave none)."""
+    left = 1.0 - math.fsum(math.exp(lp) for lp in logprobs)
+    return max(math.log(left), LEAST_LOGPROB) if left > 0 else LEAST_LOGPROB
+
+
 class OutputFingerprint(BaseModel):
     """A model's top TOP_K next-token log-probabilities at each position of the reference
     text (`ids[i]` and `logprobs[i]`, likeliest first) and the log of the probability left
@@ -69,10 +83,8 @@ class OutputFingerprint(BaseModel):
     text_version: Annotated[str, Field(min_length=1, max_length=64)] = TEXT_VERSION
     n_vocab: Int32 = Field(gt=0, description="the model's vocabulary size")
     ids: list[list[Int32]] = Field(max_length=MOST_POSITIONS)
-    logprobs: list[list[Annotated[float, Field(le=0, ge=-1e4, allow_inf_nan=False)]]] = Field(
-        max_length=MOST_POSITIONS
-    )
-    rest: list[Annotated[float, Field(le=0, ge=-1e4, allow_inf_nan=False)]] = Field(
+    logprobs: list[list[LogProbability]] = Field(max_length=MOST_POSITIONS)
+    rest: list[LogProbability] = Field(
         max_length=MOST_POSITIONS,
         description="log of the probability beyond the top tokens (-1e4: none)",
     )

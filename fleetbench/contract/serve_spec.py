@@ -171,6 +171,11 @@ class ServeSpec(BaseModel):
     search_budget_s: float = Field(
         default=3600.0, gt=0, le=86_400, description="the SLO search stops past this"
     )
+    outputs: bool = Field(
+        default=True,
+        description="after the levels, the model's outputs on fleetbench's reference text "
+        "(contract.outputs), where the server is a llama-server",
+    )
 
     @model_validator(mode="after")
     def _requests_or_duration(self) -> ServeSpec:

@@ -95,7 +95,8 @@ class SweepSpec(BaseModel):
     outputs: bool = Field(
         default=True,
         description="after the points, the model's outputs on fleetbench's reference text "
-        "(contract.outputs: what a build's outputs are checked by; in-process sweeps)",
+        "(contract.outputs: what a build's outputs are checked by; in-process, and with "
+        "llama-batched-bench where the llama-server of its build is beside it)",
     )
 
     def grid(self) -> list[tuple[int, int, int]]:

@@ -506,8 +506,8 @@ class RunReport(_Part):
     )
     outputs: OutputFingerprint | None = Field(
         default=None,
-        description="an offline run's model outputs on fleetbench's reference text "
-        "(contract.outputs; None: not taken)",
+        description="the model's outputs on fleetbench's reference text, taken after the "
+        "points or levels (contract.outputs; None: not taken)",
     )
     agent: AgentIdentity | None = Field(
         default=None,
@@ -565,8 +565,6 @@ class RunReport(_Part):
                 raise ValueError(f"a concurrency is given twice: {levels}")
             if self.buffers or self.device_memory:
                 raise ValueError("buffers and device_memory belong to offline runs")
-            if self.outputs is not None:
-                raise ValueError("outputs belong to offline runs")
         elif self.server is not None or self.serving_points or self.slo_search is not None:
             raise ValueError("server, serving_points and slo_search belong to serving runs")
         return self

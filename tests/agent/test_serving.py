@@ -40,7 +40,9 @@ def gemma_server(
 
 @pytest.mark.alone
 def test_a_serving_sweep_of_a_real_llama_server(gemma_server: str) -> None:
-    spec = ServeSpec(concurrency=(1, 2, 4), prompt_tokens=64, gen_tokens=24, requests=8)
+    spec = ServeSpec(
+        concurrency=(1, 2, 4), prompt_tokens=64, gen_tokens=24, requests=8, outputs=False
+    )
     outcome = serve_sweep(gemma_server, "gemma-3-270m", spec)
     assert outcome.server.kind == "llama-server"
     assert (outcome.server.slots, outcome.server.ctx_per_slot) == (SLOTS, 512)
@@ -66,11 +68,13 @@ def test_the_cli_prints_the_serving_table(gemma_server: str) -> None:
     done = agent(
         "serve-sweep", "--url", gemma_server, "--model", "gemma-3-270m", "--concurrency", "1,2",
         "--prompt-tokens", "32", "--gen-tokens", "8", "--requests", "4", "--json",
+        "--no-outputs",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout)
     assert outcome["server"]["kind"] == "llama-server"
     assert [p["output_tokens"] for p in outcome["points"]] == [32, 32]
+    assert outcome["outputs"] is None  # not asked for
 
 
 class _Faulty(BaseHTTPRequestHandler):
@@ -241,6 +245,8 @@ def test_a_reported_serving_run_is_stored_beside_the_offline_run(
     assert [p["concurrency"] for p in detail["serving_points"]] == [1, 2]
     assert [p["output_tokens"] for p in detail["serving_points"]] == [32, 32]
     assert detail["points"] == []
+    # the server's output fingerprint, taken after the levels (Gemma 3: 348 positions)
+    assert detail["outputs"]["positions"] == 348 and detail["outputs"]["seconds"] > 0
     # placement answers from the server the node runs; asked for offline curves, from the
     # engine's, which the serving run left as the node's latest curve
     [served] = answer["candidates"]

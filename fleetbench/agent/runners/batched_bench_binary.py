@@ -1,6 +1,7 @@
 """The node's own `llama-batched-bench` binary, run with --output-format jsonl and read by the
 import parser. Its build comes from `--version`. A run that dies part-way keeps the points it
-printed; the points it never printed are failures with the reason.
+printed; the points it never printed are failures with the reason. The output fingerprint is
+taken after the points with the llama-server beside it (runners.binary_outputs).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -28,8 +30,10 @@ from fleetbench.agent.runners import (
     Window,
     point_from_samples,
 )
+from fleetbench.agent.runners.binary_outputs import binary_fingerprint
 from fleetbench.agent.runners.llama_buffers import VERBOSE_ENV, buffers_in
 from fleetbench.agent.runners.repeats import Key, Timing, still_to_measure
+from fleetbench.agent.serving.outputs import NoFingerprint
 from fleetbench.contract.kv_cache import kv_cells
 from fleetbench.contract.wire import AllocatedBuffer, EngineBuild, FailedPoint, Point, RunSettings
 
@@ -83,8 +87,9 @@ class BatchedBenchBinaryRunner:
         self.binary = binary
 
     def identity(self) -> dict[str, str]:
-        build = self.engine()
-        if build.build_number is None and build.commit is None:
+        try:
+            build = binary_build(find_binary(self.binary))
+        except (SweepFailed, _proc.CommandNotFound, _proc.CommandFailed):
             return {BINARY: "missing"}
         return {BINARY: f"{build.build_number} {build.commit} {build.backend}"}
 
@@ -156,6 +161,13 @@ def _run_sweep(binary: Path, model: Path, spec: SweepSpec, on_point: PointCallba
             )
             outcome.failures.append(failure)
             on_point(failure)
+    if spec.outputs and outcome.points:
+        try:
+            outcome.outputs = binary_fingerprint(binary, model, spec, engine)
+        except NoFingerprint as exc:  # the run stands without it
+            print(f"warning: no output fingerprint: {exc}", file=sys.stderr)
+        except Exception as exc:  # (a server that cannot start: OSError, ...) so does it here
+            print(f"warning: no output fingerprint: {type(exc).__name__}: {exc}", file=sys.stderr)
     return outcome
 
 

@@ -11,7 +11,14 @@ import importlib
 import time
 from typing import TYPE_CHECKING, Any
 
-from fleetbench.contract.outputs import REFERENCE_TEXT, TEXT_VERSION, TOP_K, OutputFingerprint
+from fleetbench.contract.outputs import (
+    LEAST_LOGPROB,
+    REFERENCE_TEXT,
+    TEXT_VERSION,
+    TOP_K,
+    OutputFingerprint,
+    rest_of,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -19,7 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["CHUNK", "output_fingerprint", "reduce_rows", "tokenize"]
 
 CHUNK = 32
-NO_MASS = -1e4  # the log of a bucket with nothing left in it, as the wire bounds it
 
 
 def tokenize(llama: Any, vocab: Any, text: str) -> list[int]:
@@ -108,9 +114,11 @@ def reduce_rows(
     )
     for row, picked, total in zip(rows, top, log_total, strict=True):
         ordered = picked[numpy.argsort(-row[picked], kind="stable")]
-        chosen = row[ordered].astype(numpy.float64) - total
-        left = 1.0 - float(numpy.exp(chosen).sum())
+        chosen = [
+            min(max(float(lp), LEAST_LOGPROB), 0.0)
+            for lp in row[ordered].astype(numpy.float64) - total
+        ]
         ids.append([int(i) for i in ordered])
-        logprobs.append([round(min(max(float(lp), NO_MASS), 0.0), 5) for lp in chosen])
-        rest.append(round(max(float(numpy.log(left)), NO_MASS), 5) if left > 0 else NO_MASS)
+        logprobs.append([round(lp, 5) for lp in chosen])
+        rest.append(round(rest_of(chosen), 5))
     return broken

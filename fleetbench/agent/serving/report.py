@@ -101,6 +101,7 @@ def serving_report(
         if search is not None
         else None,
         contention=outcome.contention,
+        outputs=outcome.outputs,
     )
 
 

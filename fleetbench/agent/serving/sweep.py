@@ -5,7 +5,8 @@ request failed is a failure with the reason, and a server that stops answering f
 levels left, while the points measured before are kept. Never a load test of a server
 serving others: before each level its requests in flight are asked (servers.in_flight).
 What else used this node while the levels ran is watched (agent.contention), the server's
-process, where it runs here, counting as the run's own.
+process, where it runs here, counting as the run's own. After the levels, a llama-server's
+output fingerprint is taken (serving.outputs), when no one else's requests are in flight.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import httpx
 from fleetbench.agent.contention import ContentionWatch
 from fleetbench.agent.serving.dialects import dialect_for
 from fleetbench.agent.serving.load import Limits, Load, Prompt, run_level
+from fleetbench.agent.serving.outputs import NoFingerprint, server_fingerprint
 from fleetbench.agent.serving.servers import (
     ServerInfo,
     identify,
@@ -32,6 +34,7 @@ from fleetbench.agent.serving.servers import (
 from fleetbench.agent.serving.slo import LevelFailed, SearchResult, search
 from fleetbench.agent.serving.stats import describe_errors, serving_point
 from fleetbench.contract.bounds import storable_text
+from fleetbench.contract.outputs import OutputFingerprint
 from fleetbench.contract.serve_spec import ServeSpec
 from fleetbench.contract.wire import Contention, ServingPoint
 
@@ -59,6 +62,7 @@ class ServingOutcome:
     # Nothing measured: the server was serving others' requests before the first level.
     postponed: str | None = None
     contention: Contention | None = None  # what else used this node while the levels ran
+    outputs: OutputFingerprint | None = None  # the model's on the reference text, if taken
 
 
 def _prompts(
@@ -224,7 +228,25 @@ def serve_sweep(
             outcome.search = SearchResult(str(objective), max(met, default=None), why)
     outcome.contention = watch.figures()
     outcome.points.sort(key=lambda p: p.concurrency)
+    if spec.outputs and server.kind == "llama-server" and outcome.points:
+        _take_outputs(url, outcome, patience_s=levels.patience_s)
     return outcome
+
+
+def _take_outputs(url: str, outcome: ServingOutcome, *, patience_s: float) -> None:
+    """The server's output fingerprint, after the levels and never while it serves others'
+    requests (theirs would share its batches); why not, where it was not taken."""
+    if (busy := _busy(url, patience_s=patience_s)) is not None:
+        outcome.warnings.append(f"no output fingerprint: {busy}")
+        return
+    with server_client(url) as client:
+        try:
+            outcome.outputs = server_fingerprint(client, shared=True)
+        except (NoFingerprint, httpx.HTTPError) as exc:
+            outcome.warnings.append(f"no output fingerprint: {exc}")
+        except Exception as exc:  # an answer no rule foresaw: the points stand without it
+            why = storable_text(f"{type(exc).__name__}: {exc}", 500)
+            outcome.warnings.append(f"no output fingerprint: {why}")
 
 
 def _measure_all(levels: _Levels, planned: Sequence[int]) -> None:
