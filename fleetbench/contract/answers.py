@@ -56,7 +56,7 @@ CompareKind = Literal["offline", "serving"]
 # A series' metric: an offline run's decode or prefill speed, a serving run's throughput;
 # what a regression is of: one of those, or the knee of a PP x TG's curves.
 Metric = Literal["s_tg", "s_pp", "srv_tps"]
-StepMetric = Literal[Metric, "knee"]
+StepMetric = Literal[Metric, "knee", "outputs"]
 CompareVerdict = Literal["go", "hold", "unknown"]
 # The metrics a build comparison weighs, as its tables and reasons name them.
 COMPARE_METRIC_NAMES = {
@@ -458,19 +458,25 @@ class RegressionPublic(SeriesKey):
     """A lasting step in one series (`GET /v1/regressions`, `fleetbench-agent regressions`);
     `change_pct` is negative when it got slower. Metric `knee`: the knee of the PP x TG
     curve moved at a known change (B is 0; before and after are the knees: from 8 streams
-    to 4 is -50%)."""
+    to 4 is -50%). Metric `outputs`: the model's outputs on the reference text moved from
+    the run before (PP, TG and B 0; before and after the floor's and the run's mean KL
+    divergence in nats, `change_pct` the share of top tokens that changed, negative or 0:
+    always a regression; the figures and the cause in `cause`)."""
 
-    metric: StepMetric  # type: ignore[assignment]  # a series' metric, or a curve's knee
+    metric: StepMetric  # type: ignore[assignment]  # a series' metric, a knee, or outputs
 
     id: int
     kind: Literal["regression", "improvement"]
-    before: float = Field(description="mean of the runs before the step")
-    after: float = Field(description="mean of the runs after it")
+    before: float = Field(
+        description="mean of the runs before the step (outputs: the floor's mean KL, nats)"
+    )
+    after: float = Field(description="mean of the runs after it (outputs: the run's mean KL)")
     change_pct: float
     noise_pct: float = Field(description="the series' run-to-run standard deviation, %")
     min_detectable_change_pct: float | None = Field(
         description="the smallest step this series could show with 95% probability at a new "
-        "build, with this noise and these runs on each side, % (null for a knee's move)"
+        "build, with this noise and these runs on each side, % (null for a knee's move and "
+        "for outputs)"
     )
     confidence: float = Field(description="1 - p of the step under the series' noise")
     runs_before: int

@@ -99,7 +99,8 @@ class RegistrySettings(BaseSettings):
         le=100,
         description="a build whose outputs on the reference text moved by a mean KL "
         "divergence (nats) under this, or under twice its class's floor, has changed them "
-        "within the floor; above both, they changed and the rollout holds",
+        "within the floor; above both, they changed and the rollout holds. The regression "
+        "judge holds each node's runs to it too (an output shift between two runs)",
     )
     compare_hold_on_energy: bool = Field(
         default=False,

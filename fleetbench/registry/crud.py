@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Select, bindparam, func, or_, select
-from sqlalchemy.orm import Session, aliased, selectinload
+from sqlalchemy.orm import Session, aliased, selectinload, undefer
 
 from fleetbench.contract.allocation import kv_prediction_error_pct
 from fleetbench.contract.wire import model_name_key
@@ -26,6 +26,7 @@ from fleetbench.registry.models import (
     Run,
 )
 from fleetbench.registry.regressions.labels import build_label
+from fleetbench.registry.regressions.store import REGRESSED
 
 __all__ = [
     "NodeSummary",
@@ -91,7 +92,7 @@ def _node_summary_statement(one: bool) -> Select[*tuple[Any, ...]]:
         .where(
             Regression.node_id == Node.id,
             Regression.acknowledged_at.is_(None),
-            Regression.change < 0,
+            REGRESSED,
             ~later_step,
         )
         .correlate(Node)
@@ -269,6 +270,7 @@ def get_run(session: Session, run_id: uuid.UUID) -> Run | None:
         select(Run)
         .where(Run.id == run_id)
         .options(
+            undefer(Run.outputs),
             selectinload(Run.node),
             selectinload(Run.model),
             selectinload(Run.build),

@@ -147,6 +147,7 @@ def create_app(settings: RegistrySettings | None = None, *, tune_gc: bool = Fals
         delay_s=settings.regression_check_delay_s,
         regressed=notifier.wake if notifier is not None else None,
         measured=metrics.judge_steps,
+        outputs_min_kl=settings.compare_outputs_min_kl,
     )
     ingest = Ingest(
         sessions,

@@ -312,8 +312,9 @@ class Run(Base):
     # Where its points' joules come from and what they cover (contract.energy.RunEnergy);
     # NULL: the node counted none
     energy: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    # The model's outputs on the reference text (contract.outputs.OutputFingerprint), as sent
-    outputs: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The model's outputs on the reference text (contract.outputs.OutputFingerprint), as sent:
+    # ~44 KB, loaded only where asked for (a run's detail), never with lists of runs
+    outputs: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(index=True)

@@ -37,6 +37,8 @@ from fleetbench.registry.compare.rules import CompareSettings
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import Regression, RolloutWatch
 from fleetbench.registry.regressions.knee_shifts import KNEE_METRIC
+from fleetbench.registry.regressions.output_shifts import OUTPUTS_METRIC
+from fleetbench.registry.regressions.store import REGRESSED
 from fleetbench.registry.schemas import RegressionPublic, SeriesKey, regression_public
 
 __all__ = ["WebhookNotifier", "series_link"]
@@ -49,9 +51,9 @@ QUOTED_BYTES = 500
 
 
 def series_link(public_url: str, series: RegressionPublic) -> str:
-    """The dashboard page of a regression's series; of a knee's move, the node's curves of
-    the model."""
-    if series.metric == KNEE_METRIC:
+    """The dashboard page of a regression's series; of a knee's move or an output shift
+    (no series page), the node's curves of the model."""
+    if series.metric in (KNEE_METRIC, OUTPUTS_METRIC):
         query = urlencode({"node": series.node, "model": series.model})
         return f"{public_url.rstrip('/')}/curves?{query}"
     query = urlencode(series.model_dump(include=set(SeriesKey.model_fields)))
@@ -104,7 +106,7 @@ class WebhookNotifier:
             Regression.detected_at,
             lambda started: [
                 Regression.acknowledged_at.is_(None),
-                Regression.change < 0,
+                REGRESSED,
                 Regression.first_seen_at >= started - self.max_age,
             ],
             self._regression_event,

@@ -20,8 +20,10 @@ from fleetbench.contract.plans import PlanState
 from fleetbench.registry.health import Health
 from fleetbench.registry.models import Regression, Run, Token
 from fleetbench.registry.regressions.knee_shifts import KNEE_METRIC
+from fleetbench.registry.regressions.output_shifts import OUTPUTS_METRIC
 from fleetbench.registry.regressions.rules import detectable_change
 from fleetbench.registry.regressions.series import StepMetric
+from fleetbench.registry.regressions.store import is_regression
 from fleetbench.registry.tokens import Scope, TokenState, node_rule, token_state
 
 __all__ = [
@@ -410,14 +412,14 @@ def regression_public(row: Regression) -> RegressionPublic:
         tg=row.tg,
         b=row.b,
         metric=cast(StepMetric, row.metric),
-        kind="regression" if row.change < 0 else "improvement",
+        kind="regression" if is_regression(row) else "improvement",
         before=row.before_value,
         after=row.after_value,
         change_pct=round(100 * row.change, 3),
         noise_pct=round(100 * row.noise, 3),
         min_detectable_change_pct=(
             round(100 * detectable_change(row.noise, row.runs_before, row.runs_after), 3)
-            if row.metric != KNEE_METRIC
+            if row.metric not in (KNEE_METRIC, OUTPUTS_METRIC)
             else None
         ),
         confidence=row.confidence,

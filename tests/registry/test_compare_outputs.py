@@ -12,7 +12,15 @@ from datetime import timedelta
 from fleetbench.contract.outputs import OutputDifference, OutputFingerprint
 from fleetbench.contract.wire import RunReport
 from fleetbench.registry.compare.outputs import RunOutputs, judge_outputs
-from tests.factories import ARTICLE_MODEL, DAY0, LiveRegistry, agent, make_report, post_report
+from tests.factories import (
+    ARTICLE_MODEL,
+    DAY0,
+    LiveRegistry,
+    agent,
+    make_report,
+    make_serving_report,
+    post_report,
+)
 from tests.registry.test_compare import A100, H100, NEW, OLD, compare, gpu
 
 POSITIONS = 40
@@ -181,3 +189,30 @@ def test_runs_of_another_offload_never_compare(live_registry: LiveRegistry) -> N
         _post(live_registry, report.model_copy(update={"outputs": taken, "settings": settings}))
     [summary] = compare(live_registry)["classes"]
     assert summary["outputs"] is None
+
+
+def test_serving_runs_compare_their_servers_outputs(live_registry: LiveRegistry) -> None:
+    """`kind=serving` judges the fingerprints serving sweeps took from their llama-server: the
+    same speed, the new server's top two tokens swapped at every second position."""
+    for hour, (build, taken) in enumerate(
+        [(7100, fingerprint()), (7100, fingerprint()), (7200, fingerprint(wrong_every=2))] * 2
+    ):
+        report = make_serving_report(
+            node="h100-0",
+            points=[(c, 40.0 * c, 20.0, 100.0 * c) for c in (1, 2, 4)],
+            build_number=build,
+            started_at=DAY0 + timedelta(hours=hour),
+            hardware=gpu(H100, "h100-0"),
+            outputs=taken,
+        )
+        _post(live_registry, report)
+    with live_registry.client() as client:
+        params = {"model": "gemma-3-270m", "from_build": "b7100", "to_build": "b7200"}
+        served = client.get("/v1/compare", params={**params, "kind": "serving"}).json()
+        offline = client.get("/v1/compare", params=params).json()
+    [summary] = served["classes"]
+    assert summary["outputs"]["state"] == "changed" and served["verdict"] == "hold"
+    assert summary["outputs"]["top_token_agreement"] == 0.5
+    assert summary["outputs"]["floor_kl"] == 0  # two runs of the old server, the same outputs
+    assert "outputs changed" in served["reason"]
+    assert offline["classes"] == []  # no offline run: the servers' outputs are not its

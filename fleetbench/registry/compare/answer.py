@@ -135,11 +135,14 @@ def _compare(
             # point is 12,000 of them (the verdict weighs them all either way).
             limit=limit,
         )
-        if kind == "offline":
-            taken = read_outputs(
-                session.connection(), model_ids=[m.id for m in models], builds=builds, since=since
-            )
-            outputs = judge_outputs(taken, min_kl=settings.outputs_min_kl)
+        taken = read_outputs(
+            session.connection(),
+            kind=kind,
+            model_ids=[m.id for m in models],
+            builds=builds,
+            since=since,
+        )
+        outputs = judge_outputs(taken, min_kl=settings.outputs_min_kl)
     fleet = fleet_verdict(found.nodes, found.classes, settings, COMPARE_METRIC_NAMES, outputs)
     reason = fleet.reason
     if not builds.before_ids or not builds.after_ids:

@@ -1,20 +1,21 @@
 """Faster but wrong is not a go: each node's output fingerprints (contract.outputs) of the two
 builds compared, and a verdict per hardware class on what the model outputs.
 
-A node is compared on one model file, one runner (engine, backend, binding) and one
-offload (`n_gpu_layers`), its newest fingerprint of each build: the KL divergence of the new
-build's outputs from the old one's (mean and p99 over the reference text's positions) and
-the share of positions whose top token agrees. A class's **floor** is the change its backend
-shows with no new build at all: the largest KL (mean, and p99) between two runs of the old
-build on one node, or between two nodes of the class on the old build and one file (a GPU's
-reductions need not run in the same order twice); the new build's own spread is what is
-judged, never its floor. Its verdict: `unchanged` where every node's outputs are the same to
-a millionth of a nat; `changed`, which holds a rollout, where a node's new outputs have
-positions whose logits are no numbers (NaN, inf) the old ones did not, or where the worst
-node's mean KL is above both twice the floor's and `min_kl`, or its p99 above both twice the
-floor's p99 and ten times `min_kl` (a kernel wrong on some kinds of token only moves a few
-positions far); else `within the floor`.
-"""
+A node is compared on one model file, one kind of run, one runner (engine, backend, binding)
+and the settings that change outputs (compare.output_rules.OUTPUT_SETTINGS: the offload,
+flash attention, the KV cache's types), its newest fingerprint of each build: the KL
+divergence of the new build's outputs from the old one's (mean and p99 over the reference
+text's positions) and the share of positions whose top token agrees. A class's **floor** is
+the change its backend shows with no new build at all: the largest KL (mean, and p99)
+between two runs of the old build on one node, or between two nodes of the class on the old
+build and one file (a GPU's reductions need not run in the same order twice); the new
+build's own spread is what is judged, never its floor. Its verdict: `unchanged` where every
+node's outputs are the same to a millionth of a nat; `changed`, which holds a rollout, where
+a node's new outputs have positions whose logits are no numbers (NaN, inf) the old ones did
+not, or where the worst node's mean KL is above both twice the floor's and `min_kl`, or its
+p99 above both twice the floor's p99 and ten times `min_kl` (a kernel wrong on some kinds of
+token only moves a few positions far); else `within the floor` (the bars:
+compare.output_rules, which the regression judge's output shifts share)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,25 @@ from typing import Literal
 
 from sqlalchemy import Connection, and_, func, select
 
-from fleetbench.contract.answers import ClassOutputs
+from fleetbench.contract.answers import ClassOutputs, CompareKind
 from fleetbench.contract.outputs import OutputDifference, OutputFingerprint, compare_outputs
+from fleetbench.registry.compare.output_rules import (
+    OUTPUT_SETTINGS,
+    Floor,
+    beyond_floor,
+    floor_of,
+    newly_non_finite,
+    outputs_runner,
+)
 from fleetbench.registry.compare.rows import BuildSelection
 from fleetbench.registry.hardware import UNKNOWN_CLASS
-from fleetbench.registry.models import HardwareFingerprint, Node, Run, successful_offline
+from fleetbench.registry.models import (
+    RUN_SERVED,
+    HardwareFingerprint,
+    Node,
+    Run,
+    successful_offline,
+)
 
 __all__ = [
     "OutputsVerdict",
@@ -42,9 +57,7 @@ __all__ = [
 
 OutputsState = Literal["unchanged", "within the floor", "changed"]
 UNCHANGED_KL = 1e-6  # nats: what rounding the stored log-probabilities leaves
-FLOOR_FACTOR = 2.0
 KEPT_PER_BUILD = 2  # a node's newest runs of a build read: two give its run-to-run floor
-P99_FACTOR = 10.0  # the p99's bar, in min_kl: a few positions moved far
 
 
 @dataclass(frozen=True)
@@ -54,7 +67,7 @@ class RunOutputs:
     node: str
     hardware_class: str
     model_id: int
-    runner: str  # engine, backend, binding and offload: runs on another are never compared
+    runner: str  # outputs_runner: runs of another kind, runner or settings never compare
     after: bool  # of the new build (else of the old one)
     outputs: OutputFingerprint
 
@@ -75,12 +88,14 @@ class OutputsVerdict:
 def read_outputs(
     connection: Connection,
     *,
+    kind: CompareKind = "offline",
     model_ids: Sequence[int],
     builds: BuildSelection,
     since: datetime | None = None,
 ) -> list[RunOutputs]:
     """Each node's newest fingerprints (KEPT_PER_BUILD) of each build of the models, newest
-    first, from runs that count (successful, offline, not contended; started `since`)."""
+    first, from runs of `kind` that count (successful, not contended; started `since`): a
+    serving sweep's are its server's."""
     wanted = sorted(builds.before_ids | builds.after_ids)
     if not model_ids or not wanted:
         return []
@@ -98,7 +113,7 @@ def read_outputs(
             func.coalesce(HardwareFingerprint.hardware_class, UNKNOWN_CLASS).label("hardware"),
             Run.model_id,
             Run.build_id,
-            Run.n_gpu_layers,
+            *(getattr(Run, name) for name in OUTPUT_SETTINGS),
             Run.started_at,
             Run.outputs,
             newest,
@@ -108,7 +123,7 @@ def read_outputs(
         .where(
             Run.model_id.in_(list(model_ids)),
             Run.build_id.in_(wanted),
-            successful_offline(Run),
+            successful_offline(Run) if kind == "offline" else RUN_SERVED,
             # (a run without one holds JSON's null, as bulk ingest writes None, not NULL)
             Run.outputs["text_version"].as_string().is_not(None),
             *([Run.started_at >= since] if since is not None else []),
@@ -123,7 +138,7 @@ def read_outputs(
                 node=row.node,
                 hardware_class=row.hardware,
                 model_id=row.model_id,
-                runner=f"{builds.runners.get(row.build_id, '')} ngl {row.n_gpu_layers}",
+                runner=outputs_runner(kind, builds.runners.get(row.build_id, ""), row),
                 after=row.build_id in builds.after_ids,
                 outputs=OutputFingerprint.model_validate(row.outputs),
             )
@@ -147,16 +162,11 @@ def judge_outputs(runs: Iterable[RunOutputs], *, min_kl: float) -> dict[str, Out
         if new := by_side.get((hardware, node, model, runner, True)):
             difference = compare_outputs(taken[0], new[0])
             if difference is not None:
-                broken = new[0].non_finite - taken[0].non_finite
-                moved[hardware].append((node, difference, broken))
+                moved[hardware].append((node, difference, newly_non_finite(taken[0], new[0])))
     floors_across = _across_nodes(by_side)
     verdicts = {}
     for hardware, compared in moved.items():
-        seen = [*floors[hardware], *floors_across.get(hardware, [])]
-        floor = (
-            max((d.mean_kl for d in seen), default=0.0),
-            max((d.p99_kl for d in seen), default=0.0),
-        )
+        floor = floor_of([*floors[hardware], *floors_across.get(hardware, [])])
         verdicts[hardware] = _verdict(compared, floor, min_kl)
     return verdicts
 
@@ -185,7 +195,7 @@ def _differences(
 
 def _verdict(
     compared: Sequence[tuple[str, OutputDifference, int]],
-    floor: tuple[float, float],
+    floor: Floor,
     min_kl: float,
 ) -> OutputsVerdict:
     worst_node, worst, _ = max(compared, key=lambda c: (c[1].mean_kl, -c[1].top_token_agreement))
@@ -194,7 +204,7 @@ def _verdict(
     of_nodes = f"{nodes} node{'s' if nodes != 1 else ''}"
     figures = (
         f"{worst} on {worst_node}, the worst of {of_nodes} (the class's floor: KL mean "
-        f"{floor[0]:.4f}, p99 {floor[1]:.4f})"
+        f"{floor.mean_kl:.4f}, p99 {floor.p99_kl:.4f})"
     )
     state: OutputsState
     if broken:
@@ -203,13 +213,11 @@ def _verdict(
         reason = f"outputs changed: {count} positions' logits are no numbers (NaN, inf) on {node}"
     elif worst.mean_kl <= UNCHANGED_KL and worst.top_token_agreement == 1.0:
         state, reason = "unchanged", f"outputs unchanged over {of_nodes}"
-    elif worst.mean_kl > max(FLOOR_FACTOR * floor[0], min_kl) or worst.p99_kl > max(
-        FLOOR_FACTOR * floor[1], P99_FACTOR * min_kl
-    ):
+    elif beyond_floor(worst, floor, min_kl):
         state, reason = "changed", f"outputs changed: {figures}"
     else:
         state, reason = "within the floor", f"outputs changed within the floor: {figures}"
-    return OutputsVerdict(state, nodes, worst_node, worst, floor[0], floor[1], reason)
+    return OutputsVerdict(state, nodes, worst_node, worst, floor.mean_kl, floor.p99_kl, reason)
 
 
 def describe(verdict: OutputsVerdict) -> ClassOutputs:

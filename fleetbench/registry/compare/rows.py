@@ -30,7 +30,7 @@ from fleetbench.registry.projections.build_sums import (
     metrics_of,
     sums_of_runs,
 )
-from fleetbench.registry.regressions.labels import binding_label, build_label
+from fleetbench.registry.regressions.labels import binding_label, build_label, runner_label
 
 __all__ = [
     "BuildSelection",
@@ -87,12 +87,8 @@ def select_builds(session: Session, before: str, after: str) -> BuildSelection:
         tuple(sorted({build_label(b) for i, b in first.items() if i not in both})),
         tuple(sorted({build_label(b) for i, b in second.items() if i not in both})),
         tuple(sorted({build_label(first[i]) for i in both})),
-        {i: _runner(b) for i, b in (first | second).items()},
+        {i: runner_label(b) for i, b in (first | second).items()},
     )
-
-
-def _runner(build: EngineBuild) -> str:
-    return " ".join(part for part in (build.engine, build.backend, build.binding) if part)
 
 
 @dataclass(frozen=True)

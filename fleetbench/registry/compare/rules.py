@@ -34,6 +34,7 @@ from fleetbench.contract.answers import CompareVerdict
 
 if TYPE_CHECKING:  # (compare.outputs reads rows, whose sums import these rules)
     from fleetbench.registry.compare.outputs import OutputsVerdict
+from fleetbench.registry.compare.output_rules import MIN_KL
 from fleetbench.registry.hardware import UNKNOWN_CLASS
 from fleetbench.registry.regressions.rules import DETECTION_POWER_Z, DetectionSettings
 
@@ -79,7 +80,7 @@ class CompareSettings:
     max_detectable: float = 0.10  # a class that cannot see a slowdown this large is unknown
     min_runs: int = 2  # runs of each build a node needs before its point counts
     hold_on_energy: bool = False  # more energy per token holds a rollout, not only shows
-    outputs_min_kl: float = 0.01  # nats: outputs moved less than this are within the floor
+    outputs_min_kl: float = MIN_KL  # nats: outputs moved less than this are within the floor
     detection: DetectionSettings = field(default_factory=DetectionSettings)
 
     @property

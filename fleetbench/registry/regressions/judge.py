@@ -1,8 +1,8 @@
 """The judge: each registry process has one, a thread that takes the series checks that are
 due (registry.regressions.queue), reads their series (registry.regressions.series), judges
-them with regressions.rules' detector, stores what it finds (registry.regressions.store)
-and each latest point's minimum detectable change, and wakes the webhook notifier when a
-regression was stored.
+them with regressions.rules' detector (and their outputs with regressions.output_shifts'),
+stores what it finds (registry.regressions.store) and each latest point's minimum detectable
+change, and wakes the webhook notifier when a regression was stored.
 
 Judging in ingest's transaction cost half of a report's CPU and held the node's rows locked
 while it ran; here it runs apart, once per series however many runs a burst brings, and a
@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
+from fleetbench.registry.compare.output_rules import MIN_KL
 from fleetbench.registry.costs import Steps
 from fleetbench.registry.db import write_transaction
 from fleetbench.registry.models import DetectableChange, table_of
@@ -31,10 +32,11 @@ from fleetbench.registry.regressions.rules import min_detectable_change
 from fleetbench.registry.regressions.series import (
     HISTORY_RUNS,
     Series,
+    output_series_of_pairs,
     series_of_pairs,
     serving_series,
 )
-from fleetbench.registry.regressions.store import refresh_regressions
+from fleetbench.registry.regressions.store import refresh_output_shifts, refresh_regressions
 
 __all__ = ["Judged", "RegressionJudge", "judge_checks", "judge_due", "judge_next_batch"]
 
@@ -52,14 +54,19 @@ RETRY = timedelta(seconds=1)
 
 
 def judge_checks(
-    session: Session, checks: Sequence[Check], steps: Steps | None = None
+    session: Session,
+    checks: Sequence[Check],
+    steps: Steps | None = None,
+    outputs_min_kl: float = MIN_KL,
 ) -> set[tuple[int, int]]:
-    """Judges the checks' series and stores what is found, in the session's transaction;
-    returns the (node, model) pairs a regression is stored for. What each step cost is
-    added to `steps` (registry.costs)."""
+    """Judges the checks' series (their outputs against `outputs_min_kl`) and stores what is
+    found, in the session's transaction; returns the (node, model) pairs a regression is
+    stored for. What each step cost is added to `steps` (registry.costs)."""
     steps = steps if steps is not None else Steps()
     offline = {c.pair: c.since for c in checks if c.kind == "offline"}
     serving = {c.pair: c.since for c in checks if c.kind == "serving"}
+    # A pair's outputs series holds runs of both kinds: judged once, from its first new run.
+    fingerprinted = {**serving, **{p: min(t, serving.get(p, t)) for p, t in offline.items()}}
     with steps.step("series") as cost:
         histories = series_of_pairs(session, offline)
         served = {
@@ -68,14 +75,17 @@ def judge_checks(
             )
             for (node_id, model_id), since in serving.items()
         }
+        outputs = output_series_of_pairs(session, fingerprinted)
         cost.rows += sum(
             len(runs)
             for series in (*histories.values(), *served.values())
             for runs in series.values()
         )
+        cost.rows += sum(len(runs) for series in outputs.values() for runs in series.values())
     with steps.step("judge") as cost:
         regressed = refresh_regressions(session, offline, histories)
         regressed |= refresh_regressions(session, serving, served)
+        regressed |= refresh_output_shifts(session, fingerprinted, outputs, min_kl=outputs_min_kl)
         cost.rows += len(checks)
     with steps.step("detectable") as cost:
         cost.rows += _record_detectable_changes(session, histories)
@@ -128,14 +138,15 @@ def judge_next_batch(
     batch: int = BATCH,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     steps: Steps | None = None,
+    outputs_min_kl: float = MIN_KL,
 ) -> Judged:
-    """Claims up to `batch` due checks, judges them and finishes them, each in a
-    transaction of its own. Whether a check is due is read first: when none is, SQLite's
-    write lock is never taken and `next_due` says when one will be. A batch whose
-    judgement fails is judged again check by check, so one series that cannot be judged
-    holds up no other; a check that fails alone keeps its lease (a later pass takes it
-    when the lease ends) and, alone, its error is raised. What each step cost is added to
-    `steps` (registry.costs)."""
+    """Claims up to `batch` due checks, judges them (outputs against `outputs_min_kl`) and
+    finishes them, each in a transaction of its own. Whether a check is due is read first:
+    when none is, SQLite's write lock is never taken and `next_due` says when one will be.
+    A batch whose judgement fails is judged again check by check, so one series that
+    cannot be judged holds up no other; a check that fails alone keeps its lease (a later
+    pass takes it when the lease ends) and, alone, its error is raised. What each step cost
+    is added to `steps` (registry.costs)."""
     steps = steps if steps is not None else Steps()
     with steps.step("claim"):
         moment = now()
@@ -151,14 +162,16 @@ def judge_next_batch(
         return Judged(next_due=moment + RETRY)
     judged = Judged(checks=len(checks), next_due=moment)
     try:
-        judged.regressed = _judge_and_finish(sessions, checks, until, now, steps)
+        judged.regressed = _judge_and_finish(sessions, checks, until, now, steps, outputs_min_kl)
     except Exception:
         if len(checks) == 1:
             raise
         log.exception("judging %d series checks together failed: judging each alone", len(checks))
         for check in checks:
             try:
-                judged.regressed |= _judge_and_finish(sessions, [check], until, now, steps)
+                judged.regressed |= _judge_and_finish(
+                    sessions, [check], until, now, steps, outputs_min_kl
+                )
             except Exception:
                 log.exception("judging %s failed: tried again when its lease ends", check)
     return judged
@@ -170,9 +183,10 @@ def _judge_and_finish(
     until: datetime,
     now: Callable[[], datetime],
     steps: Steps,
+    outputs_min_kl: float,
 ) -> set[tuple[int, int]]:
     with sessions() as session, write_transaction(session):
-        regressed = judge_checks(session, checks, steps)
+        regressed = judge_checks(session, checks, steps, outputs_min_kl)
         with steps.step("finish"):
             finish(session, checks, until=until, now=now())
             session.commit()
@@ -187,15 +201,19 @@ def judge_due(
     measured: Callable[[Steps], None] | None = None,
     regressed: Callable[[], None] | None = None,
     stop: threading.Event | None = None,
+    outputs_min_kl: float = MIN_KL,
 ) -> Judged:
-    """Judges every check due now, batch after batch (judge_next_batch), until none is or
-    `stop` is set; after each batch, `measured` is told what it cost (even when it failed)
-    and `regressed` is called if it stored a regression."""
+    """Judges every check due now, batch after batch (judge_next_batch, outputs against
+    `outputs_min_kl`), until none is or `stop` is set; after each batch, `measured` is told
+    what it cost (even when it failed) and `regressed` is called if it stored a
+    regression."""
     judged = Judged()
     while stop is None or not stop.is_set():
         steps = Steps()
         try:
-            batch = judge_next_batch(sessions, delay=delay, now=now, steps=steps)
+            batch = judge_next_batch(
+                sessions, delay=delay, now=now, steps=steps, outputs_min_kl=outputs_min_kl
+            )
         finally:
             if measured is not None:
                 measured(steps)
@@ -230,10 +248,12 @@ class RegressionJudge:
         regressed: Callable[[], None] | None = None,
         measured: Callable[[Steps], None] | None = None,
         poll_s: float = 30.0,
+        outputs_min_kl: float = MIN_KL,
     ) -> None:
         self.sessions = sessions
         self.delay = timedelta(seconds=delay_s)
         self.poll_s = poll_s
+        self.outputs_min_kl = outputs_min_kl
         self._regressed = regressed
         self._measured = measured
         self._due_at: float | None = None  # monotonic; None: nothing known to be queued
@@ -285,6 +305,7 @@ class RegressionJudge:
                 measured=self._measured,
                 regressed=self._regressed,
                 stop=self._stop,
+                outputs_min_kl=self.outputs_min_kl,
             )
         except Exception:  # the database may be down: keep the thread, try again later
             log.exception("judging the queued series checks failed")

@@ -15,6 +15,7 @@ __all__ = [
     "binding_label",
     "build_label",
     "run_labels",
+    "runner_label",
     "serving_labels",
 ]
 
@@ -30,6 +31,20 @@ def binding_label(build: _BindingFields) -> str | None:
     if not build.binding:
         return None
     return f"{build.binding} {build.binding_version}" if build.binding_version else build.binding
+
+
+class _RunnerFields(_BindingFields, Protocol):
+    @property
+    def engine(self) -> str: ...
+    @property
+    def backend(self) -> str | None: ...
+
+
+def runner_label(build: _RunnerFields) -> str:
+    """What ran the model, whatever its version (`llama.cpp CUDA llama-cpp-python`): runs
+    on another engine, backend or binding are never compared for their outputs, nor pooled
+    by compare."""
+    return " ".join(part for part in (build.engine, build.backend, build.binding) if part)
 
 
 def _hardware_label(description: str | None, digest: str | None) -> str | None:

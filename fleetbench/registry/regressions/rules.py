@@ -121,6 +121,10 @@ class Step:
     def is_regression(self) -> bool:
         return self.change < 0
 
+    def describe(self) -> str:
+        """Its cause, as stored and shown."""
+        return describe_cause(self.cause_kinds, self.before_run, self.first)
+
 
 def find_steps(
     runs: Sequence[SeriesRun],

@@ -3,7 +3,8 @@ run ran on (its labels), read as plain rows for the regression judge and for
 `GET /v1/series`. Offline runs give S_TG and S_PP at each B; serving runs (read on their
 own: a node's serving sweeps must not crowd its offline runs out of the history) give the
 output tokens/s a server delivered at each concurrency C, as metric `srv_tps` with B = C and
-PP, TG the prompt and output lengths.
+PP, TG the prompt and output lengths. The runs of either kind that carry an output
+fingerprint give the model's outputs series, one per runner (regressions.output_shifts).
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
+from pydantic import ValidationError
 from sqlalchemy import (
     ColumnElement,
     Connection,
     DateTime,
     Integer,
     Row,
+    and_,
     bindparam,
     case,
     func,
+    or_,
     select,
     true,
 )
@@ -32,6 +36,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased
 
 from fleetbench.contract.answers import Metric, StepMetric
+from fleetbench.contract.outputs import OutputFingerprint
+from fleetbench.registry.compare.output_rules import outputs_runner
 from fleetbench.registry.models import (
     POINT_POSSIBLE,
     RUN_NEWEST_FIRST,
@@ -44,7 +50,9 @@ from fleetbench.registry.models import (
     ServingPointRow,
     successful_offline,
 )
-from fleetbench.registry.regressions.labels import run_labels, serving_labels
+from fleetbench.registry.regressions.labels import run_labels, runner_label, serving_labels
+from fleetbench.registry.regressions.output_shifts import HISTORY as OUTPUTS_HISTORY
+from fleetbench.registry.regressions.output_shifts import OutputRun
 from fleetbench.registry.regressions.rules import SeriesRun
 from fleetbench.registry.settings_label import SETTING_NAMES
 
@@ -53,12 +61,15 @@ __all__ = [
     "HISTORY_RUNS",
     "METRICS",
     "MOST_JUDGED",
+    "MOST_OUTPUTS_JUDGED",
     "SERVED",
     "Cell",
     "Metric",
+    "OutputSeries",
     "Series",
     "StepCell",
     "StepMetric",
+    "output_series_of_pairs",
     "series",
     "series_of_pairs",
     "serving_series",
@@ -77,10 +88,14 @@ HISTORY_RUNS = 32
 # The most new runs of one series judged at once: a node whose clock was years off, or a
 # spool of thousands of runs, is judged over its latest ones, never over its whole history.
 MOST_JUDGED = 256
+# ... of an outputs series: fingerprints are ~44 KB of JSON each, each compared with the one
+# before it (a few ms); a spool of more is judged over its latest.
+MOST_OUTPUTS_JUDGED = 24
 
 
 Cell = tuple[int, int, int, Metric]  # PP, TG, B, metric: one series of a node's model
 Series = dict[Cell, list[SeriesRun]]  # a node's model's series, each oldest first
+OutputSeries = dict[str, list[OutputRun]]  # its outputs series by runner, each oldest first
 # What a stored step is of: a series, or the knee of a PP x TG's curves (B 0,
 # regressions.knee_shifts)
 StepCell = tuple[int, int, int, StepMetric]
@@ -379,3 +394,77 @@ def series(
         session, node_id=node_id, model_ids=model_ids, point=(pp, tg, b), limit=limit
     )
     return found.get((pp, tg, b, metric), [])
+
+
+# A node's model's runs with an output fingerprint, either kind: a run without one holds
+# JSON's null where bulk ingest wrote None (PostgreSQL), not NULL.
+_FINGERPRINTED = and_(
+    or_(RUN_SUCCESSFUL, RUN_SERVED),
+    Run.node_id == bindparam("node_id"),
+    Run.model_id == bindparam("model_id"),
+    Run.outputs["text_version"].as_string().is_not(None),
+)
+
+
+@functools.cache
+def _outputs_statement() -> Any:
+    """The node's model's fingerprinted runs started at `since` or later (up to
+    MOST_OUTPUTS_JUDGED) and the OUTPUTS_HISTORY before them, with their labels, runners and
+    fingerprints, oldest first; none when no new run has a fingerprint (nothing to judge,
+    and 350 KB not read)."""
+    new = (
+        select(func.count())
+        .select_from(Run)
+        .where(_FINGERPRINTED, Run.started_at >= bindparam("since"))
+        .correlate(None)
+        .scalar_subquery()
+    )
+    judged = case((new > MOST_OUTPUTS_JUDGED, MOST_OUTPUTS_JUDGED), else_=new)
+    newest = (
+        select(Run.id)
+        .where(_FINGERPRINTED)
+        .order_by(*RUN_NEWEST_FIRST)
+        .limit(case((new == 0, 0), else_=OUTPUTS_HISTORY + judged))
+        .scalar_subquery()
+    )
+    return (
+        select(*_LABEL_COLUMNS, Run.kind, Run.server, Run.outputs)
+        .join(EngineBuild, EngineBuild.id == Run.build_id)
+        .outerjoin(HardwareFingerprint, HardwareFingerprint.id == Run.fingerprint_id)
+        .where(Run.id.in_(newest))
+        .order_by(*_RUN_OLDEST_FIRST)
+    )
+
+
+def output_series_of_pairs(
+    session: Session, since: Mapping[tuple[int, int], datetime]
+) -> dict[tuple[int, int], OutputSeries]:
+    """For each (node, model) with fingerprinted runs started at `since` or later, its
+    outputs series over them and the OUTPUTS_HISTORY fingerprinted runs before them, keyed
+    by runner: the run's kind, engine, backend, binding and the settings that change
+    outputs (compare.output_rules.outputs_runner: fingerprints taken another way never
+    compare). One query per pair."""
+    connection = session.connection()
+    found: dict[tuple[int, int], OutputSeries] = {}
+    for (node_id, model_id), first in sorted(since.items()):
+        params = {"node_id": node_id, "model_id": model_id, "since": first}
+        runs = connection.execute(_outputs_statement(), params).all()
+        if runs:
+            found[(node_id, model_id)] = _output_series(runs)
+    return found
+
+
+def _output_series(runs: Sequence[Row[Any]]) -> OutputSeries:
+    found: OutputSeries = defaultdict(list)
+    for run in runs:
+        try:
+            outputs = OutputFingerprint.model_validate(run.outputs)
+        except ValidationError:  # stored under other bounds: compared with nothing
+            continue
+        if run.kind == "serving":
+            labels = serving_labels(run, run.description, run.hash, run.server or {})
+        else:
+            labels = run_labels(run, run.description, run.hash, run)
+        runner = outputs_runner(run.kind, runner_label(run), run)
+        found[runner].append(OutputRun(SeriesRun(run.id, run.started_at, 0.0, *labels), outputs))
+    return found

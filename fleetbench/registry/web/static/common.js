@@ -186,6 +186,7 @@ export const METRICS = {
   s_tg: "decode tokens/s (S_TG)",
   s_pp: "prefill tokens/s (S_PP)",
   knee: "the curve's knee: the most streams worth running",
+  outputs: "the model's outputs on the reference text: KL divergence from the run before, nats",
 };
 
 // --- links between pages -------------------------------------------------------------

@@ -26,27 +26,37 @@ const statusBox = document.getElementById("status");
 const table = document.getElementById("regressions");
 const countLine = document.getElementById("count");
 
+/** What the row's series is, and its before → after: a point's speed, a curve's knee, or the
+ * model's outputs (a KL divergence from the run before, against the series' floor). */
+function seriesCells(r) {
+  if (r.metric === "knee") {
+    return [`PP ${r.pp} · TG ${r.tg} · knee`, `B ${r.before} → B ${r.after}`];
+  }
+  if (r.metric === "outputs") {
+    return ["outputs", `KL ${fmt(r.before, 4)} → ${fmt(r.after, 4)} nats`];
+  }
+  const metric = r.metric === "s_pp" ? "prefill" : "decode";
+  return [`PP ${r.pp} · TG ${r.tg} · B ${r.b} · ${metric}`, `${fmt(r.before)} → ${fmt(r.after)}`];
+}
+
 function regressionRow(r) {
   const knee = r.metric === "knee";
-  const metric = r.metric === "s_pp" ? "prefill" : "decode";
+  const outputs = r.metric === "outputs";
+  const [series, values] = seriesCells(r);
   return h(
     "tr",
     { dataset: { id: String(r.id), kind: r.kind } },
     h("td", {}, timeElement(r.first_seen_at)),
     h("td", {}, h("a", { href: curvesUrl(r.node) }, r.node)),
     h("td", {}, h("a", { href: curvesUrl(r.node, r.model) }, r.model)),
+    h("td", { title: METRICS[r.metric] ?? r.metric }, series),
     h(
       "td",
-      { title: METRICS[r.metric] ?? r.metric },
-      knee ? `PP ${r.pp} · TG ${r.tg} · knee` : `PP ${r.pp} · TG ${r.tg} · B ${r.b} · ${metric}`,
+      { class: "num", title: outputs ? "top tokens that changed, % of positions" : null },
+      h("span", { class: `badge ${r.kind}` }, fmtPct(r.change_pct)),
     ),
-    h("td", { class: "num" }, h("span", { class: `badge ${r.kind}` }, fmtPct(r.change_pct))),
-    h(
-      "td",
-      { class: "num nowrap" },
-      knee ? `B ${r.before} → B ${r.after}` : `${fmt(r.before)} → ${fmt(r.after)}`,
-    ),
-    h("td", { class: "num" }, knee ? dash() : `±${fmt(r.noise_pct, 1)} %`),
+    h("td", { class: "num nowrap" }, values),
+    h("td", { class: "num" }, knee || outputs ? dash() : `±${fmt(r.noise_pct, 1)} %`),
     h("td", { class: "num" }, `${fmt(r.confidence * 100, 0)} %`),
     h(
       "td",
@@ -69,7 +79,7 @@ function regressionRow(r) {
     h(
       "td",
       {},
-      knee
+      knee || outputs
         ? h("a", { href: curvesUrl(r.node, r.model) }, "curves")
         : h("a", { href: seriesUrl(r) }, "timeline"),
     ),
